@@ -1,0 +1,258 @@
+"""Command-line entry points called by the Snakemake rules (`python -m knnlm <command> ...`).
+
+Every command that computes a number logs one MLflow run (knnlm.tracking.log_run) with the config
+sections it used as params, its wildcards and rule as tags, its numbers as metrics, its tables as artifacts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("knnlm")
+
+
+def _kv(items: list[str]) -> dict:
+    out = {}
+    for it in items or []:
+        k, _, v = it.partition("=")
+        out[k] = v
+    return out
+
+
+def _track(args, cfg: dict, sections: tuple[str, ...], metrics=None, step_metrics=None, artifacts=(), extra=None):
+    from .tracking import log_run
+
+    params = {s: cfg[s] for s in sections if s in cfg}
+    params.update(extra or {})
+    log_run(cfg, args.rule, _kv(args.wildcards), params=params, metrics=metrics, step_metrics=step_metrics,
+            artifacts=artifacts, start_time=args.start_time)
+
+
+def cmd_prepare_data(args, cfg):
+    from .data import prepare_splits
+
+    stats = prepare_splits(cfg, args.out_dir)
+    m = {f"{s}_{k}": v[k] for s, v in stats.items() for k in ("lines", "words")}
+    _track(args, cfg, ("data",), metrics=m, artifacts=[Path(args.out_dir) / "wordcounts.json"])
+
+
+def cmd_download(args, cfg):
+    from .data import download
+
+    download(cfg)
+
+
+def cmd_bpe(args, cfg):
+    from .data import encode_bpe, train_bpe
+    from .io import write_json
+
+    data_dir, out = Path(args.data_dir), Path(args.out_dir)
+    b = cfg["bpe"]
+    model = train_bpe(data_dir / "wiki.train.tokens", out / "spm", b["vocab_size"], b["character_coverage"], b["seed"],
+                      cfg["threads"])
+    stats = {s: encode_bpe(model, data_dir / f"wiki.{s}.tokens", out / f"{s}.bpe") for s in ("train", "valid", "test")}
+    write_json(out / "bpe_stats.json", stats)
+    _track(args, cfg, ("bpe",), metrics={f"{s}_tokens": v["tokens"] for s, v in stats.items()},
+           artifacts=[out / "bpe_stats.json"])
+
+
+def cmd_preprocess(args, cfg):
+    from .lm import preprocess
+
+    preprocess(args.bpe_dir, args.out_dir, workers=cfg["threads"])
+
+
+def cmd_train_lm(args, cfg):
+    from .lm import train
+
+    curves = train(cfg["lm"], args.data_bin, args.work_dir, args.out, cfg["threads"], args.log)
+    best = min(curves.get("valid_loss", [(0, float("nan"))]), key=lambda x: x[1])
+    _track(args, cfg, ("lm",), metrics={"best_valid_loss_base2": best[1], "best_valid_update": best[0]},
+           step_metrics=curves, artifacts=[args.log])
+
+
+def cmd_dump_datastore(args, cfg):
+    from .dump import dump_datastore
+
+    ev = cfg["eval"]
+    man = dump_datastore(args.checkpoint, args.data_bin, args.out_dir, ev["context_window"], ev["max_tokens"], cfg["threads"])
+    size = sum(p.stat().st_size for p in Path(args.out_dir).glob("*.npy"))
+    _track(args, cfg, ("eval",), metrics={"N": man["N"], "D": man["D"], "bytes_on_disk": size},
+           artifacts=[Path(args.out_dir) / "manifest.json"])
+
+
+def cmd_dump_queries(args, cfg):
+    from .dump import dump_queries
+    from .io import read_json
+    from .scoring import perplexity
+
+    ev = cfg["eval"]
+    man = dump_queries(args.checkpoint, args.data_bin, args.split, args.out_dir, ev["context_window"], ev["max_tokens"],
+                       cfg["threads"])
+    words = read_json(args.wordcounts)[args.split]["words"]
+    lp = np.load(Path(args.out_dir) / "lm_logprobs.npy")
+    m = {"T": man["T"], "lm_ppl_word": perplexity(lp, words), "lm_ppl_token": perplexity(lp, len(lp))}
+    log.info("base LM on %s: %s", args.split, m)
+    _track(args, cfg, ("eval",), metrics=m, artifacts=[Path(args.out_dir) / "manifest.json"])
+
+
+def _ckpt_sha(path):
+    from .io import sha256_file
+
+    return sha256_file(path) if path else None
+
+
+def cmd_build_index(args, cfg):
+    from .dump import open_datastore
+    from .index import build_ivfpq, resolve_index_params
+    from .io import write_json
+
+    keys, _, man = open_datastore(args.datastore, args.key, _ckpt_sha(args.checkpoint))
+    params = resolve_index_params(cfg["index"], man["N"], man["D"])
+    t0 = time.time()
+    stats = build_ivfpq(keys, args.metric, params, args.out, cfg["threads"])
+    stats.update(key_type=args.key, metric=args.metric, build_seconds=time.time() - t0,
+                 datastore_checkpoint_sha256=man["checkpoint_sha256"], N=man["N"], D=man["D"])
+    write_json(str(args.out) + ".json", stats)
+    _track(args, cfg, ("index",), metrics={"ntotal": stats["ntotal"], "build_seconds": stats["build_seconds"]},
+           extra={"resolved": params}, artifacts=[str(args.out) + ".json"])
+
+
+def cmd_search(args, cfg):
+    from .dump import open_queries
+    from .index import search
+    from .io import read_json, write_json
+
+    q = open_queries(args.queries_dir, args.key, _ckpt_sha(args.checkpoint))
+    idx_meta = read_json(str(args.index) + ".json")
+    if idx_meta["datastore_checkpoint_sha256"] != q["manifest"]["checkpoint_sha256"]:
+        from .io import ArtifactError
+        raise ArtifactError(f"{args.index} was built from another checkpoint than the queries in {args.queries_dir}")
+    t0 = time.time()
+    stats = search(args.index, q["queries"], cfg["knn"]["k"], cfg["index"]["nprobe"], args.out_prefix + "_ids.npy",
+                   args.out_prefix + "_dists.npy", cfg["index"]["search_chunk"], cfg["threads"])
+    stats.update(key_type=args.key, metric=args.metric, split=args.split, search_seconds=time.time() - t0,
+                 checkpoint_sha256=q["manifest"]["checkpoint_sha256"], N=idx_meta["N"])
+    write_json(args.out_prefix + ".json", stats)
+    _track(args, cfg, ("knn", "index"), metrics={"T": stats["T"], "missing_neighbours": stats["missing_neighbours"],
+                                                  "search_seconds": stats["search_seconds"]})
+
+
+def cmd_score(args, cfg):
+    from .dump import open_datastore, open_queries
+    from .io import ArtifactError, read_json, save_npy, write_json
+    from .scoring import interpolate, knn_log_prob_from_cache, lambda_grid, oracle_log_prob, summarize, tune_lambda
+    from .io import open_npy
+
+    _, vals, dman = open_datastore(args.datastore, args.key)
+    words = read_json(args.wordcounts)
+    tau = cfg["knn"]["temperature"]
+    lp = {}
+    data = {}
+    for split in ("valid", "test"):
+        prefix = f"{args.neighbours_prefix}_{split}"
+        meta = read_json(prefix + ".json")
+        if meta["N"] != dman["N"] or meta["checkpoint_sha256"] != dman["checkpoint_sha256"]:
+            raise ArtifactError(f"{prefix}.json: neighbours were searched in another datastore than {args.datastore}")
+        q = open_queries(Path(args.queries_root) / split, args.key, dman["checkpoint_sha256"])
+        t, k = q["manifest"]["T"], meta["k"]
+        ids = open_npy(prefix + "_ids.npy", (t, k), np.int32)
+        dists = open_npy(prefix + "_dists.npy", (t, k), np.float32)
+        lp_knn = knn_log_prob_from_cache(ids, dists, vals, q["targets"], args.metric, tau)
+        save_npy(f"{args.out_prefix}_{split}_knn_logprobs.npy", lp_knn.astype(np.float32))
+        lp[split] = (np.asarray(q["lm_logprobs"], dtype=np.float64), lp_knn)
+    grid = lambda_grid(cfg["knn"]["lambda_steps"])
+    lam, nll = tune_lambda(*lp["valid"], grid)
+    metrics = {"lambda": lam}
+    for split, (lp_lm, lp_knn) in lp.items():
+        w = words[split]["words"]
+        data[split] = {"lm": summarize(lp_lm, w), "knn": summarize(lp_knn, w),
+                       "interp": summarize(interpolate(lp_lm, lp_knn, lam), w),
+                       "oracle": summarize(oracle_log_prob(lp_lm, lp_knn), w),
+                       "target_absent_frac": float(np.mean(np.isneginf(lp_knn))), "T": len(lp_lm), "words": w}
+        for part in ("lm", "knn", "interp", "oracle"):
+            for unit in ("ppl_word", "ppl_token"):
+                metrics[f"{split}_{part}_{unit}"] = data[split][part][unit]
+        metrics[f"{split}_target_absent_frac"] = data[split]["target_absent_frac"]
+    out = {"key_type": args.key, "metric": args.metric, "temperature": tau, "k": cfg["knn"]["k"], "lambda": lam,
+           "lambda_grid": grid.tolist(), "valid_nll_per_lambda": nll.tolist(), **data}
+    write_json(args.out_prefix + ".json", out)
+    log.info("%s/%s: λ=%.2f test interp ppl/word %.3f (base %.3f)", args.key, args.metric, lam,
+             data["test"]["interp"]["ppl_word"], data["test"]["lm"]["ppl_word"])
+    _track(args, cfg, ("knn",), metrics=metrics, artifacts=[args.out_prefix + ".json"],
+           step_metrics={"valid_nll_vs_lambda_x100": [(int(round(l * 100)), v) for l, v in zip(grid, nll) if np.isfinite(v)]})
+
+
+def cmd_table1(args, cfg):
+    from .io import read_json
+    from .scoring import perplexity
+    from .tables import table1, write_table
+
+    words = read_json(args.wordcounts)
+    base = {}
+    for split in ("valid", "test"):
+        lp = np.load(Path(args.queries_root) / split / "lm_logprobs.npy")
+        base[split] = {"ppl_word": perplexity(lp, words[split]["words"]), "ppl_token": perplexity(lp, len(lp))}
+    scores = [read_json(p) for p in args.scores]
+    df = table1(base, scores)
+    cap = (f"Table 1 ({cfg['name']}): perplexity of the base LM and of kNN-LMs with att/ffn keys and L2/IP. "
+           f"'PPL' of a kNN-LM row is kNN-only (inf when a target is absent from the k={cfg['knn']['k']} FAISS "
+           f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "
+           f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
+           f"+ one <eos> per line). {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, args.out_csv, args.out_md, "Table 1: kNN-LM variants", cap)
+    m = {}
+    for _, r in df.iterrows():
+        tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}"
+        m[f"{r['split']}_{tag}_ppl_word"] = r["PPL (word)"]
+        if r["model"] != "Base LM":
+            m[f"{r['split']}_{tag}_interp_ppl_word"] = r["interp PPL (word)"]
+    _track(args, cfg, ("knn",), metrics=m, artifacts=[args.out_csv, args.out_md])
+    print(Path(args.out_md).read_text())
+
+
+COMMANDS = {
+    "prepare-data": (cmd_prepare_data, [("--out-dir", {})]),
+    "download": (cmd_download, []),
+    "bpe": (cmd_bpe, [("--data-dir", {}), ("--out-dir", {})]),
+    "preprocess": (cmd_preprocess, [("--bpe-dir", {}), ("--out-dir", {})]),
+    "train-lm": (cmd_train_lm, [("--data-bin", {}), ("--work-dir", {}), ("--out", {}), ("--log", {})]),
+    "dump-datastore": (cmd_dump_datastore, [("--checkpoint", {}), ("--data-bin", {}), ("--out-dir", {})]),
+    "dump-queries": (cmd_dump_queries, [("--checkpoint", {}), ("--data-bin", {}), ("--split", {}), ("--out-dir", {}),
+                                        ("--wordcounts", {})]),
+    "build-index": (cmd_build_index, [("--datastore", {}), ("--key", {}), ("--metric", {}), ("--out", {}),
+                                      ("--checkpoint", {"default": None})]),
+    "search": (cmd_search, [("--index", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}), ("--split", {}),
+                            ("--out-prefix", {}), ("--checkpoint", {"default": None})]),
+    "score": (cmd_score, [("--datastore", {}), ("--queries-root", {}), ("--neighbours-prefix", {}), ("--key", {}),
+                          ("--metric", {}), ("--wordcounts", {}), ("--out-prefix", {})]),
+    "table1": (cmd_table1, [("--queries-root", {}), ("--wordcounts", {}), ("--scores", {"nargs": "+"}),
+                            ("--out-csv", {}), ("--out-md", {})]),
+}
+
+
+def main(argv=None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    p = argparse.ArgumentParser(prog="knnlm", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, (_, opts) in COMMANDS.items():
+        sp = sub.add_parser(name)
+        sp.add_argument("--cfg", required=True, help="JSON of the (validated) config, as passed by the Snakefile")
+        sp.add_argument("--rule", default=name, help="Snakemake rule name (MLflow tag)")
+        sp.add_argument("--wildcards", nargs="*", default=[], help="key=value pairs (MLflow tags)")
+        for flag, kw in opts:
+            sp.add_argument(flag, required="default" not in kw, **kw)
+    args = p.parse_args(argv)
+    args.start_time = time.time()
+    cfg = json.loads(args.cfg)
+    COMMANDS[args.command][0](args, cfg)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

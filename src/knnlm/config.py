@@ -1,0 +1,131 @@
+"""Experiment configs: load YAML, validate against workflow/schemas/config.schema.yaml, fill defaults.
+
+Errors name the config key, what was expected and what was found (DEVELOPERS.md, "Bad input").
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+SPLITS = ("train", "valid", "test")
+
+
+class ConfigError(ValueError):
+    """A config value is missing, of the wrong type, or points at something that does not exist."""
+
+
+def load_schema() -> dict:
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def _fill_defaults(node: Any, schema: dict) -> Any:
+    if schema.get("type") == "object" or "properties" in schema:
+        if node is None:
+            node = copy.deepcopy(schema.get("default", {}))
+        if isinstance(node, dict):
+            for key, sub in schema.get("properties", {}).items():
+                if key not in node and "default" in sub:
+                    node[key] = copy.deepcopy(sub["default"])
+                if key in node and isinstance(node[key], dict):
+                    node[key] = _fill_defaults(node[key], sub)
+    return node
+
+
+def _describe(err: jsonschema.ValidationError) -> str:
+    key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
+    sch = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties":
+        return f"config key '{key}': {err.message} (allowed: {sorted(sch.get('properties', {}))})"
+    if err.validator == "required":
+        return f"config key '{key}': {err.message}"
+    expected = {k: v for k, v in sch.items() if k not in ("description", "default", "title")}
+    return f"config key '{key}': expected {expected}, found {err.instance!r}"
+
+
+def validate_config(config: dict, source: str = "<config>") -> dict:
+    """Validate `config` against the schema and return a deep copy with defaults filled in.
+
+    Raises ConfigError naming the offending key(s), the expectation and the value found.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: expected a mapping at top level, found {type(config).__name__}")
+    schema = load_schema()
+    cfg = _fill_defaults(copy.deepcopy(config), schema)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(f"{source} failed the schema {SCHEMA_PATH.name}:\n  " + "\n  ".join(_describe(e) for e in errors))
+    lm, ev = cfg["lm"], cfg["eval"]
+    if ev["context_window"] >= lm["tokens_per_sample"]:
+        raise ConfigError(
+            f"{source}: config key 'eval.context_window' must be < 'lm.tokens_per_sample' "
+            f"({lm['tokens_per_sample']}), found {ev['context_window']}")
+    if lm["decoder_embed_dim"] % lm["decoder_attention_heads"]:
+        raise ConfigError(
+            f"{source}: config key 'lm.decoder_attention_heads' must divide 'lm.decoder_embed_dim' "
+            f"({lm['decoder_embed_dim']}), found {lm['decoder_attention_heads']}")
+    return cfg
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """Read a YAML config file, merge `overrides` (nested dict), validate and fill defaults."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    with open(path) as f:
+        cfg = yaml.safe_load(f) or {}
+    if overrides:
+        cfg = deep_merge(cfg, overrides)
+    return validate_config(cfg, source=str(path))
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def split_files(cfg: dict) -> dict[str, Path]:
+    """Paths of the raw WikiText split files named by config key 'data.dir'."""
+    d = Path(cfg["data"]["dir"])
+    return {s: d / f"wiki.{s}.tokens" for s in SPLITS}
+
+
+def check_data(cfg: dict) -> None:
+    """Raise ConfigError if config key 'data.dir' or one of its split files is missing.
+
+    Skipped when 'data.download' is true (the download rule creates the files).
+    """
+    if cfg["data"].get("download"):
+        return
+    d = Path(cfg["data"]["dir"])
+    if not d.is_dir():
+        raise ConfigError(
+            f"config key 'data.dir': data directory {str(d)!r} does not exist (resolved: {d.resolve()}); "
+            "expected a directory with wiki.{train,valid,test}.tokens, or set data.download: true to fetch it")
+    missing = [str(p) for p in split_files(cfg).values() if not p.is_file()]
+    if missing:
+        raise ConfigError(f"config key 'data.dir' ({d}): missing split file(s) {missing}; expected WikiText layout "
+                          "wiki.{train,valid,test}.tokens")
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists are kept as their string form (for MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

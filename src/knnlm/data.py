@@ -1,0 +1,137 @@
+"""WikiText splits, word counts and sentencepiece BPE.
+
+Word count convention (WikiText, as in Merity et al. 2016 and the kNN-LM papers): the number of
+whitespace-separated tokens of a split plus one <eos> per line (blank lines included). Per-word
+perplexity = exp(sum of token NLL over the split / word count); per-token perplexity divides by the
+number of BPE tokens plus one <eos> per line, which is exactly the number of targets fairseq scores.
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .config import SPLITS, ConfigError, split_files
+from .io import atomic_path, sha256_file, write_json
+
+log = logging.getLogger(__name__)
+
+
+def count_words(path: str | Path) -> dict[str, int]:
+    """{'lines': L, 'words': whitespace tokens + L} for a WikiText-layout file (one <eos> per line)."""
+    lines = words = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            lines += 1
+            words += len(line.split())
+    return {"lines": lines, "words": words + lines}
+
+
+def prepare_splits(cfg: dict, out_dir: str | Path) -> dict:
+    """Copy (or slice, per config key 'data.max_lines') the raw splits to out_dir/wiki.{split}.tokens.
+
+    Returns {split: {'lines', 'words', 'sha256'}} and writes it to out_dir/wordcounts.json.
+    Raises ConfigError naming 'data.dir' if a split file is missing.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    max_lines = cfg["data"].get("max_lines") or {}
+    stats = {}
+    for split, src in split_files(cfg).items():
+        if not src.is_file():
+            raise ConfigError(f"config key 'data.dir': split file {src} does not exist")
+        dst = out_dir / f"wiki.{split}.tokens"
+        with atomic_path(dst) as tmp:
+            n = max_lines.get(split)
+            if n is None:
+                shutil.copyfile(src, tmp)
+            else:
+                with open(src, encoding="utf-8") as fi, open(tmp, "w", encoding="utf-8") as fo:
+                    for i, line in enumerate(fi):
+                        if i >= n:
+                            break
+                        fo.write(line)
+        stats[split] = {**count_words(dst), "sha256": sha256_file(dst), "source": str(src)}
+        log.info("%s: %d lines, %d words (incl. <eos>)", split, stats[split]["lines"], stats[split]["words"])
+    write_json(out_dir / "wordcounts.json", stats)
+    return stats
+
+
+def train_bpe(train_file: str | Path, model_prefix: str | Path, vocab_size: int, character_coverage: float = 1.0,
+              seed: int = 1, threads: int = 2) -> Path:
+    """Train a sentencepiece BPE model on the training split only; returns the .model path.
+
+    WikiText's literal `<unk>` is kept as one piece (user-defined symbol), so that fairseq maps it to
+    its own <unk>; sentencepiece's internal unknown piece is renamed to avoid the clash.
+    """
+    import sentencepiece as spm
+
+    model_prefix = Path(model_prefix)
+    model_prefix.parent.mkdir(parents=True, exist_ok=True)
+    tmp_prefix = model_prefix.with_name(model_prefix.name + ".tmp")
+    _spm_train(spm, train_file, tmp_prefix, vocab_size, character_coverage, seed, threads)
+    for ext in (".model", ".vocab"):
+        Path(str(tmp_prefix) + ext).replace(str(model_prefix) + ext)
+    return Path(str(model_prefix) + ".model")
+
+
+def _spm_train(spm, train_file, prefix, vocab_size, coverage, seed, threads):
+    spm.set_random_generator_seed(seed)
+    spm.SentencePieceTrainer.train(
+        input=str(train_file), model_prefix=str(prefix), model_type="bpe", vocab_size=vocab_size,
+        character_coverage=coverage, user_defined_symbols=["<unk>"], unk_piece="<spm_unk>",
+        bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0, input_sentence_size=2_000_000, shuffle_input_sentence=True,
+        num_threads=threads, minloglevel=2, max_sentence_length=1 << 16,
+    )
+
+
+def encode_bpe(model_file: str | Path, in_file: str | Path, out_file: str | Path) -> dict:
+    """Encode a WikiText file line by line into space-separated BPE pieces (one output line per input line).
+
+    Returns {'lines', 'tokens'} where tokens counts pieces + one <eos> per line (fairseq's targets).
+    """
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    lines = pieces = 0
+    with atomic_path(out_file) as tmp, open(in_file, encoding="utf-8") as fi, open(tmp, "w", encoding="utf-8") as fo:
+        for line in tqdm(fi, desc=f"bpe {Path(in_file).name}", unit=" lines", mininterval=5):
+            p = sp.encode(line.strip(), out_type=str) if line.strip() else []
+            fo.write(" ".join(p) + "\n")
+            lines += 1
+            pieces += len(p)
+    return {"lines": lines, "tokens": pieces + lines}
+
+
+def download(cfg: dict) -> None:
+    """Fetch config key 'data.url' (a WikiText zip) and extract wiki.*.tokens into 'data.dir'.
+
+    Checks each file against 'data.sha256' when given. Needs internet; never called by tests.
+    """
+    url = cfg["data"].get("url")
+    if not url:
+        raise ConfigError("config key 'data.url': needed to download the data, found none")
+    dest = Path(cfg["data"]["dir"])
+    dest.mkdir(parents=True, exist_ok=True)
+    zpath = dest / "download.zip"
+    with atomic_path(zpath) as tmp:
+        log.info("downloading %s", url)
+        urllib.request.urlretrieve(url, tmp)
+    with zipfile.ZipFile(zpath) as z:
+        for member in z.namelist():
+            name = Path(member).name
+            if name in {f"wiki.{s}.tokens" for s in SPLITS}:
+                with atomic_path(dest / name) as tmp, z.open(member) as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+    zpath.unlink()
+    want = cfg["data"].get("sha256") or {}
+    for name, digest in want.items():
+        got = sha256_file(dest / name)
+        if got != digest:
+            raise ConfigError(f"config key 'data.sha256.{name}': expected {digest}, downloaded file has {got}")
+    if not want:
+        log.warning("config key 'data.sha256' is empty: downloaded files were not checked")

@@ -1,0 +1,183 @@
+"""One pass of the frozen LM over a split: datastore keys + vals (train), or queries + LM log-probs (valid/test).
+
+Key types (Xu et al. 2023, Sec. 3; DEVELOPERS.md):
+  att -- the input of the last layer's feed-forward block after its LayerNorm = input of layers[-1].fc1
+  ffn -- the final decoder output (after the final LayerNorm) that feeds the output projection
+Context: tokens are scored exactly as `fairseq-eval-lm --context-window C` does: the split is cut into
+blocks of (tokens_per_sample − C) tokens, and each block is fed with up to C previous tokens of left
+context (fairseq's LMContextWindowDataset), so every key/score has ≥ C tokens of context except in the
+split's first block. One key per target token: key i is the state that predicts vals[i].
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .io import ArtifactError, check_manifest, create_npy, open_npy, read_json, save_npy, sha256_file, write_json
+
+log = logging.getLogger(__name__)
+KEY_TYPES = ("att", "ffn")
+
+
+def load_lm(checkpoint: str | Path, data_bin: str | Path):
+    """Load a fairseq LM checkpoint in eval mode; returns (model, cfg). data_bin holds dict.txt."""
+    from fairseq import checkpoint_utils
+
+    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data_bin)})
+    model = models[0]
+    model.prepare_for_inference_(cfg)
+    model.eval()
+    return model, cfg
+
+
+def iter_split(model, cfg, data_bin: str | Path, split: str, context_window: int, max_tokens: int):
+    """fairseq-eval-lm's batch iterator over `split` (LMContextWindowDataset). Returns (iterator, n_targets, pad)."""
+    from fairseq import tasks, utils
+
+    tcfg = copy.deepcopy(cfg.task)
+    tcfg.data = str(data_bin)
+    tcfg.tokens_per_sample = cfg.task.tokens_per_sample - context_window
+    task = tasks.setup_task(tcfg)
+    task.load_dataset(split)
+    ds = task.dataset(split)
+    itr = task.eval_lm_dataloader(
+        dataset=ds, max_tokens=max_tokens, batch_size=None,
+        max_positions=utils.resolve_max_positions(model.max_positions()),
+        num_shards=1, shard_id=0, num_workers=0, data_buffer_size=0, context_window=context_window)
+    return itr, int(np.sum(ds.sizes)), task.source_dictionary.pad()
+
+
+@torch.no_grad()
+def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, targets: torch.Tensor | None = None):
+    """Run the decoder once; return {'att': [B, L, D], 'ffn': [B, L, D]} (+ 'lp': [B, L] log p(target), fp32).
+
+    att is captured by a forward hook on layers[-1].fc1 (its input, after the pre-FFN LayerNorm).
+    """
+    captured = {}
+    hook = model.decoder.layers[-1].fc1.register_forward_hook(lambda m, inp, out: captured.__setitem__("att", inp[0]))
+    try:
+        x, extra = model.decoder.extract_features(src_tokens, encoder_out=None)
+    finally:
+        hook.remove()
+    att = captured["att"]
+    if att.shape[0] != x.shape[0]:  # fairseq layers run time-first: [L, B, D]
+        att = att.transpose(0, 1)
+    out = {"att": att, "ffn": x}
+    if with_log_probs:
+        logits = model.decoder.output_layer(x)
+        lprobs = model.get_normalized_probs((logits, extra), log_probs=True).float()
+        out["lp"] = lprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return out
+
+
+def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_log_probs) -> Iterator[dict]:
+    """Yield per-batch dicts of kept positions in stream order: 'att', 'ffn' [n, D] fp32, 'target' [n] int64, ('lp' [n])."""
+    itr, n_targets, pad = iter_split(model, cfg, data_bin, split, context_window, max_tokens)
+    bar = tqdm(total=n_targets, desc=f"dump {split}", unit=" tok", mininterval=10)
+    for sample in itr:
+        if "net_input" not in sample:
+            continue
+        src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+        starts = sample.get("start_indices", [0] * src.shape[0])
+        st = forward_states(model, src, with_log_probs, tgt)
+        pos = torch.arange(tgt.shape[1]).unsqueeze(0)
+        keep = (tgt != pad) & (pos >= torch.as_tensor(starts).unsqueeze(1))
+        batch = {k: v[keep] for k, v in st.items()}  # row-major: row by row, positions in order
+        batch["target"] = tgt[keep]
+        bar.update(int(keep.sum()))
+        yield batch
+    bar.close()
+
+
+def dump_datastore(checkpoint, data_bin, out_dir, context_window: int, max_tokens: int, threads: int) -> dict:
+    """Dump train keys for both key types and vals in one pass; returns the manifest.
+
+    Writes out_dir/keys_att.npy, keys_ffn.npy: [N, D] float16 memmaps; vals.npy: [N] int32 (next-token ids);
+    manifest.json (N, D, dtypes, key types, checkpoint sha256, data sha256, context settings). Atomic per file;
+    the manifest is written last.
+    """
+    torch.set_num_threads(threads)
+    out_dir = Path(out_dir)
+    model, cfg = load_lm(checkpoint, data_bin)
+    _, n, _ = iter_split(model, cfg, data_bin, "train", context_window, max_tokens)
+    d = model.decoder.embed_dim if not hasattr(model.decoder, "output_embed_dim") else model.decoder.output_embed_dim
+    d_att = model.decoder.layers[-1].fc1.in_features
+    assert d_att == d, (d_att, d)
+    with create_npy(out_dir / "keys_att.npy", (n, d), np.float16) as k_att, \
+         create_npy(out_dir / "keys_ffn.npy", (n, d), np.float16) as k_ffn, \
+         create_npy(out_dir / "vals.npy", (n,), np.int32) as vals:
+        ptr = 0
+        for b in iter_states(model, cfg, data_bin, "train", context_window, max_tokens, with_log_probs=False):
+            m = b["target"].shape[0]
+            k_att[ptr:ptr + m] = b["att"].numpy()
+            k_ffn[ptr:ptr + m] = b["ffn"].numpy()
+            vals[ptr:ptr + m] = b["target"].numpy()
+            ptr += m
+        if ptr != n:
+            raise ArtifactError(f"dumped {ptr} keys, expected {n} train targets")
+    manifest = {
+        "split": "train", "N": n, "D": d, "keys_dtype": "float16", "vals_dtype": "int32", "key_types": list(KEY_TYPES),
+        "checkpoint_sha256": sha256_file(checkpoint), "data_sha256": sha256_file(Path(data_bin) / "train.bin"),
+        "context_window": context_window, "tokens_per_sample": int(cfg.task.tokens_per_sample),
+    }
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def dump_queries(checkpoint, data_bin, split: str, out_dir, context_window: int, max_tokens: int, threads: int) -> dict:
+    """Dump a valid/test split once: targets [T] int32, lm_logprobs [T] float32 (natural log p_LM(target)),
+    queries_att / queries_ffn [T, D] float32, and manifest.json. Returns the manifest."""
+    torch.set_num_threads(threads)
+    out_dir = Path(out_dir)
+    model, cfg = load_lm(checkpoint, data_bin)
+    parts: dict[str, list] = {"att": [], "ffn": [], "target": [], "lp": []}
+    for b in iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_log_probs=True):
+        for k in parts:
+            parts[k].append(b[k].numpy())
+    arrs = {k: np.concatenate(v) for k, v in parts.items()}
+    save_npy(out_dir / "targets.npy", arrs["target"].astype(np.int32))
+    save_npy(out_dir / "lm_logprobs.npy", arrs["lp"].astype(np.float32))
+    for kt in KEY_TYPES:
+        save_npy(out_dir / f"queries_{kt}.npy", arrs[kt].astype(np.float32))
+    t = int(arrs["target"].shape[0])
+    manifest = {"split": split, "T": t, "D": int(arrs["att"].shape[1]), "checkpoint_sha256": sha256_file(checkpoint),
+                "data_sha256": sha256_file(Path(data_bin) / f"{split}.bin"), "context_window": context_window,
+                "tokens_per_sample": int(cfg.task.tokens_per_sample),
+                "lm_nll_sum": float(-arrs["lp"].astype(np.float64).sum())}
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+def open_datastore(ds_dir, key_type: str, checkpoint_sha256: str | None = None):
+    """Open a dumped datastore read-only: returns (keys [N, D] float16 memmap, vals [N] int32 memmap, manifest).
+
+    Raises ArtifactError if a file is missing or truncated, shapes disagree with the manifest, or the
+    datastore was made from another checkpoint than `checkpoint_sha256`.
+    """
+    ds_dir = Path(ds_dir)
+    man = read_json(ds_dir / "manifest.json")
+    if key_type not in man["key_types"]:
+        raise ArtifactError(f"{ds_dir}: key type {key_type!r} not in datastore (has {man['key_types']})")
+    if checkpoint_sha256 is not None:
+        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"datastore {ds_dir}")
+    keys = open_npy(ds_dir / f"keys_{key_type}.npy", (man["N"], man["D"]), np.float16)
+    vals = open_npy(ds_dir / "vals.npy", (man["N"],), np.int32)
+    return keys, vals, man
+
+
+def open_queries(q_dir, key_type: str, checkpoint_sha256: str | None = None):
+    """Open a dumped valid/test split: returns dict(targets, lm_logprobs, queries, manifest). Checks as open_datastore."""
+    q_dir = Path(q_dir)
+    man = read_json(q_dir / "manifest.json")
+    if checkpoint_sha256 is not None:
+        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"queries {q_dir}")
+    t, d = man["T"], man["D"]
+    return {"targets": open_npy(q_dir / "targets.npy", (t,), np.int32),
+            "lm_logprobs": open_npy(q_dir / "lm_logprobs.npy", (t,), np.float32),
+            "queries": open_npy(q_dir / f"queries_{key_type}.npy", (t, d), np.float32), "manifest": man}

@@ -1,0 +1,110 @@
+"""Approximate retrieval with faiss IVFPQ ("FAISS mask" / "FAISS score", Xu et al. 2023 Sec. 5).
+
+One index per (key type, metric). Training uses a seeded sample of keys; keys are added in chunks
+read from the fp16 memmap, so the datastore is never whole in RAM (the index's PQ codes are).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from .io import atomic_path, create_npy
+
+log = logging.getLogger(__name__)
+
+
+def auto_ncentroids(n: int) -> int:
+    """Power of two nearest sqrt(N), at most N/39 (faiss k-means wants ≥ 39 training points per centroid), ≥ 1."""
+    c = 2 ** round(math.log2(max(1.0, math.sqrt(n))))
+    while c > 1 and c * 39 > n:
+        c //= 2
+    return max(1, c)
+
+
+def auto_code_size(d: int) -> int:
+    """PQ bytes per vector: D/4 capped at 64, lowered until it divides D."""
+    m = max(1, min(64, d // 4))
+    while d % m:
+        m -= 1
+    return m
+
+
+def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
+    """Turn config section 'index' ("auto" values) into concrete numbers for a datastore of N keys of dim D."""
+    nc = index_cfg["ncentroids"]
+    nc = auto_ncentroids(n) if nc == "auto" else int(nc)
+    cs = index_cfg["code_size"]
+    cs = auto_code_size(d) if cs == "auto" else int(cs)
+    if d % cs:
+        raise ValueError(f"config key 'index.code_size': must divide the key dimension {d}, found {cs}")
+    ts = index_cfg["train_size"]
+    ts = min(n, max(64 * nc, 65536)) if ts == "auto" else min(n, int(ts))
+    return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": int(index_cfg["nprobe"]),
+            "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
+
+
+def faiss_metric(metric: str):
+    import faiss
+
+    if metric == "l2":
+        return faiss.METRIC_L2
+    if metric == "ip":
+        return faiss.METRIC_INNER_PRODUCT
+    raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
+
+
+def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Path, threads: int = 2) -> dict:
+    """Train an IVFPQ index on a seeded sample of `keys` ([N, D] fp16 memmap), add all keys in chunks, save it.
+
+    ids in the index are row numbers of the datastore. Returns build statistics. Atomic write.
+    """
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    n, d = keys.shape
+    rng = np.random.default_rng(params["seed"])
+    sample = np.sort(rng.choice(n, size=params["train_size"], replace=False))
+    x = np.ascontiguousarray(keys[sample], dtype=np.float32)
+    quantizer = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFPQ(quantizer, d, params["ncentroids"], params["code_size"], 8, faiss_metric(metric))
+    index.cp.seed = params["seed"]
+    index.pq.cp.seed = params["seed"]
+    log.info("training IVFPQ(%d lists, %d bytes, %s) on %d keys", params["ncentroids"], params["code_size"], metric, len(x))
+    index.train(x)
+    del x
+    chunk = params["add_chunk"]
+    for s in tqdm(range(0, n, chunk), desc=f"add keys ({metric})", unit=" chunk", mininterval=10):
+        index.add(np.ascontiguousarray(keys[s:s + chunk], dtype=np.float32))
+    index.nprobe = params["nprobe"]
+    with atomic_path(out_path) as tmp:
+        faiss.write_index(index, str(tmp))
+    return {"ntotal": int(index.ntotal), **params}
+
+
+def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
+           chunk: int = 8192, threads: int = 2) -> dict:
+    """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
+
+    out_ids: [T, k] int32 datastore row ids (−1 where fewer than k were found); out_dists: [T, k] float32
+    faiss distances (squared L2 for 'l2', inner product for 'ip'), both .npy, atomic. Returns stats.
+    """
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    index = faiss.read_index(str(index_path))
+    faiss.extract_index_ivf(index).nprobe = nprobe
+    if index.ntotal >= 2**31:
+        raise ValueError(f"{index_path}: {index.ntotal} keys do not fit int32 ids")
+    t = queries.shape[0]
+    missing = 0
+    with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
+        for s in tqdm(range(0, t, chunk), desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
+            dd, ii = index.search(np.ascontiguousarray(queries[s:s + chunk], dtype=np.float32), k)
+            ids[s:s + len(ii)] = ii
+            dists[s:s + len(dd)] = dd
+            missing += int((ii < 0).sum())
+    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal)}

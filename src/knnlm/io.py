@@ -1,0 +1,145 @@
+"""Artifact I/O: atomic writes (temporary name, then rename), .npy memmaps with integrity checks, manifests.
+
+Nothing half-written is ever taken as done: every writer here writes to `<name>.tmp-<pid>` and
+renames to `<name>` only after the content is complete and flushed.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+
+class ArtifactError(RuntimeError):
+    """An artifact on disk is missing, truncated, or inconsistent with its manifest."""
+
+
+def tmp_name(path: str | Path) -> Path:
+    path = Path(path)
+    return path.with_name(f"{path.name}.tmp-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to `path`; on success rename it to `path`, on error remove it.
+
+    Works for files and directories (whatever the caller creates at the yielded path).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(path)
+    _remove(tmp)
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise ArtifactError(f"writer produced nothing at {tmp} for {path}")
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    elif p.exists() or p.is_symlink():
+        p.unlink()
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write `obj` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True, default=_json_default)
+            f.write("\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"missing file {path}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def save_npy(path: str | Path, arr: np.ndarray) -> None:
+    """np.save, atomically."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.save(f, arr)
+
+
+def open_npy(path: str | Path, shape: tuple[int, ...] | None = None, dtype: Any = None, mode: str = "r") -> np.ndarray:
+    """Memory-map a .npy file, checking it is complete and (optionally) of the expected shape/dtype.
+
+    Raises ArtifactError naming the file if it is missing, truncated (fewer bytes than its header
+    promises), or of another shape/dtype than expected.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"missing array file {path}")
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            hdr_shape, _, hdr_dtype = reader(f)
+        except Exception as e:  # corrupt header
+            raise ArtifactError(f"{path}: not a valid .npy file ({e})") from e
+        offset = f.tell()
+    want_bytes = offset + int(np.prod(hdr_shape, dtype=np.int64)) * np.dtype(hdr_dtype).itemsize
+    have = path.stat().st_size
+    if have < want_bytes:
+        raise ArtifactError(f"{path} is truncated: header promises shape {hdr_shape} {np.dtype(hdr_dtype)} "
+                            f"= {want_bytes} bytes, file has {have} bytes; delete it and rerun the job that makes it")
+    if shape is not None and tuple(hdr_shape) != tuple(shape):
+        raise ArtifactError(f"{path}: expected shape {tuple(shape)}, found {tuple(hdr_shape)}")
+    if dtype is not None and np.dtype(hdr_dtype) != np.dtype(dtype):
+        raise ArtifactError(f"{path}: expected dtype {np.dtype(dtype)}, found {np.dtype(hdr_dtype)}")
+    return np.load(path, mmap_mode=mode)
+
+
+@contextlib.contextmanager
+def create_npy(path: str | Path, shape: tuple[int, ...], dtype: Any) -> Iterator[np.ndarray]:
+    """Create a writable .npy memmap at a temporary name; flushed and renamed to `path` on success."""
+    with atomic_path(path) as tmp:
+        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        yield arr
+        arr.flush()
+        del arr
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def check_manifest(manifest: dict, expected: dict, source: str) -> None:
+    """Raise ArtifactError if any key of `expected` differs in `manifest` (e.g. another checkpoint's datastore)."""
+    bad = {k: (manifest.get(k), v) for k, v in expected.items() if manifest.get(k) != v}
+    if bad:
+        lines = [f"{k}: manifest has {have!r}, expected {want!r}" for k, (have, want) in bad.items()]
+        raise ArtifactError(f"{source} does not match what this run expects (made from another checkpoint or data?):\n  "
+                            + "\n  ".join(lines) + "\nDelete it and rerun the job that makes it.")

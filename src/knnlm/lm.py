@@ -1,0 +1,116 @@
+"""Base LM: fairseq-preprocess and fairseq-train of a pre-norm transformer_lm with a plain softmax.
+
+Thin wrappers around fairseq's own CLIs (run as subprocesses of this Python), which add atomic outputs,
+logging of the training curve, and the settings DEVELOPERS.md requires: --decoder-normalize-before
+(pre-norm), input/output dims equal to the embed dim, no adaptive softmax.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .io import ArtifactError, atomic_path
+
+log = logging.getLogger(__name__)
+
+
+def _env(threads: int) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES=env.get("CUDA_VISIBLE_DEVICES", ""))
+    return env
+
+
+def preprocess(bpe_dir: str | Path, out_dir: str | Path, workers: int = 2) -> None:
+    """fairseq-preprocess --only-source of bpe_dir/{train,valid,test}.bpe into out_dir (atomic directory)."""
+    bpe_dir = Path(bpe_dir)
+    with atomic_path(out_dir) as tmp:
+        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source",
+               "--trainpref", str(bpe_dir / "train.bpe"), "--validpref", str(bpe_dir / "valid.bpe"),
+               "--testpref", str(bpe_dir / "test.bpe"), "--destdir", str(tmp), "--workers", str(workers)]
+        log.info("running %s", " ".join(cmd))
+        subprocess.run(cmd, check=True, env=_env(workers))
+
+
+def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads: int) -> list[str]:
+    """The fairseq-train command for config section 'lm' (pre-norm transformer_lm, plain softmax)."""
+    d = lm["decoder_embed_dim"]
+    cmd = [
+        sys.executable, "-m", "fairseq_cli.train", str(data_bin),
+        "--task", "language_modeling", "--arch", "transformer_lm",
+        "--decoder-normalize-before", "--share-decoder-input-output-embed",
+        "--decoder-layers", str(lm["decoder_layers"]), "--decoder-embed-dim", str(d),
+        "--decoder-input-dim", str(d), "--decoder-output-dim", str(d),
+        "--decoder-ffn-embed-dim", str(lm["decoder_ffn_embed_dim"]),
+        "--decoder-attention-heads", str(lm["decoder_attention_heads"]),
+        "--dropout", str(lm["dropout"]),
+        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "0.0",
+        "--lr", str(lm["lr"]), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(lm["warmup_updates"]),
+        "--warmup-init-lr", "1e-07",
+        "--tokens-per-sample", str(lm["tokens_per_sample"]), "--sample-break-mode", "none",
+        "--max-tokens", str(lm["max_tokens"]), "--max-update", str(lm["max_update"]),
+        "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", str(lm["seed"]),
+        "--log-format", "json", "--log-interval", "25", "--num-workers", "0", "--cpu",
+    ]
+    if lm.get("validate_interval_updates"):
+        cmd += ["--validate-interval-updates", str(lm["validate_interval_updates"])]
+    return cmd
+
+
+def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
+    """Training curve from fairseq's --log-format json output: {'train_loss': [(update, loss base 2)], 'valid_loss': ...}."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for line in lines:
+        brace = line.find("{")
+        if brace < 0:
+            continue
+        try:
+            rec = json.loads(line[brace:])
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        if "valid_loss" in rec and "valid_num_updates" in rec:
+            step = int(float(rec["valid_num_updates"]))
+            curves.setdefault("valid_loss", []).append((step, float(rec["valid_loss"])))
+            if "valid_ppl" in rec:
+                curves.setdefault("valid_ppl", []).append((step, float(rec["valid_ppl"])))
+        elif "loss" in rec and "num_updates" in rec:
+            step = int(float(rec["num_updates"]))
+            curves.setdefault("train_loss", []).append((step, float(rec["loss"])))
+            if "wps" in rec:
+                curves.setdefault("train_wps", []).append((step, float(rec["wps"])))
+    return curves
+
+
+def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: str | Path, threads: int,
+          log_file: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """Run fairseq-train; copy the best checkpoint (lowest valid loss) to out_checkpoint atomically.
+
+    Resumable: fairseq restarts from work_dir/checkpoint_last.pt if a previous run was killed.
+    Returns the training curve (see parse_fairseq_json_log). Raises ArtifactError if no best checkpoint.
+    """
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    cmd = train_command(lm, data_bin, work_dir, threads)
+    log.info("running %s", " ".join(cmd))
+    with open(log_file, "a") as lf:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(threads))
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lf.write(line)
+            lf.flush()
+            sys.stderr.write(line)
+        if proc.wait() != 0:
+            raise RuntimeError(f"fairseq-train failed with exit code {proc.returncode}; log: {log_file}")
+    best = work_dir / "checkpoint_best.pt"
+    if not best.is_file():
+        raise ArtifactError(f"fairseq-train finished without {best}")
+    with atomic_path(out_checkpoint) as tmp:
+        shutil.copyfile(best, tmp)
+    with open(log_file) as lf:
+        return parse_fairseq_json_log(lf)

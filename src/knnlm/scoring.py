@@ -1,0 +1,132 @@
+"""kNN-LM scoring: p_kNN, interpolation with the base LM, λ tuning, oracle, perplexity.
+
+Paper notation (Xu et al. 2023, Eq. 5; Khandelwal et al. 2020, Eq. 2):
+  P = (1-λ) softmax(W_sm h_sm) + λ M softmax(mask-to-k(W_ds ⊗ h_ds) / τ)
+The second term, evaluated at the target w, is p_kNN(w) = Σ_{i: v_i = w} exp(s_i/τ) / Σ_i exp(s_i/τ)
+over the k retrieved neighbours i with vals v_i and scores s_i (s = −squared L2 distance, or the
+inner product). All functions work in natural-log space and return float64 where they reduce.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+
+from .io import ArtifactError
+
+
+def scores_from_distances(dists: np.ndarray, metric: str) -> np.ndarray:
+    """Similarity scores (higher = closer) from faiss distances.
+
+    dists: [T, k] float32 — squared L2 distances for metric 'l2', inner products for 'ip'.
+    Returns [T, k] float32: −dists for 'l2', dists for 'ip'. Raises ValueError for other metrics.
+    """
+    if metric == "l2":
+        return -dists
+    if metric == "ip":
+        return dists
+    raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
+
+
+def knn_log_prob(scores: np.ndarray, nb_vals: np.ndarray, targets: np.ndarray, temperature: float = 1.0,
+                 valid: np.ndarray | None = None) -> np.ndarray:
+    """log p_kNN(target) per query (Eq. 2 / Eq. 5's second term at the target).
+
+    scores: [T, k] float (higher = closer); nb_vals: [T, k] int, the neighbours' vals (next-token ids);
+    targets: [T] int; temperature τ > 0; valid: optional [T, k] bool, False for missing neighbours
+    (faiss id −1), which get no mass. Returns [T] float64; −inf where no neighbour's val is the target.
+    Duplicate vals are summed (the aggregation matrix M).
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, found {temperature}")
+    logits = scores.astype(np.float64) / temperature
+    if valid is not None:
+        logits = np.where(valid, logits, -np.inf)
+    lse_all = _logsumexp(logits)
+    hit = nb_vals == targets[:, None]
+    lse_hit = _logsumexp(np.where(hit, logits, -np.inf))
+    with np.errstate(invalid="ignore"):
+        out = lse_hit - lse_all
+    return np.where(np.isneginf(lse_hit), -np.inf, out)
+
+
+def _logsumexp(x: np.ndarray) -> np.ndarray:
+    m = np.max(x, axis=1)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        return np.log(np.sum(np.exp(x - m_safe[:, None]), axis=1)) + m_safe
+
+
+def interpolate(lp_lm: np.ndarray, lp_knn: np.ndarray, lam: float) -> np.ndarray:
+    """log((1−λ) p_LM + λ p_kNN), computed in log space. λ ∈ [0, 1]; λ=0 gives lp_lm exactly, λ=1 lp_knn."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must be in [0, 1], found {lam}")
+    if lam == 0.0:
+        return np.asarray(lp_lm, dtype=np.float64)
+    if lam == 1.0:
+        return np.asarray(lp_knn, dtype=np.float64)
+    return np.logaddexp(np.log1p(-lam) + lp_lm.astype(np.float64), math.log(lam) + lp_knn.astype(np.float64))
+
+
+def perplexity(log_probs: np.ndarray, count: int) -> float:
+    """exp(−Σ log p / count): per token with count = len(log_probs), per word with count = word count.
+
+    Returns inf if any log p is −inf (e.g. kNN-only PPL when a target is absent from the neighbours).
+    """
+    total = float(np.sum(log_probs, dtype=np.float64))
+    if not np.isfinite(total):
+        return math.inf
+    return math.exp(-total / count)
+
+
+def oracle_log_prob(lp_lm: np.ndarray, lp_knn: np.ndarray) -> np.ndarray:
+    """Per token, the better of p_LM and p_kNN (the paper's oracle)."""
+    return np.maximum(lp_lm.astype(np.float64), lp_knn.astype(np.float64))
+
+
+def lambda_grid(steps: int) -> np.ndarray:
+    """linspace(0, 1, steps) — the λ values tried on valid."""
+    return np.linspace(0.0, 1.0, steps)
+
+
+def tune_lambda(lp_lm: np.ndarray, lp_knn: np.ndarray, grid: np.ndarray) -> tuple[float, np.ndarray]:
+    """Pick λ minimising the interpolated NLL over `grid` (the same λ minimises per-word and per-token PPL).
+
+    Returns (best λ, [len(grid)] total NLL per λ in nats).
+    """
+    nll = np.array([-np.sum(interpolate(lp_lm, lp_knn, float(l))) for l in grid])
+    nll = np.where(np.isnan(nll), np.inf, nll)
+    return float(grid[int(np.argmin(nll))]), nll
+
+
+def iter_chunks(n: int, chunk: int) -> Iterator[tuple[int, int]]:
+    for s in range(0, n, chunk):
+        yield s, min(n, s + chunk)
+
+
+def knn_log_prob_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray, targets: np.ndarray, metric: str,
+                            temperature: float, chunk: int = 16384) -> np.ndarray:
+    """log p_kNN(target) for every query from a neighbour cache, streaming in chunks of queries.
+
+    ids: [T, k] int (−1 = no neighbour), dists: [T, k] float32 (faiss distances), vals: [N] int32 memmap
+    (the datastore's vals), targets: [T] int. Returns [T] float64. Raises ArtifactError if an id is ≥ N.
+    """
+    T = ids.shape[0]
+    out = np.empty(T, dtype=np.float64)
+    n = vals.shape[0]
+    for s, e in iter_chunks(T, chunk):
+        nb = np.asarray(ids[s:e])
+        valid = nb >= 0
+        if nb.size and nb.max() >= n:
+            raise ArtifactError(f"neighbour id {int(nb.max())} out of range for a datastore of {n} vals")
+        nb_vals = vals[np.where(valid, nb, 0)]  # fancy indexing reads only the pages it needs
+        sc = scores_from_distances(np.asarray(dists[s:e]), metric)
+        out[s:e] = knn_log_prob(sc, nb_vals, np.asarray(targets[s:e]), temperature, valid)
+    return out
+
+
+def summarize(lp: np.ndarray, n_words: int) -> dict[str, float]:
+    """{'ppl_word', 'ppl_token', 'nll_sum'} for per-token log-probs lp [T] (natural log)."""
+    return {"ppl_word": perplexity(lp, n_words), "ppl_token": perplexity(lp, len(lp)),
+            "nll_sum": float(-np.sum(lp, dtype=np.float64))}

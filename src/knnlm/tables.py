@@ -1,0 +1,45 @@
+"""Paper tables as CSV + Markdown (pandas)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .io import atomic_path
+
+METRIC_NAME = {"l2": "L2", "ip": "IP"}
+
+
+def table1(base: dict, scores: list[dict]) -> pd.DataFrame:
+    """Table 1 (Xu et al. 2023): base LM and kNN-LM per (h_ds, ⊗), on each split.
+
+    base: {split: {'ppl_word', 'ppl_token'}}; scores: the JSONs written by `knnlm score`.
+    Columns: split, model, h_ds, ⊗, PPL, λ, interp PPL, oracle PPL — per word and per token.
+    'PPL' of a kNN-LM row is kNN-only perplexity (inf when some target is absent from its k neighbours).
+    """
+    rows = []
+    for split in ("test", "valid"):
+        b = base[split]
+        rows.append({"split": split, "model": "Base LM", "h_ds": "-", "⊗": "-",
+                     "PPL (word)": b["ppl_word"], "λ": None, "interp PPL (word)": None, "oracle PPL (word)": None,
+                     "PPL (token)": b["ppl_token"], "interp PPL (token)": None, "oracle PPL (token)": None})
+        for s in scores:
+            r = s[split]
+            rows.append({"split": split, "model": "kNN-LM", "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]],
+                         "PPL (word)": r["knn"]["ppl_word"], "λ": s["lambda"],
+                         "interp PPL (word)": r["interp"]["ppl_word"], "oracle PPL (word)": r["oracle"]["ppl_word"],
+                         "PPL (token)": r["knn"]["ppl_token"], "interp PPL (token)": r["interp"]["ppl_token"],
+                         "oracle PPL (token)": r["oracle"]["ppl_token"]})
+    return pd.DataFrame(rows)
+
+
+def write_table(df: pd.DataFrame, csv_path: str | Path, md_path: str | Path, title: str, caption: str) -> None:
+    """Write df as CSV and as Markdown (one section per split, with a caption), atomically."""
+    with atomic_path(csv_path) as tmp:
+        df.to_csv(tmp, index=False, float_format="%.4f")
+    parts = [f"# {title}\n", caption.strip() + "\n"]
+    for split, sub in df.groupby("split", sort=False):
+        parts.append(f"\n## {split}\n")
+        parts.append(sub.drop(columns=["split"]).to_markdown(index=False, floatfmt=".3f", missingval="-") + "\n")
+    with atomic_path(md_path) as tmp:
+        Path(tmp).write_text("".join(parts))
