@@ -66,6 +66,8 @@ def cmd_preprocess(args, cfg):
     from .lm import preprocess
 
     preprocess(args.bpe_dir, args.out_dir, workers=cfg["threads"])
+    vocab = sum(1 for _ in open(Path(args.out_dir) / "dict.txt"))
+    _track(args, cfg, (), metrics={"dict_size": vocab})
 
 
 def cmd_train_lm(args, cfg):

@@ -65,9 +65,7 @@ def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, target
         x, extra = model.decoder.extract_features(src_tokens, encoder_out=None)
     finally:
         hook.remove()
-    att = captured["att"]
-    if att.shape[0] != x.shape[0]:  # fairseq layers run time-first: [L, B, D]
-        att = att.transpose(0, 1)
+    att = captured["att"].transpose(0, 1)  # fairseq's layers run time-first: [L, B, D] -> [B, L, D]
     out = {"att": att, "ffn": x}
     if with_log_probs:
         logits = model.decoder.output_layer(x)

@@ -26,8 +26,8 @@ def auto_ncentroids(n: int) -> int:
 
 
 def auto_code_size(d: int) -> int:
-    """PQ bytes per vector: D/4 capped at 64, lowered until it divides D."""
-    m = max(1, min(64, d // 4))
+    """PQ bytes per vector: D/8 capped at 64 (the kNN-LM paper's 64 bytes for D=1024), lowered until it divides D."""
+    m = max(1, min(64, d // 8))
     while d % m:
         m -= 1
     return m

@@ -40,6 +40,7 @@ def write_table(df: pd.DataFrame, csv_path: str | Path, md_path: str | Path, tit
     parts = [f"# {title}\n", caption.strip() + "\n"]
     for split, sub in df.groupby("split", sort=False):
         parts.append(f"\n## {split}\n")
-        parts.append(sub.drop(columns=["split"]).to_markdown(index=False, floatfmt=".3f", missingval="-") + "\n")
+        shown = sub.drop(columns=["split"]).astype(object).where(sub.drop(columns=["split"]).notna(), "-")
+        parts.append(shown.to_markdown(index=False, floatfmt=".3f") + "\n")
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text("".join(parts))

@@ -1,0 +1,129 @@
+"""Bad input: config schema, data paths, truncated / mismatched artifacts, atomic writes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from knnlm.config import PROJECT_ROOT, ConfigError, check_data, load_config, validate_config
+from knnlm.io import ArtifactError, atomic_path, check_manifest, create_npy, open_npy, save_npy, write_json
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def base_cfg(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for s in ("train", "valid", "test"):
+        (d / f"wiki.{s}.tokens").write_text(" = A = \n the cat sat \n")
+    return {"name": "t", "data": {"dir": str(d)}}
+
+
+def test_defaults_filled(tmp_path):
+    cfg = validate_config(base_cfg(tmp_path))
+    assert cfg["knn"]["k"] == 1024 and cfg["index"]["metrics"] == ["l2", "ip"] and cfg["lm"]["decoder_layers"] == 4
+    assert cfg["results_dir"] == "results"
+
+
+@pytest.mark.parametrize("patch, key, expected", [
+    ({"knn": {"k": "many"}}, "knn.k", "integer"),
+    ({"index": {"metrics": ["cosine"]}}, "index.metrics.0", "enum"),
+    ({"lm": {"decoder_layerz": 3}}, "lm", "decoder_layerz"),
+    ({"eval": {"context_window": 999}}, "eval.context_window", "tokens_per_sample"),
+])
+def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
+    cfg = base_cfg(tmp_path)
+    cfg.update(patch)
+    with pytest.raises(ConfigError) as e:
+        validate_config(cfg, "my.yaml")
+    msg = str(e.value)
+    assert f"'{key}'" in msg and expected in msg and "my.yaml" in msg
+
+
+def test_missing_data_dir_names_path_and_key(tmp_path):
+    cfg = validate_config({"name": "t", "data": {"dir": str(tmp_path / "nope")}})
+    with pytest.raises(ConfigError, match=r"data\.dir.*nope"):
+        check_data(cfg)
+
+
+def test_missing_split_names_file(tmp_path):
+    cfg = validate_config(base_cfg(tmp_path))
+    (Path(cfg["data"]["dir"]) / "wiki.valid.tokens").unlink()
+    with pytest.raises(ConfigError, match=r"data\.dir.*wiki\.valid\.tokens"):
+        check_data(cfg)
+
+
+def test_download_mode_skips_data_check(tmp_path):
+    check_data(validate_config({"name": "t", "data": {"dir": str(tmp_path / "nope"), "download": True}}))
+
+
+def test_all_shipped_configs_validate():
+    for p in sorted((PROJECT_ROOT / "configs").glob("*.yaml")):
+        cfg = load_config(p)
+        assert cfg["name"] == p.stem
+
+
+def test_snakemake_reports_bad_config(tmp_path):
+    cfg = base_cfg(tmp_path)
+    cfg["knn"] = {"k": -3}
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run(SNAKEMAKE + ["-n", "-s", "workflow/Snakefile", "--configfile", str(p)], cwd=PROJECT_ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "'knn.k'" in r.stdout + r.stderr
+
+
+def test_snakemake_reports_missing_data(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "data": {"dir": str(tmp_path / "absent")}}))
+    r = subprocess.run(SNAKEMAKE + ["-n", "-s", "workflow/Snakefile", "--configfile", str(p)], cwd=PROJECT_ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "data.dir" in out and "absent" in out
+
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "out.json"
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed")
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+    write_json(target, {"a": 1})
+    assert json.loads(target.read_text()) == {"a": 1}
+
+
+def test_create_npy_failure_leaves_no_file(tmp_path):
+    target = tmp_path / "keys.npy"
+    with pytest.raises(KeyboardInterrupt):
+        with create_npy(target, (10, 4), np.float16) as a:
+            a[:5] = 1
+            raise KeyboardInterrupt
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_truncated_npy_is_detected(tmp_path):
+    p = tmp_path / "keys.npy"
+    save_npy(p, np.ones((100, 8), np.float16))
+    assert open_npy(p, (100, 8), np.float16).shape == (100, 8)
+    with pytest.raises(ArtifactError, match="shape"):
+        open_npy(p, (99, 8), np.float16)
+    with pytest.raises(ArtifactError, match="dtype"):
+        open_npy(p, (100, 8), np.float32)
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) - 10])
+    with pytest.raises(ArtifactError, match="truncated"):
+        open_npy(p)
+    with pytest.raises(ArtifactError, match="missing"):
+        open_npy(tmp_path / "none.npy")
+
+
+def test_manifest_mismatch(tmp_path):
+    check_manifest({"checkpoint_sha256": "a", "N": 3}, {"checkpoint_sha256": "a"}, "ds")
+    with pytest.raises(ArtifactError, match=r"(?s)another checkpoint.*checkpoint_sha256: manifest has .a., expected .b."):
+        check_manifest({"checkpoint_sha256": "a"}, {"checkpoint_sha256": "b"}, "datastore x")

@@ -1,0 +1,157 @@
+"""The tiny config end to end, and checks of the dumped datastore against the LM itself."""
+import math
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import PROJECT_ROOT, run_snakemake
+from knnlm.config import load_config
+from knnlm.dump import load_lm, open_datastore, open_queries
+from knnlm.io import ArtifactError, read_json, write_json
+from knnlm.tracking import count_runs
+
+TINY = load_config(PROJECT_ROOT / "configs" / "tiny.yaml")
+
+
+def test_table1_produced(tiny_run):
+    t = tiny_run["root"] / "tables"
+    df = pd.read_csv(t / "table1.csv")
+    assert list(df["model"]).count("Base LM") == 2 and list(df["model"]).count("kNN-LM") == 8
+    assert set(df["h_ds"]) == {"-", "att", "ffn"} and set(df["⊗"]) == {"-", "L2", "IP"}
+    knn = df[df["model"] == "kNN-LM"]
+    base = df[df["model"] == "Base LM"].set_index("split")
+    assert ((knn["λ"] >= 0) & (knn["λ"] <= 1)).all()
+    for _, r in knn.iterrows():
+        b = base.loc[r["split"]]
+        # oracle ≤ interp; on valid (where λ is tuned over a grid containing 0) interp ≤ base
+        assert r["oracle PPL (word)"] <= r["interp PPL (word)"] + 1e-9
+        if r["split"] == "valid":
+            assert r["interp PPL (word)"] <= b["PPL (word)"] * (1 + 1e-9)
+        assert r["interp PPL (word)"] > r["interp PPL (token)"]  # more tokens than words with a 400-piece BPE
+    assert (base["PPL (word)"] > base["PPL (token)"]).all()
+    md = (t / "table1.md").read_text()
+    assert "## test" in md and "## valid" in md and "Tiny CI config" in md
+
+
+def test_every_job_logged_to_mlflow(tiny_run):
+    jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
+    assert jobs == 24
+    assert count_runs(tiny_run["results_dir"], "tiny") == jobs
+
+
+def test_scores_consistent_with_base(tiny_run):
+    root = tiny_run["root"]
+    s = read_json(root / "scores" / "att_l2.json")
+    words = read_json(root / "data" / "wordcounts.json")
+    lp = np.load(root / "queries" / "test" / "lm_logprobs.npy").astype(np.float64)
+    assert s["test"]["lm"]["ppl_word"] == pytest.approx(math.exp(-lp.sum() / words["test"]["words"]))
+    assert s["test"]["lm"]["ppl_token"] == pytest.approx(math.exp(-lp.mean()))
+
+
+def _stream_tokens(root, split):
+    """All target tokens of a split in order (each line's BPE ids + <eos>), read with fairseq."""
+    from fairseq.data import Dictionary, data_utils
+
+    d = Dictionary.load(str(root / "data-bin" / "dict.txt"))
+    ds = data_utils.load_indexed_dataset(str(root / "data-bin" / split), d)
+    return torch.cat([ds[i] for i in range(len(ds))]), d
+
+
+def test_datastore_keys_equal_ordinary_forward(tiny_run):
+    """att = input of layers[-1].fc1 and ffn = decoder features, in an ordinary forward of the same window."""
+    root = tiny_run["root"]
+    model, _ = load_lm(root / "lm" / "checkpoint.pt", root / "data-bin")
+    k_att, vals, man = open_datastore(root / "datastore", "att")
+    k_ffn, _, _ = open_datastore(root / "datastore", "ffn")
+    stream, d = _stream_tokens(root, "train")
+    assert man["N"] == len(stream)
+    np.testing.assert_array_equal(np.asarray(vals), stream.numpy())
+    tps, cw = man["tokens_per_sample"], man["context_window"]
+    b = tps - cw  # new tokens per block
+    src_all = torch.cat([torch.tensor([d.eos()]), stream[:-1]])  # fairseq's source = targets shifted right
+    captured = {}
+    h = model.decoder.layers[-1].fc1.register_forward_hook(lambda m, i, o: captured.__setitem__("x", i[0]))
+    try:
+        for blk in (0, 1, 5):
+            lo = max(0, blk * b - cw)  # window start: up to cw tokens of left context
+            src = src_all[lo:blk * b + b].unsqueeze(0)
+            with torch.no_grad():
+                feats, _ = model.decoder(src, features_only=True)
+            att = captured["x"].transpose(0, 1)[0]
+            keep = slice(blk * b - lo, src.shape[1])
+            rows = slice(blk * b, blk * b + b)
+            np.testing.assert_allclose(np.asarray(k_att[rows], np.float32), att[keep].numpy(), atol=2e-2, rtol=1e-2)
+            np.testing.assert_allclose(np.asarray(k_ffn[rows], np.float32), feats[0, keep].numpy(), atol=2e-2, rtol=1e-2)
+            assert not np.allclose(np.asarray(k_att[rows], np.float32), np.asarray(k_ffn[rows], np.float32))
+    finally:
+        h.remove()
+
+
+def test_lm_logprobs_match_fairseq_eval_lm(tiny_run):
+    """Dumped per-token log p_LM(target) equal fairseq-eval-lm --output-word-probs to 1e-4."""
+    root = tiny_run["root"]
+    q = open_queries(root / "queries" / "valid", "att")
+    man = q["manifest"]
+    cmd = [sys.executable, "-m", "fairseq_cli.eval_lm", str(root / "data-bin"), "--path", str(root / "lm" / "checkpoint.pt"),
+           "--gen-subset", "valid", "--context-window", str(man["context_window"]), "--tokens-per-sample",
+           str(man["tokens_per_sample"]), "--output-word-probs", "--cpu", "--max-tokens", "2048", "--num-workers", "0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    per_sample = {}
+    for line in (r.stdout + r.stderr).splitlines():
+        m = re.match(r".*fairseq_cli\.eval_lm(?: \| |:)(\d+) (.*)$", line)
+        if m and "[" in m.group(2):
+            per_sample[int(m.group(1))] = [float(x.rsplit(" [", 1)[1].rstrip("]")) for x in m.group(2).split("\t")]
+    ref = np.concatenate([per_sample[i] for i in sorted(per_sample)])
+    assert len(ref) == man["T"]
+    np.testing.assert_allclose(np.asarray(q["lm_logprobs"]), ref, atol=1e-4, rtol=0)
+    mean_loss = re.search(r"Loss \(base 2\): ([\d.]+)", r.stdout + r.stderr).group(1)
+    assert float(mean_loss) == pytest.approx(-np.mean(q["lm_logprobs"]) / math.log(2), abs=1e-3)
+
+
+def test_index_search_recall_against_exact(tiny_run):
+    """FAISS neighbours are mostly the exact nearest keys (IVFPQ is approximate, so recall@10 not 1)."""
+    root = tiny_run["root"]
+    keys, _, _ = open_datastore(root / "datastore", "ffn")
+    q = open_queries(root / "queries" / "valid", "ffn")
+    ids = np.load(root / "neighbours" / "ffn_l2_valid_ids.npy")
+    x = np.asarray(keys, np.float32)
+    qs = np.asarray(q["queries"][:50])
+    d2 = ((qs[:, None, :] - x[None]) ** 2).sum(-1)
+    exact = np.argsort(d2, axis=1)[:, :10]
+    recall = np.mean([len(set(exact[i]) & set(ids[i, :50])) / 10 for i in range(len(qs))])
+    assert recall > 0.5
+    assert ids.shape[1] == TINY["knn"]["k"] and ids.dtype == np.int32
+
+
+def test_truncated_datastore_refused(tiny_run, tmp_path):
+    import shutil
+
+    root = tiny_run["root"]
+    ds = tmp_path / "datastore"
+    shutil.copytree(root / "datastore", ds)
+    with open(ds / "keys_att.npy", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ArtifactError, match="truncated"):
+        open_datastore(ds, "att")
+    man = read_json(ds / "manifest.json")
+    man["checkpoint_sha256"] = "0" * 64
+    write_json(ds / "manifest.json", man)
+    with pytest.raises(ArtifactError, match="another checkpoint"):
+        open_datastore(ds, "ffn", checkpoint_sha256="f" * 64)
+
+
+def test_rerun_is_noop(tiny_run):
+    r = run_snakemake("-n", "--configfile", "configs/tiny.yaml", "--config", f"results_dir={tiny_run['results_dir']}")
+    assert "Nothing to be done" in r.stdout
+
+
+@pytest.mark.parametrize("cfg", ["wikitext2", "wikitext103"])
+def test_dry_run_of_real_configs(cfg, tmp_path):
+    r = run_snakemake("-n", "--configfile", f"configs/{cfg}.yaml", "--config", f"results_dir={tmp_path}")
+    assert "table1" in r.stdout and "build_index" in r.stdout

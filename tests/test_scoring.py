@@ -1,0 +1,125 @@
+"""Vectorised kNN scoring vs a brute-force per-token Python reference (Eq. 2 / Eq. 5)."""
+import math
+
+import numpy as np
+import pytest
+
+from knnlm.scoring import (interpolate, knn_log_prob, knn_log_prob_from_cache, oracle_log_prob, perplexity,
+                           scores_from_distances, tune_lambda)
+
+
+def brute_p_knn(scores, vals, target, tau, valid=None):
+    """p_kNN(target) for one query, by explicit loops over neighbours."""
+    num = den = 0.0
+    for j in range(len(scores)):
+        if valid is not None and not valid[j]:
+            continue
+        w = math.exp(scores[j] / tau)
+        den += w
+        if vals[j] == target:
+            num += w
+    return num / den if den > 0 else 0.0
+
+
+def brute_interp(p_lm, p_knn, lam):
+    return (1 - lam) * p_lm + lam * p_knn
+
+
+@pytest.mark.parametrize("tau", [0.5, 1.0, 3.0])
+def test_knn_log_prob_matches_bruteforce(tau):
+    rng = np.random.default_rng(0)
+    T, k, V = 50, 16, 6  # small vocab: many duplicate vals per query
+    scores = rng.normal(size=(T, k)).astype(np.float32) * 3
+    vals = rng.integers(0, V, size=(T, k))
+    targets = rng.integers(0, V + 2, size=T)  # V, V+1 are never retrieved -> absent
+    valid = rng.random((T, k)) > 0.1
+    got = knn_log_prob(scores, vals, targets, tau, valid)
+    for t in range(T):
+        p = brute_p_knn(scores[t].astype(np.float64), vals[t], targets[t], tau, valid[t])
+        if p == 0:
+            assert got[t] == -np.inf
+        else:
+            assert got[t] == pytest.approx(math.log(p), rel=1e-9, abs=1e-9)
+    assert np.isneginf(got).any() and np.isfinite(got).any()
+
+
+def test_duplicate_vals_are_summed():
+    scores = np.array([[0.0, 0.0, 0.0, 0.0]])
+    vals = np.array([[7, 7, 7, 3]])
+    got = knn_log_prob(scores, vals, np.array([7]), 1.0)
+    assert got[0] == pytest.approx(math.log(0.75))
+
+
+def test_large_scores_are_stable():
+    scores = np.array([[-1e4, -1e4 - 1.0]])  # squared L2 distances of realistic magnitude
+    got = knn_log_prob(scores, np.array([[1, 2]]), np.array([2]), 1.0)
+    assert got[0] == pytest.approx(-1.0 - math.log1p(math.exp(-1.0)))
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.25, 0.5, 1.0])
+def test_interpolate_matches_bruteforce(lam):
+    rng = np.random.default_rng(1)
+    p_lm = rng.uniform(1e-6, 1, size=40)
+    p_knn = rng.uniform(0, 1, size=40)
+    p_knn[:5] = 0.0  # target absent from the neighbours
+    lp_knn = np.log(np.where(p_knn > 0, p_knn, 1)) + np.where(p_knn > 0, 0, -np.inf)
+    got = interpolate(np.log(p_lm), lp_knn, lam)
+    for i in range(40):
+        want = brute_interp(p_lm[i], p_knn[i], lam)
+        if want == 0:
+            assert got[i] == -np.inf
+        else:
+            assert got[i] == pytest.approx(math.log(want), rel=1e-12, abs=1e-12)
+    if lam == 0.0:
+        np.testing.assert_array_equal(got, np.log(p_lm))
+
+
+def test_perplexity_and_oracle():
+    lp = np.log(np.array([0.5, 0.25]))
+    assert perplexity(lp, 2) == pytest.approx(math.sqrt(8))
+    assert perplexity(lp, 1) == pytest.approx(8.0)  # per word with one word
+    assert perplexity(np.array([-1.0, -np.inf]), 2) == math.inf
+    np.testing.assert_array_equal(oracle_log_prob(np.array([-1.0, -3.0]), np.array([-2.0, -np.inf])), [-1.0, -3.0])
+
+
+def test_tune_lambda_picks_grid_minimum():
+    rng = np.random.default_rng(2)
+    lp_lm = np.log(rng.uniform(0.01, 1, 200))
+    lp_knn = np.log(rng.uniform(0.01, 1, 200))
+    grid = np.linspace(0, 1, 11)
+    lam, nll = tune_lambda(lp_lm, lp_knn, grid)
+    brute = [-sum(math.log(brute_interp(math.exp(a), math.exp(b), l)) for a, b in zip(lp_lm, lp_knn)) for l in grid]
+    np.testing.assert_allclose(nll, brute, rtol=1e-10)
+    assert lam == grid[int(np.argmin(brute))]
+
+
+def test_lambda_one_with_absent_target_is_inf_not_nan():
+    lam, nll = tune_lambda(np.array([-1.0, -1.0]), np.array([-0.5, -np.inf]), np.array([0.0, 0.5, 1.0]))
+    assert nll[2] == np.inf and not np.isnan(nll).any()
+    assert lam == 0.0  # λ=0.5 costs more than it gains on this input: nll [2.0, 2.41, inf]
+    assert nll[0] == pytest.approx(2.0)
+
+
+def test_from_cache_matches_direct_and_handles_missing_ids():
+    rng = np.random.default_rng(3)
+    N, T, k = 100, 30, 8
+    vals = rng.integers(0, 5, N).astype(np.int32)
+    ids = rng.integers(0, N, (T, k)).astype(np.int32)
+    ids[0, 3:] = -1  # faiss found fewer than k
+    dists = rng.uniform(0, 10, (T, k)).astype(np.float32)
+    targets = rng.integers(0, 5, T)
+    for metric in ("l2", "ip"):
+        got = knn_log_prob_from_cache(ids, dists, vals, targets, metric, 2.0, chunk=7)
+        for t in range(T):
+            sc = scores_from_distances(dists[t].astype(np.float64), metric)
+            p = brute_p_knn(sc, vals[np.maximum(ids[t], 0)], targets[t], 2.0, ids[t] >= 0)
+            assert (got[t] == -np.inf) if p == 0 else got[t] == pytest.approx(math.log(p), rel=1e-6)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="metric"):
+        scores_from_distances(np.zeros((1, 1)), "cos")
+    with pytest.raises(ValueError, match="temperature"):
+        knn_log_prob(np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1), 0.0)
+    with pytest.raises(ValueError, match="lambda"):
+        interpolate(np.zeros(1), np.zeros(1), 1.5)
