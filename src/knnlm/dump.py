@@ -33,6 +33,8 @@ def load_lm(checkpoint: str | Path, data_bin: str | Path):
     model = models[0]
     model.prepare_for_inference_(cfg)
     model.eval()
+    if torch.cuda.is_available():  # fp32 on the GPU too: keys are stored fp16, scores must match eval-lm
+        model.cuda()
     return model, cfg
 
 
@@ -81,13 +83,14 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
     for sample in itr:
         if "net_input" not in sample:
             continue
-        src, tgt = sample["net_input"]["src_tokens"], sample["target"]
+        dev = next(model.parameters()).device
+        src, tgt = sample["net_input"]["src_tokens"].to(dev), sample["target"].to(dev)
         starts = sample.get("start_indices", [0] * src.shape[0])
         st = forward_states(model, src, with_log_probs, tgt)
-        pos = torch.arange(tgt.shape[1]).unsqueeze(0)
-        keep = (tgt != pad) & (pos >= torch.as_tensor(starts).unsqueeze(1))
-        batch = {k: v[keep] for k, v in st.items()}  # row-major: row by row, positions in order
-        batch["target"] = tgt[keep]
+        pos = torch.arange(tgt.shape[1], device=dev).unsqueeze(0)
+        keep = (tgt != pad) & (pos >= torch.as_tensor(starts, device=dev).unsqueeze(1))
+        batch = {k: v[keep].cpu() for k, v in st.items()}  # row-major: row by row, positions in order
+        batch["target"] = tgt[keep].cpu()
         bar.update(int(keep.sum()))
         yield batch
     bar.close()
