@@ -155,3 +155,11 @@ def test_rerun_is_noop(tiny_run):
 def test_dry_run_of_real_configs(cfg, tmp_path):
     r = run_snakemake("-n", "--configfile", f"configs/{cfg}.yaml", "--config", f"results_dir={tmp_path}")
     assert "table1" in r.stdout and "build_index" in r.stdout
+
+
+def test_slurm_profile_dry_run(tmp_path):
+    from conftest import SNAKEMAKE
+    r = subprocess.run(SNAKEMAKE + ["--profile", "profiles/slurm", "-n", "--configfile", "configs/wikitext103.yaml",
+                                    "--config", f"results_dir={tmp_path}"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "download" in r.stdout and "train_lm" in r.stdout

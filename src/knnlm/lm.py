@@ -36,6 +36,12 @@ def preprocess(bpe_dir: str | Path, out_dir: str | Path, workers: int = 2) -> No
         subprocess.run(cmd, check=True, env=_env(workers))
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads: int) -> list[str]:
     """The fairseq-train command for config section 'lm' (pre-norm transformer_lm, plain softmax)."""
     d = lm["decoder_embed_dim"]
@@ -54,8 +60,10 @@ def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads:
         "--tokens-per-sample", str(lm["tokens_per_sample"]), "--sample-break-mode", "none",
         "--max-tokens", str(lm["max_tokens"]), "--max-update", str(lm["max_update"]),
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", str(lm["seed"]),
-        "--log-format", "json", "--log-interval", "25", "--num-workers", "0", "--cpu",
+        "--log-format", "json", "--log-interval", "25", "--num-workers", "0",
     ]
+    if not _cuda_available():
+        cmd.append("--cpu")
     if lm.get("validate_interval_updates"):
         cmd += ["--validate-interval-updates", str(lm["validate_interval_updates"])]
     return cmd
