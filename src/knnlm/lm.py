@@ -6,6 +6,7 @@ logging of the training curve, and the settings DEVELOPERS.md requires: --decode
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -99,10 +100,13 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
           log_file: str | Path) -> dict[str, list[tuple[int, float]]]:
     """Run fairseq-train; copy the best checkpoint (lowest valid loss) to out_checkpoint atomically.
 
-    Resumable: fairseq restarts from work_dir/checkpoint_last.pt if a previous run was killed.
-    Returns the training curve (see parse_fairseq_json_log). Raises ArtifactError if no best checkpoint.
+    Resumable: fairseq restarts from checkpoint_last.pt if a previous run was killed. The fairseq save dir
+    is work_dir/<hash of the 'lm' config>, so a changed architecture never resumes from an incompatible
+    checkpoint. Returns the training curve (see parse_fairseq_json_log). Raises ArtifactError if no best
+    checkpoint was written.
     """
-    work_dir = Path(work_dir)
+    digest = hashlib.sha256(json.dumps(lm, sort_keys=True).encode()).hexdigest()[:12]
+    work_dir = Path(work_dir) / f"lm-{digest}"
     work_dir.mkdir(parents=True, exist_ok=True)
     cmd = train_command(lm, data_bin, work_dir, threads)
     log.info("running %s", " ".join(cmd))
