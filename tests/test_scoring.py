@@ -123,3 +123,26 @@ def test_bad_arguments_raise():
         knn_log_prob(np.zeros((1, 1)), np.zeros((1, 1)), np.zeros(1), 0.0)
     with pytest.raises(ValueError, match="lambda"):
         interpolate(np.zeros(1), np.zeros(1), 1.5)
+
+
+def test_temperature_sweep_equals_per_tau_scoring():
+    from knnlm.scoring import neighbour_hits, nll_grid, sweep_temperature
+
+    rng = np.random.default_rng(4)
+    N, T, k = 200, 40, 12
+    vals = rng.integers(0, 6, N).astype(np.int32)
+    ids = rng.integers(0, N, (T, k))
+    ids[1, 5:] = -1
+    scores = rng.normal(size=(T, k)) * 4
+    targets = rng.integers(0, 8, T)
+    hit, valid = neighbour_hits(ids, vals, targets)
+    taus = [0.3, 1.0, 2.5]
+    sweep = sweep_temperature(scores, hit, valid, taus)
+    for i, tau in enumerate(taus):
+        direct = knn_log_prob(scores, vals[np.maximum(ids, 0)], targets, tau, ids >= 0)
+        np.testing.assert_allclose(sweep[i], direct, rtol=1e-12)
+    lp_lm = np.log(rng.uniform(0.01, 1, T))
+    grid = nll_grid(lp_lm, sweep, np.array([0.0, 0.3, 1.0]))
+    assert grid.shape == (3, 3)
+    np.testing.assert_allclose(grid[:, 0], -lp_lm.sum())
+    assert grid[1, 1] == pytest.approx(-np.sum(interpolate(lp_lm, sweep[1], 0.3)))

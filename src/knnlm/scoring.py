@@ -130,3 +130,39 @@ def summarize(lp: np.ndarray, n_words: int) -> dict[str, float]:
     """{'ppl_word', 'ppl_token', 'nll_sum'} for per-token log-probs lp [T] (natural log)."""
     return {"ppl_word": perplexity(lp, n_words), "ppl_token": perplexity(lp, len(lp)),
             "nll_sum": float(-np.sum(lp, dtype=np.float64))}
+
+
+def neighbour_hits(ids: np.ndarray, vals: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hit [T, k] bool: neighbour's val == target, valid [T, k] bool: id ≥ 0) — computed once, reused for every τ."""
+    ids = np.asarray(ids)
+    valid = ids >= 0
+    nb_vals = vals[np.where(valid, ids, 0)]
+    return (nb_vals == np.asarray(targets)[:, None]) & valid, valid
+
+
+def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperatures) -> np.ndarray:
+    """log p_kNN(target) for every τ in `temperatures` from one neighbour cache, no new search (paper Fig. 5).
+
+    scores: [T, k] float (higher = closer), hit/valid from neighbour_hits. Returns [len(temperatures), T] float64;
+    each row equals knn_log_prob(scores, ·, ·, τ, valid).
+    """
+    s = np.where(valid, scores.astype(np.float64), -np.inf)
+    out = np.empty((len(temperatures), s.shape[0]))
+    for i, tau in enumerate(temperatures):
+        if tau <= 0:
+            raise ValueError(f"temperature must be > 0, found {tau}")
+        logits = s / tau
+        lse_all = _logsumexp(logits)
+        lse_hit = _logsumexp(np.where(hit, logits, -np.inf))
+        with np.errstate(invalid="ignore"):
+            out[i] = np.where(np.isneginf(lse_hit), -np.inf, lse_hit - lse_all)
+    return out
+
+
+def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
+    """Total interpolated NLL (nats) for every (τ, λ): [n_tau, n_lambda]. λ = 0 and 1 handled exactly."""
+    out = np.empty((lp_knn_per_tau.shape[0], len(lambdas)))
+    for i, lp_knn in enumerate(lp_knn_per_tau):
+        for j, lam in enumerate(lambdas):
+            out[i, j] = -np.sum(interpolate(lp_lm, lp_knn, float(lam)))
+    return np.where(np.isnan(out), np.inf, out)
