@@ -219,6 +219,115 @@ def cmd_table1(args, cfg):
     print(Path(args.out_md).read_text())
 
 
+def _scoped_queries(args, cfg):
+    from .ablations import scope
+    from .dump import open_queries
+    from .io import read_json
+
+    man = read_json(Path(args.datastore) / "manifest.json")
+    q = open_queries(args.queries_dir, args.key, man["checkpoint_sha256"])
+    t = scope(q["manifest"]["T"], cfg["retrieval"]["max_queries"])
+    return q, t, man
+
+
+def cmd_real_score(args, cfg):
+    from .dump import open_datastore
+    from .exact import recompute_distances
+    from .io import open_npy, read_json, save_npy, write_json
+
+    keys, _, _ = open_datastore(args.datastore, args.key)
+    q, t, man = _scoped_queries(args, cfg)
+    meta = read_json(args.neighbours_prefix + ".json")
+    ids = open_npy(args.neighbours_prefix + "_ids.npy", (q["manifest"]["T"], meta["k"]), np.int32)[:t]
+    t0 = time.time()
+    d = recompute_distances(keys, q["queries"][:t], ids, args.metric)
+    save_npy(args.out, d)
+    stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
+    write_json(args.out + ".json", stats)
+    _track(args, cfg, ("retrieval",), metrics={"T": t, "seconds": stats["seconds"]})
+
+
+def cmd_exact_search(args, cfg):
+    from .dump import open_datastore
+    from .exact import exact_topk
+    from .io import create_npy, write_json
+
+    keys, _, _ = open_datastore(args.datastore, args.key)
+    q, t, man = _scoped_queries(args, cfg)
+    k, r = cfg["knn"]["k"], cfg["retrieval"]
+    t0 = time.time()
+    ids, d = exact_topk(keys, q["queries"][:t], k, args.metric, r["exact_key_chunk"], r["exact_query_chunk"])
+    with create_npy(args.out_prefix + "_ids.npy", ids.shape, np.int32) as a:
+        a[:] = ids
+    with create_npy(args.out_prefix + "_dists.npy", d.shape, np.float32) as a:
+        a[:] = d
+    secs = time.time() - t0
+    gflops = 2.0 * t * keys.shape[0] * keys.shape[1] / secs / 1e9
+    write_json(args.out_prefix + ".json", {"T": t, "k": k, "N": int(keys.shape[0]), "seconds": secs, "gflops": gflops,
+                                           "checkpoint_sha256": man["checkpoint_sha256"]})
+    _track(args, cfg, ("retrieval", "knn"), metrics={"T": t, "seconds": secs, "gflops": gflops})
+
+
+def cmd_table3(args, cfg):
+    from .ablations import SETTING_LABEL, count_words, evaluate_settings, scope, word_starts
+    from .dump import open_datastore, open_queries
+    from .io import open_npy, read_json
+    from .scoring import knn_log_prob_from_cache
+    from .tables import METRIC_NAME, write_table
+    import pandas as pd
+
+    root = Path(args.root)
+    starts = word_starts(root / "data-bin" / "dict.txt")
+    tau, r = cfg["knn"]["temperature"], cfg["retrieval"]
+    rows, metrics = [], {}
+    for key in r["key_types"]:
+        _, vals, man = open_datastore(root / "datastore", key)
+        for metric in r["metrics"]:
+            lp_lm, words, lp_knn = {}, {}, {s: {} for s in SETTING_LABEL}
+            for split in ("valid", "test"):
+                q = open_queries(root / "queries" / split, key, man["checkpoint_sha256"])
+                big_t = q["manifest"]["T"]
+                t = scope(big_t, r["max_queries"])
+                tg = np.asarray(q["targets"][:t])
+                lp_lm[split] = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
+                words[split] = count_words(tg, starts)
+                pre = root / "neighbours" / f"{key}_{metric}_{split}"
+                k = read_json(str(pre) + ".json")["k"]
+                f_ids = open_npy(str(pre) + "_ids.npy", (big_t, k), np.int32)[:t]
+                f_d = open_npy(str(pre) + "_dists.npy", (big_t, k), np.float32)[:t]
+                real_d = open_npy(str(pre) + "_realdists.npy", (t, k), np.float32)
+                ex = root / "exact" / f"{key}_{metric}_{split}"
+                e_ids = open_npy(str(ex) + "_ids.npy", (t, k), np.int32)
+                e_d = open_npy(str(ex) + "_dists.npy", (t, k), np.float32)
+                lp_knn["faiss_mask_faiss_score"][split] = knn_log_prob_from_cache(f_ids, f_d, vals, tg, metric, tau)
+                lp_knn["faiss_mask_real_score"][split] = knn_log_prob_from_cache(f_ids, real_d, vals, tg, metric, tau)
+                lp_knn["real_mask_real_score"][split] = knn_log_prob_from_cache(e_ids, e_d, vals, tg, metric, tau)
+            res = evaluate_settings(lp_lm, lp_knn, words, cfg["knn"]["lambda_steps"])
+            for split in ("test", "valid"):
+                rows.append({"split": split, "h_ds": key, "⊗": METRIC_NAME[metric], "mask": "-", "score": "-",
+                             "λ": None, "interp PPL (word)": res[next(iter(res))][split]["lm"]["ppl_word"],
+                             "oracle PPL (word)": None,
+                             "interp PPL (token)": res[next(iter(res))][split]["lm"]["ppl_token"],
+                             "oracle PPL (token)": None, "tokens": len(lp_lm[split]), "words": words[split]})
+                for setting, v in res.items():
+                    mask, score = SETTING_LABEL[setting]
+                    rows.append({"split": split, "h_ds": key, "⊗": METRIC_NAME[metric], "mask": mask, "score": score,
+                                 "λ": v["lambda"], "interp PPL (word)": v[split]["interp"]["ppl_word"],
+                                 "oracle PPL (word)": v[split]["oracle"]["ppl_word"],
+                                 "interp PPL (token)": v[split]["interp"]["ppl_token"],
+                                 "oracle PPL (token)": v[split]["oracle"]["ppl_token"],
+                                 "tokens": len(lp_lm[split]), "words": words[split]})
+                    metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = v[split]["interp"]["ppl_word"]
+    df = pd.DataFrame(rows)
+    mq = r["max_queries"]
+    scope_txt = "all tokens of valid and test" if not mq else f"the first {mq} tokens of valid and of test"
+    cap = (f"Table 3 ({cfg['name']}): FAISS (IVFPQ) vs real (exact) mask and score, τ = {tau}, k = {cfg['knn']['k']}, "
+           f"λ tuned on valid; scope: {scope_txt} (rows with mask '-' are the base LM on the same scope). "
+           f"Word counts of a scope: tokens that start a word ('▁') plus <eos>. {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, args.out_csv, args.out_md, "Table 3: approximate vs exact retrieval", cap)
+    _track(args, cfg, ("retrieval", "knn"), metrics=metrics, artifacts=[args.out_csv, args.out_md])
+
+
 COMMANDS = {
     "prepare-data": (cmd_prepare_data, [("--out-dir", {})]),
     "download": (cmd_download, []),
@@ -234,6 +343,11 @@ COMMANDS = {
                             ("--out-prefix", {}), ("--checkpoint", {"default": None})]),
     "score": (cmd_score, [("--datastore", {}), ("--queries-root", {}), ("--neighbours-prefix", {}), ("--key", {}),
                           ("--metric", {}), ("--wordcounts", {}), ("--out-prefix", {})]),
+    "real-score": (cmd_real_score, [("--datastore", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}),
+                                    ("--neighbours-prefix", {}), ("--out", {})]),
+    "exact-search": (cmd_exact_search, [("--datastore", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}),
+                                        ("--out-prefix", {})]),
+    "table3": (cmd_table3, [("--root", {}), ("--out-csv", {}), ("--out-md", {})]),
     "table1": (cmd_table1, [("--queries-root", {}), ("--wordcounts", {}), ("--scores", {"nargs": "+"}),
                             ("--out-csv", {}), ("--out-md", {})]),
 }

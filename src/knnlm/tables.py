@@ -50,6 +50,8 @@ def _fmt(column: str, v) -> str:
     """Markdown cell: '-' for missing, λ with 2 decimals, perplexities with 3."""
     if v is None or (isinstance(v, float) and v != v):
         return "-"
+    if column in ("tokens", "words"):
+        return f"{int(v)}"
     if isinstance(v, (int, float)):
         return f"{v:.2f}" if column == "λ" else f"{v:.3f}"
     return str(v)
