@@ -40,7 +40,7 @@ def test_table1_produced(tiny_run):
 
 def test_every_job_logged_to_mlflow(tiny_run):
     jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
-    assert jobs == 24
+    assert jobs == 33  # 24 for Table 1 + 9 for Table 3 (tiny: ffn keys, L2 and IP)
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -163,3 +163,29 @@ def test_slurm_profile_dry_run(tmp_path):
                                     "--config", f"results_dir={tmp_path}"], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "download" in r.stdout and "train_lm" in r.stdout
+
+
+def test_word_count_of_token_spans(tiny_run):
+    """Words counted from BPE targets ('▁' pieces + <eos>) equal the whitespace word count of the split."""
+    from knnlm.ablations import count_words, word_starts
+
+    root = tiny_run["root"]
+    starts = word_starts(root / "data-bin" / "dict.txt")
+    wc = read_json(root / "data" / "wordcounts.json")
+    for split in ("valid", "test"):
+        assert count_words(np.load(root / "queries" / split / "targets.npy"), starts) == wc[split]["words"]
+
+
+def test_table3_exact_neighbours_are_closest(tiny_run):
+    root = tiny_run["root"]
+    df = pd.read_csv(root / "tables" / "table3.csv")
+    assert set(zip(df["mask"], df["score"])) == {("-", "-"), ("FAISS", "FAISS"), ("FAISS", "real"), ("real", "real")}
+    assert (df["tokens"] == TINY["retrieval"]["max_queries"]).all()
+    for metric in ("l2", "ip"):
+        exact = np.load(root / "exact" / f"ffn_{metric}_valid_dists.npy")
+        real = np.load(root / "neighbours" / f"ffn_{metric}_valid_realdists.npy")
+        assert exact.shape == real.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
+        if metric == "l2":  # exact top-1 is at least as close as any FAISS neighbour (exact distances)
+            assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()
+        else:
+            assert (exact[:, 0] >= real.max(axis=1) - 1e-3).all()
