@@ -58,7 +58,7 @@ def evaluate_settings(lp_lm: dict[str, np.ndarray], lp_knn: dict[str, dict[str, 
         for split, lk in by_split.items():
             lm = lp_lm[split]
             res[split] = {"knn": summarize(lk, words[split]), "interp": summarize(interpolate(lm, lk, lam), words[split]),
-                          "oracle": summarize(oracle_log_prob(lm, lk), words[split]),
-                          "lm": summarize(lm, words[split]), "T": len(lm), "words": words[split]}
+                          "oracle": summarize(oracle_log_prob(lm, lk), words[split]), "T": len(lm),
+                          "words": words[split]}
         out[setting] = res
     return out

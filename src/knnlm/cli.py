@@ -272,7 +272,7 @@ def cmd_table3(args, cfg):
     from .ablations import SETTING_LABEL, count_words, evaluate_settings, scope, word_starts
     from .dump import open_datastore, open_queries
     from .io import open_npy, read_json
-    from .scoring import knn_log_prob_from_cache
+    from .scoring import knn_log_prob_from_cache, summarize
     from .tables import METRIC_NAME, write_table
     import pandas as pd
 
@@ -304,10 +304,10 @@ def cmd_table3(args, cfg):
                 lp_knn["real_mask_real_score"][split] = knn_log_prob_from_cache(e_ids, e_d, vals, tg, metric, tau)
             res = evaluate_settings(lp_lm, lp_knn, words, cfg["knn"]["lambda_steps"])
             for split in ("test", "valid"):
+                base = summarize(lp_lm[split], words[split])
                 rows.append({"split": split, "h_ds": key, "⊗": METRIC_NAME[metric], "mask": "-", "score": "-",
-                             "λ": None, "interp PPL (word)": res[next(iter(res))][split]["lm"]["ppl_word"],
-                             "oracle PPL (word)": None,
-                             "interp PPL (token)": res[next(iter(res))][split]["lm"]["ppl_token"],
+                             "λ": None, "interp PPL (word)": base["ppl_word"], "oracle PPL (word)": None,
+                             "interp PPL (token)": base["ppl_token"],
                              "oracle PPL (token)": None, "tokens": len(lp_lm[split]), "words": words[split]})
                 for setting, v in res.items():
                     mask, score = SETTING_LABEL[setting]

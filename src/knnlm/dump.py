@@ -80,10 +80,10 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
     """Yield per-batch dicts of kept positions in stream order: 'att', 'ffn' [n, D] fp32, 'target' [n] int64, ('lp' [n])."""
     itr, n_targets, pad = iter_split(model, cfg, data_bin, split, context_window, max_tokens)
     bar = tqdm(total=n_targets, desc=f"dump {split}", unit=" tok", mininterval=10)
+    dev = next(model.parameters()).device
     for sample in itr:
         if "net_input" not in sample:
             continue
-        dev = next(model.parameters()).device
         src, tgt = sample["net_input"]["src_tokens"].to(dev), sample["target"].to(dev)
         starts = sample.get("start_indices", [0] * src.shape[0])
         st = forward_states(model, src, with_log_probs, tgt)

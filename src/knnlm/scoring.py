@@ -43,8 +43,12 @@ def knn_log_prob(scores: np.ndarray, nb_vals: np.ndarray, targets: np.ndarray, t
     logits = scores.astype(np.float64) / temperature
     if valid is not None:
         logits = np.where(valid, logits, -np.inf)
+    return _log_p_hit(logits, nb_vals == targets[:, None])
+
+
+def _log_p_hit(logits: np.ndarray, hit: np.ndarray) -> np.ndarray:
+    """log of the softmax(logits) mass on the `hit` entries, per row; −inf where a row has no hit."""
     lse_all = _logsumexp(logits)
-    hit = nb_vals == targets[:, None]
     lse_hit = _logsumexp(np.where(hit, logits, -np.inf))
     with np.errstate(invalid="ignore"):
         out = lse_hit - lse_all
@@ -95,9 +99,14 @@ def tune_lambda(lp_lm: np.ndarray, lp_knn: np.ndarray, grid: np.ndarray) -> tupl
 
     Returns (best λ, [len(grid)] total NLL per λ in nats).
     """
-    nll = np.array([-np.sum(interpolate(lp_lm, lp_knn, float(l))) for l in grid])
-    nll = np.where(np.isnan(nll), np.inf, nll)
+    nll = interpolated_nll(lp_lm, lp_knn, grid)
     return float(grid[int(np.argmin(nll))]), nll
+
+
+def interpolated_nll(lp_lm: np.ndarray, lp_knn: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
+    """Total interpolated NLL (nats) per λ: [len(lambdas)]; NaN (from −inf − −inf) becomes inf."""
+    nll = np.array([-np.sum(interpolate(lp_lm, lp_knn, float(l))) for l in lambdas])
+    return np.where(np.isnan(nll), np.inf, nll)
 
 
 def iter_chunks(n: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -151,18 +160,10 @@ def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, te
     for i, tau in enumerate(temperatures):
         if tau <= 0:
             raise ValueError(f"temperature must be > 0, found {tau}")
-        logits = s / tau
-        lse_all = _logsumexp(logits)
-        lse_hit = _logsumexp(np.where(hit, logits, -np.inf))
-        with np.errstate(invalid="ignore"):
-            out[i] = np.where(np.isneginf(lse_hit), -np.inf, lse_hit - lse_all)
+        out[i] = _log_p_hit(s / tau, hit)
     return out
 
 
 def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
     """Total interpolated NLL (nats) for every (τ, λ): [n_tau, n_lambda]. λ = 0 and 1 handled exactly."""
-    out = np.empty((lp_knn_per_tau.shape[0], len(lambdas)))
-    for i, lp_knn in enumerate(lp_knn_per_tau):
-        for j, lam in enumerate(lambdas):
-            out[i, j] = -np.sum(interpolate(lp_lm, lp_knn, float(lam)))
-    return np.where(np.isnan(out), np.inf, out)
+    return np.stack([interpolated_nll(lp_lm, lp_knn, lambdas) for lp_knn in lp_knn_per_tau])
