@@ -29,6 +29,31 @@ def test_exact_topk_matches_faiss_flat(data, metric):
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_exact_topk_subset_and_seeded_thresholds(data, metric, tmp_path):
+    """A datastore subset (rows), a memmap read with pread, several query blocks, and the sampled thresholds."""
+    keys, queries = data
+    path = tmp_path / "keys.npy"
+    np.save(path, keys)
+    mm = np.load(path, mmap_mode="r")
+    rows = np.sort(np.random.default_rng(2).choice(len(keys), size=1800, replace=False))
+    for r, k in ((None, 10), (rows, 10), (rows, 40)):
+        ref_d, ref_i = _flat_search(keys if r is None else keys[r], queries, k, metric)
+        if r is not None:
+            ref_i = rows[ref_i]  # exact_topk returns datastore row ids
+        ids, d = exact_topk(mm, queries, k, metric, key_chunk=256, query_chunk=16, query_block=48, rows=r,
+                            sample_runs=16, progress=False)
+        np.testing.assert_allclose(d, ref_d, rtol=1e-4, atol=1e-4)
+        agree = np.mean([len(set(ids[i]) & set(ref_i[i])) / k for i in range(len(queries))])
+        assert agree > 0.99
+
+
+def _flat_search(keys, queries, k, metric):
+    flat = faiss.IndexFlatL2(keys.shape[1]) if metric == "l2" else faiss.IndexFlatIP(keys.shape[1])
+    flat.add(keys.astype(np.float32))
+    return flat.search(queries, k)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_recompute_distances_matches_bruteforce(data, metric):
     keys, queries = data
     rng = np.random.default_rng(1)

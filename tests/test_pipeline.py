@@ -40,7 +40,9 @@ def test_table1_produced(tiny_run):
 
 def test_every_job_logged_to_mlflow(tiny_run):
     jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
-    assert jobs == 33  # 24 for Table 1 + 9 for Table 3 (tiny: ffn keys, L2 and IP)
+    # 24 for Table 1 + 9 for Table 3 (tiny: ffn keys, L2 and IP) + 11 for Figures 2, 4, 5 (one subset, ffn/L2):
+    # subsample, subset index, 2 searches, 2 real scores, 2 exact searches, 2 sweeps, figures
+    assert jobs == 44
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -189,3 +191,42 @@ def test_table3_exact_neighbours_are_closest(tiny_run):
             assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()
         else:
             assert (exact[:, 0] >= real.max(axis=1) - 1e-3).all()
+
+
+def test_datastore_subset_searches_only_its_rows(tiny_run):
+    root = tiny_run["root"]
+    sub = root / "subsets" / "r0.2"
+    rows = np.load(sub / "rows.npy")
+    n = read_json(root / "datastore" / "manifest.json")["N"]
+    assert len(rows) == round(0.2 * n) and np.all(np.diff(rows) > 0) and rows[-1] < n
+    for kind in ("neighbours", "exact"):
+        ids = np.load(sub / kind / "ffn_l2_test_ids.npy")
+        assert ids.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
+        assert np.isin(ids[ids >= 0], rows).all()
+    # exact search in the subset: its k-th neighbour is no closer than the k-th in the full datastore
+    full = np.load(root / "exact" / "ffn_l2_test_dists.npy")
+    part = np.load(sub / "exact" / "ffn_l2_test_dists.npy")
+    assert (part[:, -1] >= full[:, -1] - 1e-3).all()
+
+
+def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
+    """At ratio 1 the sweep's settings are Table 3's numbers; the τ sweep at τ = knn.temperature equals them too."""
+    root = tiny_run["root"]
+    t3 = pd.read_csv(root / "tables" / "table3.csv")
+    s = read_json(root / "sweeps" / "full_ffn_l2.json")
+    labels = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
+              "real_mask_real_score": ("real", "real")}
+    tau0 = TINY["knn"]["temperature"]
+    for setting, (mask, score) in labels.items():
+        row = t3[(t3["split"] == "test") & (t3["⊗"] == "L2") & (t3["mask"] == mask) & (t3["score"] == score)].iloc[0]
+        got = s["settings"][setting]["test"]["interp"]["ppl_word"]
+        assert got == pytest.approx(row["interp PPL (word)"], rel=1e-6)
+        sw = s["tau_sweep"][setting]
+        i = sw["tau"].index(tau0)  # same λ grid in the tiny config (21 steps), so the same λ is chosen
+        assert sw["test_interp_ppl_word"][i] == pytest.approx(got, rel=1e-5)
+        assert sw["best"]["valid_interp_ppl_word"] == pytest.approx(min(sw["valid_interp_ppl_word"]))
+    for name in ("fig2_datastore_size", "fig4_mask_score_by_size", "fig5_temperature_full", "fig5_temperature_r0.2"):
+        for ext in ("png", "pdf"):
+            assert (root / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    tau = pd.read_csv(root / "tables" / "temperature.csv")
+    assert len(tau) == 6 and set(tau["ratio"]) == {0.2, 1.0}

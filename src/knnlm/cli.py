@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .io import ArtifactError
+
 log = logging.getLogger("knnlm")
 
 
@@ -116,11 +118,13 @@ def cmd_build_index(args, cfg):
     from .io import write_json
 
     keys, _, man = open_datastore(args.datastore, args.key, _ckpt_sha(args.checkpoint))
-    params = resolve_index_params(cfg["index"], man["N"], man["D"])
+    rows = _subset_rows(args.rows, man)
+    n = man["N"] if rows is None else len(rows)
+    params = resolve_index_params(cfg["index"], n, man["D"])
     t0 = time.time()
-    stats = build_ivfpq(keys, args.metric, params, args.out, cfg["threads"])
+    stats = build_ivfpq(keys, args.metric, params, args.out, cfg["threads"], rows=rows)
     stats.update(key_type=args.key, metric=args.metric, build_seconds=time.time() - t0,
-                 datastore_checkpoint_sha256=man["checkpoint_sha256"], N=man["N"], D=man["D"])
+                 datastore_checkpoint_sha256=man["checkpoint_sha256"], N=man["N"], D=man["D"], subset_size=n)
     write_json(str(args.out) + ".json", stats)
     _track(args, cfg, ("index",), metrics={"ntotal": stats["ntotal"], "build_seconds": stats["build_seconds"]},
            extra={"resolved": params}, artifacts=[str(args.out) + ".json"])
@@ -136,8 +140,12 @@ def cmd_search(args, cfg):
     if idx_meta["datastore_checkpoint_sha256"] != q["manifest"]["checkpoint_sha256"]:
         from .io import ArtifactError
         raise ArtifactError(f"{args.index} was built from another checkpoint than the queries in {args.queries_dir}")
+    queries = q["queries"]
+    if args.scope:
+        from .ablations import scope
+        queries = queries[:scope(q["manifest"]["T"], cfg["retrieval"]["max_queries"])]
     t0 = time.time()
-    stats = search(args.index, q["queries"], cfg["knn"]["k"], cfg["index"]["nprobe"], args.out_prefix + "_ids.npy",
+    stats = search(args.index, queries, cfg["knn"]["k"], cfg["index"]["nprobe"], args.out_prefix + "_ids.npy",
                    args.out_prefix + "_dists.npy", cfg["index"]["search_chunk"], cfg["threads"])
     stats.update(key_type=args.key, metric=args.metric, split=args.split, search_seconds=time.time() - t0,
                  checkpoint_sha256=q["manifest"]["checkpoint_sha256"], N=idx_meta["N"])
@@ -238,7 +246,7 @@ def cmd_real_score(args, cfg):
     keys, _, _ = open_datastore(args.datastore, args.key)
     q, t, man = _scoped_queries(args, cfg)
     meta = read_json(args.neighbours_prefix + ".json")
-    ids = open_npy(args.neighbours_prefix + "_ids.npy", (q["manifest"]["T"], meta["k"]), np.int32)[:t]
+    ids = open_npy(args.neighbours_prefix + "_ids.npy", (meta["T"], meta["k"]), np.int32)[:t]
     t0 = time.time()
     d = recompute_distances(keys, q["queries"][:t], ids, args.metric)
     save_npy(args.out, d)
@@ -254,54 +262,95 @@ def cmd_exact_search(args, cfg):
 
     keys, _, _ = open_datastore(args.datastore, args.key)
     q, t, man = _scoped_queries(args, cfg)
+    rows = _subset_rows(args.rows, man)
     k, r = cfg["knn"]["k"], cfg["retrieval"]
     t0 = time.time()
-    ids, d = exact_topk(keys, q["queries"][:t], k, args.metric, r["exact_key_chunk"], r["exact_query_chunk"])
+    ids, d = exact_topk(keys, q["queries"][:t], k, args.metric, r["exact_key_chunk"], r["exact_query_chunk"],
+                        r["exact_query_block"], rows=rows)
     with create_npy(args.out_prefix + "_ids.npy", ids.shape, np.int32) as a:
         a[:] = ids
     with create_npy(args.out_prefix + "_dists.npy", d.shape, np.float32) as a:
         a[:] = d
     secs = time.time() - t0
-    gflops = 2.0 * t * keys.shape[0] * keys.shape[1] / secs / 1e9
+    gflops = 2.0 * t * (keys.shape[0] if rows is None else len(rows)) * keys.shape[1] / secs / 1e9
     write_json(args.out_prefix + ".json", {"T": t, "k": k, "N": int(keys.shape[0]), "seconds": secs, "gflops": gflops,
                                            "checkpoint_sha256": man["checkpoint_sha256"]})
     _track(args, cfg, ("retrieval", "knn"), metrics={"T": t, "seconds": secs, "gflops": gflops})
 
 
-def cmd_table3(args, cfg):
-    from .ablations import SETTING_LABEL, count_words, evaluate_settings, scope, word_starts
+def _subset_rows(path, man):
+    """Sorted int64 datastore row ids of a subset (from `knnlm subsample`), or None for the full datastore."""
+    if not path:
+        return None
+    from .io import open_npy, read_json
+
+    meta = read_json(str(path) + ".json")
+    if meta["N"] != man["N"] or meta["checkpoint_sha256"] != man["checkpoint_sha256"]:
+        raise ArtifactError(f"{path}: subset of another datastore (N={meta['N']}) than this one (N={man['N']})")
+    return np.asarray(open_npy(path, (meta["size"],), np.int64))
+
+
+def _settings_log_probs(root: Path, store_dir: Path, key: str, metric: str, cfg: dict, temperature=None,
+                        raw: bool = False):
+    """Per split, the base LM and the three mask/score settings (Table 3) on the retrieval query scope.
+
+    Returns (lp_lm {split: [t]}, words {split: int}, lp_knn {setting: {split: [t]}}), or with raw=True
+    {setting: {split: (scores [t, k], hit, valid)}} in place of lp_knn, for the τ sweep.
+    store_dir: root for the full datastore, root/subsets/<store> for a subset (same layout below it).
+    """
+    from .ablations import SETTINGS, count_words, scope, word_starts
     from .dump import open_datastore, open_queries
     from .io import open_npy, read_json
-    from .scoring import knn_log_prob_from_cache, summarize
+    from .scoring import knn_log_prob_from_cache, neighbour_hits, scores_from_distances
+
+    starts = word_starts(root / "data-bin" / "dict.txt")
+    _, vals, man = open_datastore(root / "datastore", key)
+    tau = cfg["knn"]["temperature"] if temperature is None else temperature
+    lp_lm, words, out = {}, {}, {s: {} for s in SETTINGS}
+    for split in ("valid", "test"):
+        q = open_queries(root / "queries" / split, key, man["checkpoint_sha256"])
+        t = scope(q["manifest"]["T"], cfg["retrieval"]["max_queries"])
+        tg = np.asarray(q["targets"][:t])
+        lp_lm[split] = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
+        words[split] = count_words(tg, starts)
+        pre = store_dir / "neighbours" / f"{key}_{metric}_{split}"
+        ex = store_dir / "exact" / f"{key}_{metric}_{split}"
+        meta, emeta = read_json(str(pre) + ".json"), read_json(str(ex) + ".json")
+        if meta["T"] < t or emeta["T"] != t:
+            raise ArtifactError(f"{pre}: neighbours cover {meta['T']} and exact search {emeta['T']} queries; the "
+                                f"scope 'retrieval.max_queries' needs {t}: rerun the search rules")
+        k = meta["k"]
+        f_ids = open_npy(str(pre) + "_ids.npy", (meta["T"], k), np.int32)[:t]
+        caches = {"faiss_mask_faiss_score": (f_ids, open_npy(str(pre) + "_dists.npy", (meta["T"], k), np.float32)[:t]),
+                  "faiss_mask_real_score": (f_ids, open_npy(str(pre) + "_realdists.npy", (t, k), np.float32)),
+                  "real_mask_real_score": (open_npy(str(ex) + "_ids.npy", (t, k), np.int32),
+                                           open_npy(str(ex) + "_dists.npy", (t, k), np.float32))}
+        for setting, (ids, d) in caches.items():
+            if raw:
+                hit, valid = neighbour_hits(ids, vals, tg)
+                out[setting][split] = (scores_from_distances(np.asarray(d), metric), hit, valid)
+            else:
+                out[setting][split] = knn_log_prob_from_cache(ids, d, vals, tg, metric, tau)
+    return lp_lm, words, out
+
+
+def _scope_caption(cfg):
+    mq = cfg["retrieval"]["max_queries"]
+    return "all tokens of valid and test" if not mq else f"the first {mq} tokens of valid and of test"
+
+
+def cmd_table3(args, cfg):
+    from .ablations import SETTING_LABEL, evaluate_settings
+    from .scoring import summarize
     from .tables import METRIC_NAME, write_table
     import pandas as pd
 
     root = Path(args.root)
-    starts = word_starts(root / "data-bin" / "dict.txt")
     tau, r = cfg["knn"]["temperature"], cfg["retrieval"]
     rows, metrics = [], {}
     for key in r["key_types"]:
-        _, vals, man = open_datastore(root / "datastore", key)
         for metric in r["metrics"]:
-            lp_lm, words, lp_knn = {}, {}, {s: {} for s in SETTING_LABEL}
-            for split in ("valid", "test"):
-                q = open_queries(root / "queries" / split, key, man["checkpoint_sha256"])
-                big_t = q["manifest"]["T"]
-                t = scope(big_t, r["max_queries"])
-                tg = np.asarray(q["targets"][:t])
-                lp_lm[split] = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
-                words[split] = count_words(tg, starts)
-                pre = root / "neighbours" / f"{key}_{metric}_{split}"
-                k = read_json(str(pre) + ".json")["k"]
-                f_ids = open_npy(str(pre) + "_ids.npy", (big_t, k), np.int32)[:t]
-                f_d = open_npy(str(pre) + "_dists.npy", (big_t, k), np.float32)[:t]
-                real_d = open_npy(str(pre) + "_realdists.npy", (t, k), np.float32)
-                ex = root / "exact" / f"{key}_{metric}_{split}"
-                e_ids = open_npy(str(ex) + "_ids.npy", (t, k), np.int32)
-                e_d = open_npy(str(ex) + "_dists.npy", (t, k), np.float32)
-                lp_knn["faiss_mask_faiss_score"][split] = knn_log_prob_from_cache(f_ids, f_d, vals, tg, metric, tau)
-                lp_knn["faiss_mask_real_score"][split] = knn_log_prob_from_cache(f_ids, real_d, vals, tg, metric, tau)
-                lp_knn["real_mask_real_score"][split] = knn_log_prob_from_cache(e_ids, e_d, vals, tg, metric, tau)
+            lp_lm, words, lp_knn = _settings_log_probs(root, root, key, metric, cfg)
             res = evaluate_settings(lp_lm, lp_knn, words, cfg["knn"]["lambda_steps"])
             for split in ("test", "valid"):
                 base = summarize(lp_lm[split], words[split])
@@ -319,13 +368,65 @@ def cmd_table3(args, cfg):
                                  "tokens": len(lp_lm[split]), "words": words[split]})
                     metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = v[split]["interp"]["ppl_word"]
     df = pd.DataFrame(rows)
-    mq = r["max_queries"]
-    scope_txt = "all tokens of valid and test" if not mq else f"the first {mq} tokens of valid and of test"
     cap = (f"Table 3 ({cfg['name']}): FAISS (IVFPQ) vs real (exact) mask and score, τ = {tau}, k = {cfg['knn']['k']}, "
-           f"λ tuned on valid; scope: {scope_txt} (rows with mask '-' are the base LM on the same scope). "
+           f"λ tuned on valid; scope: {_scope_caption(cfg)} (rows with mask '-' are the base LM on the same scope). "
            f"Word counts of a scope: tokens that start a word ('▁') plus <eos>. {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, args.out_csv, args.out_md, "Table 3: approximate vs exact retrieval", cap)
     _track(args, cfg, ("retrieval", "knn"), metrics=metrics, artifacts=[args.out_csv, args.out_md])
+
+
+def cmd_subsample(args, cfg):
+    from .ablations import subsample_rows
+    from .config import store_ratio
+    from .io import read_json, save_npy, write_json
+
+    man = read_json(Path(args.datastore) / "manifest.json")
+    ratio = store_ratio(args.store)
+    rows = subsample_rows(man["N"], ratio, cfg["datastore_size"]["seed"])
+    save_npy(args.out, rows)
+    write_json(args.out + ".json", {"ratio": ratio, "size": len(rows), "N": man["N"], "seed": cfg["datastore_size"]["seed"],
+                                    "checkpoint_sha256": man["checkpoint_sha256"]})
+    _track(args, cfg, ("datastore_size",), metrics={"size": len(rows), "ratio": ratio})
+
+
+def cmd_sweep(args, cfg):
+    """Fig. 2/4 numbers at the config τ, and the τ×λ grid of Fig. 5, for one (datastore size, key type, metric)."""
+    from .ablations import evaluate_settings, temperature_sweep
+    from .config import store_ratio, temperatures
+    from .io import write_json
+
+    root, store_dir = Path(args.root), Path(args.store_dir)
+    t0 = time.time()
+    lp_lm, words, lp_knn = _settings_log_probs(root, store_dir, args.key, args.metric, cfg)
+    at_tau = evaluate_settings(lp_lm, lp_knn, words, cfg["knn"]["lambda_steps"])
+    out = {"store": args.store, "ratio": store_ratio(args.store), "key_type": args.key, "metric": args.metric,
+           "temperature": cfg["knn"]["temperature"], "scope_tokens": {s: len(v) for s, v in lp_lm.items()},
+           "words": words, "base": {s: {"ppl_word": float(np.exp(-lp_lm[s].sum() / words[s])),
+                                        "ppl_token": float(np.exp(-lp_lm[s].mean()))} for s in lp_lm},
+           "settings": at_tau}
+    metrics = {f"test_{st}_interp_ppl_word": v["test"]["interp"]["ppl_word"] for st, v in at_tau.items()}
+    if args.tau_sweep:
+        _, _, raw = _settings_log_probs(root, store_dir, args.key, args.metric, cfg, raw=True)
+        t1 = time.time()
+        out["tau_sweep"] = temperature_sweep(lp_lm, raw, words, temperatures(cfg), cfg["temperature"]["lambda_steps"])
+        out["tau_sweep_seconds"] = time.time() - t1
+        for st, v in out["tau_sweep"].items():
+            metrics[f"best_tau_{st}"] = v["best"]["tau"]
+            metrics[f"test_{st}_best_tau_interp_ppl_word"] = v["best"]["test_interp_ppl_word"]
+    out["seconds"] = time.time() - t0
+    write_json(args.out, out)
+    step = {f"{st}_test_ppl_vs_tau_x10": [(int(round(tau * 10)), p) for tau, p in zip(v["tau"], v["test_interp_ppl_word"])
+                                          if np.isfinite(p)] for st, v in out.get("tau_sweep", {}).items()}
+    _track(args, cfg, ("knn", "retrieval", "datastore_size", "temperature"), metrics=metrics, step_metrics=step,
+           artifacts=[args.out])
+
+
+def cmd_figures(args, cfg):
+    from .figures import write_size_temperature
+
+    arts = write_size_temperature(args.sweeps, cfg, args.fig_dir, args.tables_dir,
+                                  _scope_caption(cfg))
+    _track(args, cfg, ("datastore_size", "temperature", "retrieval", "knn"), artifacts=arts)
 
 
 COMMANDS = {
@@ -338,16 +439,21 @@ COMMANDS = {
     "dump-queries": (cmd_dump_queries, [("--checkpoint", {}), ("--data-bin", {}), ("--split", {}), ("--out-dir", {}),
                                         ("--wordcounts", {})]),
     "build-index": (cmd_build_index, [("--datastore", {}), ("--key", {}), ("--metric", {}), ("--out", {}),
-                                      ("--checkpoint", {"default": None})]),
+                                      ("--checkpoint", {"default": None}), ("--rows", {"default": None})]),
     "search": (cmd_search, [("--index", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}), ("--split", {}),
-                            ("--out-prefix", {}), ("--checkpoint", {"default": None})]),
+                            ("--out-prefix", {}), ("--checkpoint", {"default": None}),
+                            ("--scope", {"action": "store_true", "default": False})]),
     "score": (cmd_score, [("--datastore", {}), ("--queries-root", {}), ("--neighbours-prefix", {}), ("--key", {}),
                           ("--metric", {}), ("--wordcounts", {}), ("--out-prefix", {})]),
     "real-score": (cmd_real_score, [("--datastore", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}),
                                     ("--neighbours-prefix", {}), ("--out", {})]),
     "exact-search": (cmd_exact_search, [("--datastore", {}), ("--queries-dir", {}), ("--key", {}), ("--metric", {}),
-                                        ("--out-prefix", {})]),
+                                        ("--out-prefix", {}), ("--rows", {"default": None})]),
     "table3": (cmd_table3, [("--root", {}), ("--out-csv", {}), ("--out-md", {})]),
+    "subsample": (cmd_subsample, [("--datastore", {}), ("--store", {}), ("--out", {})]),
+    "sweep": (cmd_sweep, [("--root", {}), ("--store", {}), ("--store-dir", {}), ("--key", {}), ("--metric", {}),
+                          ("--tau-sweep", {"action": "store_true", "default": False}), ("--out", {})]),
+    "figures": (cmd_figures, [("--sweeps", {"nargs": "+"}), ("--fig-dir", {}), ("--tables-dir", {})]),
     "table1": (cmd_table1, [("--queries-root", {}), ("--wordcounts", {}), ("--scores", {"nargs": "+"}),
                             ("--out-csv", {}), ("--out-md", {})]),
 }
@@ -363,7 +469,7 @@ def main(argv=None) -> None:
         sp.add_argument("--rule", default=name, help="Snakemake rule name (MLflow tag)")
         sp.add_argument("--wildcards", nargs="*", default=[], help="key=value pairs (MLflow tags)")
         for flag, kw in opts:
-            sp.add_argument(flag, required="default" not in kw, **kw)
+            sp.add_argument(flag, required="default" not in kw and "action" not in kw, **kw)
     args = p.parse_args(argv)
     args.start_time = time.time()
     cfg = json.loads(args.cfg)

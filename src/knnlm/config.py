@@ -70,7 +70,36 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
         raise ConfigError(
             f"{source}: config key 'lm.decoder_attention_heads' must divide 'lm.decoder_embed_dim' "
             f"({lm['decoder_embed_dim']}), found {lm['decoder_attention_heads']}")
+    extra = sorted(set(cfg["temperature"]["ratios"]) - set(cfg["datastore_size"]["ratios"]))
+    if extra:
+        raise ConfigError(f"{source}: config key 'temperature.ratios' must be a subset of 'datastore_size.ratios' "
+                          f"({cfg['datastore_size']['ratios']}), found {extra} outside it")
+    t = cfg["temperature"]
+    if t["stop"] < t["start"]:
+        raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
+                          f"found {t['stop']}")
     return cfg
+
+
+def temperatures(cfg: dict) -> list[float]:
+    """The τ grid of config section 'temperature': start, start+step, ..., stop (inclusive, rounded to 1e-9)."""
+    t = cfg["temperature"]
+    n = int(round((t["stop"] - t["start"]) / t["step"])) + 1
+    return [round(t["start"] + i * t["step"], 9) for i in range(n) if t["start"] + i * t["step"] <= t["stop"] + 1e-9]
+
+
+def store_name(ratio: float) -> str:
+    """Name of a datastore (sub)set in paths and wildcards: 'full' for ratio 1, else 'r<ratio>' (e.g. r0.05)."""
+    return "full" if float(ratio) == 1.0 else f"r{float(ratio):g}"
+
+
+def store_ratio(name: str) -> float:
+    """Inverse of store_name; raises ValueError for other names."""
+    if name == "full":
+        return 1.0
+    if not name.startswith("r"):
+        raise ValueError(f"datastore subset name must be 'full' or 'r<ratio>', found {name!r}")
+    return float(name[1:])
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:

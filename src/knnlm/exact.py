@@ -3,61 +3,232 @@
 Both stream the fp16 key memmap in chunks and compute in fp32 with torch (CUDA when available), so
 memory is bounded by the chunk sizes, never by the datastore. Distances follow faiss conventions:
 squared L2 distance for 'l2' (smaller = closer), inner product for 'ip' (larger = closer).
+
+Exact top-k is a sharded scan: for a block of queries, every key chunk is read once (with pread, so
+the file's pages are not mapped into the process), multiplied against the queries into a reused score
+buffer, and only the scores that can still enter a query's top-k are kept. The filter is a threshold
+per query (its current k-th best score) applied first to group maxima, then to the members of the
+groups that pass, so the per-chunk cost beyond the matmul is one max-reduction over the scores.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
 from tqdm import tqdm
+
+GROUP = 16  # scores per group in the max prefilter
 
 
 def _device(device: str | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-@torch.no_grad()
-def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_chunk: int = 65536,
-               query_chunk: int = 4096, device: str | None = None, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k neighbours of each query over all keys (the sharded exact search of the paper).
+class KeyReader:
+    """Reads row blocks of an [N, D] key array into a reused buffer.
 
-    keys: [N, D] float16/float32 (memmap ok), queries: [T, D] float32, k ≤ N, metric 'l2' | 'ip'.
-    Returns (ids [T, k] int64 sorted closest first, dists [T, k] float32 in faiss convention).
-    Peak memory ≈ query_chunk × key_chunk × 4 bytes + one key chunk. Raises ValueError on bad metric/k.
-    Per key chunk, top-k candidates are merged with the running top-k; L2 ranks by 2 q·x − |x|² (the
-    query norm is added back at the end), accumulated in fp32.
+    keys: a C-contiguous np.memmap (read with os.pread: the file's pages never count in this process's
+    RSS), or any array (sliced). rows: optional sorted int64 datastore row ids (a datastore subset);
+    block i then covers rows[start:stop]. Raises ValueError if rows are out of range.
+    """
+
+    def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
+        self.keys, self.rows = keys, None if rows is None else np.asarray(rows, dtype=np.int64)
+        self.n = keys.shape[0] if rows is None else len(self.rows)
+        self.d = keys.shape[1]
+        if self.rows is not None and len(self.rows) and (self.rows.min() < 0 or self.rows.max() >= keys.shape[0]):
+            raise ValueError(f"subset rows must lie in [0, {keys.shape[0]}), found [{self.rows.min()}, {self.rows.max()}]")
+        self._fd = None
+        if self.rows is None and isinstance(keys, np.memmap) and keys.flags.c_contiguous and keys.filename:
+            self._fd = os.open(keys.filename, os.O_RDONLY)
+            self._offset = keys.offset
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows start..stop of the (subset) key array as a [stop-start, D] array of the keys' dtype."""
+        if self.rows is not None:
+            return np.asarray(self.keys[self.rows[start:stop]])
+        if self._fd is None:
+            return np.asarray(self.keys[start:stop])
+        out = np.empty((stop - start, self.d), dtype=self.keys.dtype)
+        buf = memoryview(out).cast("B")
+        pos, off = 0, self._offset + start * self.d * out.itemsize
+        while pos < len(buf):
+            got = os.preadv(self._fd, [buf[pos:]], off + pos)
+            if got <= 0:
+                raise OSError(f"{self.keys.filename}: short read at byte {off + pos}")
+            pos += got
+        return out
+
+    def ids(self, start: int, stop: int) -> np.ndarray:
+        return np.arange(start, stop) if self.rows is None else self.rows[start:stop]
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _RunningTopK:
+    """Unsorted running top-k of m rows with a candidate buffer, merged into the top-k only when full.
+
+    Scores that enter are filtered by thr, each row's k-th best score at the last merge (a lower bound on
+    its final k-th best), so between merges only a few candidates per row are appended.
+    """
+
+    def __init__(self, m: int, k: int, device, buffer: int = 1024):
+        self.k, self.cap = k, buffer
+        self.s = torch.full((m, k), -torch.inf, device=device)
+        self.i = torch.full((m, k), -1, dtype=torch.int64, device=device)
+        self.buf_s = torch.full((m, buffer), -torch.inf, device=device)
+        self.buf_i = torch.full((m, buffer), -1, dtype=torch.int64, device=device)
+        self.fill = torch.zeros(m, dtype=torch.int64, device=device)
+        self.thr = torch.full((m,), torch.finfo(torch.float32).min, device=device)
+        self.started = False
+
+    def _merge(self, extra_s=None, extra_i=None):
+        cat_s, cat_i = [self.s, self.buf_s], [self.i, self.buf_i]
+        if extra_s is not None:
+            cat_s.append(extra_s)
+            cat_i.append(extra_i)
+        self.s, p = torch.cat(cat_s, 1).topk(self.k, dim=1, sorted=False)
+        self.i = torch.cat(cat_i, 1).gather(1, p)
+        self.thr = self.s.amin(1)
+        self.buf_s.fill_(-torch.inf)
+        self.fill.zero_()
+
+    def add_block(self, sc: torch.Tensor, col_ids: torch.Tensor) -> None:
+        """Offer the scores of one [m, n] block (n a multiple of GROUP); col_ids: [n] int64 datastore ids."""
+        m, n = sc.shape
+        g_count = n // GROUP
+        grouped = sc.view(m, GROUP, g_count)  # group j = columns j, j + g_count, j + 2 g_count, ...
+        gmax = grouped.amax(1)
+        if not self.started and g_count >= self.k:  # the k-th largest group max bounds the k-th largest score
+            self.thr = torch.maximum(self.thr, gmax.topk(self.k, dim=1, sorted=False).values.amin(1))
+        self.started = True
+        r, gj = (gmax >= self.thr.unsqueeze(1)).nonzero(as_tuple=True)
+        if r.numel() == 0:
+            return
+        vals = grouped[r, :, gj]  # [P, GROUP]
+        pi, t = (vals >= self.thr[r].unsqueeze(1)).nonzero(as_tuple=True)
+        rows, v, cols = r[pi], vals[pi, t], col_ids[gj[pi] + t * g_count]
+        cnt = torch.bincount(rows, minlength=m)
+        start = torch.cumsum(cnt, 0) - cnt
+        within = torch.arange(rows.numel(), device=sc.device) - start[rows]
+        if int((self.fill + cnt).max()) <= self.cap:  # append to the buffer
+            pos = self.fill[rows] + within
+            self.buf_s[rows, pos] = v
+            self.buf_i[rows, pos] = cols
+            self.fill += cnt
+            return
+        width = int(cnt.max())  # many candidates (the first blocks): merge them with the buffer at once
+        cand_s = torch.full((m, width), -torch.inf, device=sc.device)
+        cand_i = torch.full((m, width), -1, dtype=torch.int64, device=sc.device)
+        cand_s[rows, within] = v
+        cand_i[rows, within] = cols
+        self._merge(cand_s, cand_i)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores [m, k], ids [m, k]) sorted best first."""
+        self._merge()
+        s, order = self.s.sort(1, descending=True)
+        return s, self.i.gather(1, order)
+
+
+def _load_keys(reader: KeyReader, start: int, stop: int, xbuf: torch.Tensor, metric: str) -> torch.Tensor:
+    """Rows start..stop as fp32 [x, −|x|²/2] (L2) or [x, 0] (IP) in the reused buffer xbuf [≥ stop-start, D+1]."""
+    d = reader.d
+    xa = xbuf[:stop - start]
+    xa[:, :d].copy_(torch.as_tensor(reader.read(start, stop)))
+    if metric == "l2":
+        torch.linalg.vector_norm(xa[:, :d], dim=1, out=xa[:, d]).square_().mul_(-0.5)
+    return xa
+
+
+def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torch.Tensor, sbuf: torch.Tensor,
+                     metric: str, query_chunk: int, runs: int) -> None:
+    """Start every query's threshold at a lower bound of its final k-th best score, from a key sample.
+
+    The sample is `runs` evenly spaced runs of key_chunk // runs contiguous keys. The k-th largest of
+    its group maxima is ≤ the k-th largest sample score ≤ the final k-th best, so the bound is safe, and
+    the scan's first chunks no longer pass most of their scores as candidates.
+    """
+    key_chunk = xbuf.shape[0]
+    run = key_chunk // max(1, runs) // GROUP * GROUP
+    k = tops[0].k
+    if runs <= 0 or run == 0 or runs * run // GROUP < k or reader.n < runs * run * 4:
+        return
+    xa = xbuf[:runs * run]
+    for j, start in enumerate(np.linspace(0, reader.n - run, runs).astype(np.int64)):
+        xa[j * run:(j + 1) * run] = _load_keys(reader, int(start), int(start) + run, xbuf[j * run:(j + 1) * run], metric)
+    for top, qs in zip(tops, range(0, qa.shape[0], query_chunk)):
+        sc = sbuf[:top.s.shape[0], :xa.shape[0]]
+        torch.mm(qa[qs:qs + top.s.shape[0]], xa.T, out=sc)
+        gmax = sc.view(sc.shape[0], GROUP, -1).amax(1)
+        top.thr = torch.maximum(top.thr, gmax.topk(k, dim=1, sorted=False).values.amin(1))
+
+
+@torch.no_grad()
+def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_chunk: int = 32768,
+               query_chunk: int = 1024, query_block: int = 16384, rows: np.ndarray | None = None, sample_runs: int = 16,
+               device: str | None = None, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k neighbours of each query over all keys (the sharded exact search of the paper, Sec. 5).
+
+    keys: [N, D] float16/float32 (memmap ok), queries: [T, D] float32, k ≤ N (or ≤ len(rows)),
+    metric 'l2' | 'ip'; rows: optional sorted int64 datastore row ids to search a subset of the keys.
+    Returns (ids [T, k] int64 datastore row ids sorted closest first, dists [T, k] float32 in faiss
+    convention). L2 ranks by q·x − |x|²/2 (the query norm is added back at the end), accumulated in fp32.
+    sample_runs: contiguous runs of keys (key_chunk keys in all) scored first to seed the thresholds (0 = off).
+    Peak memory ≈ query_chunk × key_chunk × 4 bytes (score buffer) + query_block × k × 12 bytes (running
+    top-k) + one key chunk, independent of N. Raises ValueError on a bad metric, k or rows.
     """
     if metric not in ("l2", "ip"):
         raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
-    n, t = keys.shape[0], queries.shape[0]
+    reader = KeyReader(keys, rows)
+    n, t = reader.n, queries.shape[0]
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, N={n}], found {k}")
     dev = _device(device)
+    key_chunk = max(GROUP, key_chunk // GROUP * GROUP)
     out_ids = np.empty((t, k), dtype=np.int64)
     out_d = np.empty((t, k), dtype=np.float32)
+    d = reader.d
+    sbuf = torch.empty((min(query_chunk, t), key_chunk), device=dev)
+    xbuf = torch.zeros((key_chunk, d + 1), device=dev)  # fp32 keys plus the L2 bias column (0 for IP)
     n_chunks = -(-n // key_chunk)
-    bar = tqdm(total=n_chunks * (-(-t // query_chunk)), desc=f"exact {metric}", unit=" block", disable=not progress,
+    bar = tqdm(total=n_chunks * (-(-t // query_block)), desc=f"exact {metric}", unit=" chunk", disable=not progress,
                mininterval=10)
-    for qs in range(0, t, query_chunk):
-        q = torch.as_tensor(np.asarray(queries[qs:qs + query_chunk], dtype=np.float32), device=dev)
-        best_s = torch.full((q.shape[0], k), -torch.inf, device=dev)
-        best_i = torch.full((q.shape[0], k), -1, dtype=torch.int64, device=dev)
-        for ks in range(0, n, key_chunk):
-            x = torch.as_tensor(np.asarray(keys[ks:ks + key_chunk], dtype=np.float32), device=dev)
-            if metric == "ip":
-                s = q @ x.T
-            else:
-                s = torch.addmm((x * x).sum(1).neg_().unsqueeze(0), q, x.T, beta=1.0, alpha=2.0)
-            top_s, top_i = s.topk(min(k, s.shape[1]), dim=1)
-            cat_s = torch.cat([best_s, top_s], dim=1)
-            cat_i = torch.cat([best_i, top_i + ks], dim=1)
-            best_s, pos = cat_s.topk(k, dim=1)
-            best_i = cat_i.gather(1, pos)
-            bar.update(1)
-        if metric == "l2":
-            best_s = (q * q).sum(1, keepdim=True) - best_s
-        out_ids[qs:qs + q.shape[0]] = best_i.cpu().numpy()
-        out_d[qs:qs + q.shape[0]] = best_s.cpu().numpy()
-    bar.close()
+    try:
+        for bs in range(0, t, query_block):
+            qb = torch.as_tensor(np.asarray(queries[bs:bs + query_block], dtype=np.float32), device=dev)
+            nb = qb.shape[0]
+            qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
+            tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) for qs in range(0, nb, query_chunk)]
+            _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs)
+            for ks in range(0, n, key_chunk):
+                ke = min(n, ks + key_chunk)
+                xa = _load_keys(reader, ks, ke, xbuf, metric)
+                width = -(-(ke - ks) // GROUP) * GROUP
+                col_ids = torch.full((width,), -1, dtype=torch.int64, device=dev)
+                col_ids[:ke - ks] = torch.as_tensor(reader.ids(ks, ke), device=dev)
+                for top, qs in zip(tops, range(0, nb, query_chunk)):
+                    qe = min(nb, qs + query_chunk)
+                    sc = sbuf[:qe - qs, :width]
+                    torch.mm(qa[qs:qe], xa.T, out=sc[:, :ke - ks])
+                    if width > ke - ks:
+                        sc[:, ke - ks:].fill_(-torch.inf)
+                    top.add_block(sc, col_ids)
+                bar.update(1)
+            for top, qs in zip(tops, range(0, nb, query_chunk)):
+                best_s, best_i = top.result()
+                qe = qs + best_s.shape[0]
+                if metric == "l2":
+                    best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
+                out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
+                out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
+    finally:
+        reader.close()
+        bar.close()
     return out_ids, out_d
 
 

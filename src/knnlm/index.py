@@ -57,18 +57,22 @@ def faiss_metric(metric: str):
     raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
 
 
-def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Path, threads: int = 2) -> dict:
+def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Path, threads: int = 2,
+                rows: np.ndarray | None = None) -> dict:
     """Train an IVFPQ index on a seeded sample of `keys` ([N, D] fp16 memmap), add all keys in chunks, save it.
 
-    ids in the index are row numbers of the datastore. Returns build statistics. Atomic write.
+    rows: optional sorted int64 datastore row ids — index only that subset (the datastore-size ablation,
+    Figures 2 and 4), with no copy of the keys. Either way the ids in the index are datastore row numbers,
+    so neighbours map to vals unchanged. Returns build statistics. Atomic write.
     """
     import faiss
 
     faiss.omp_set_num_threads(threads)
-    n, d = keys.shape
+    d = keys.shape[1]
+    n = keys.shape[0] if rows is None else len(rows)
     rng = np.random.default_rng(params["seed"])
     sample = np.sort(rng.choice(n, size=params["train_size"], replace=False))
-    x = np.ascontiguousarray(keys[sample], dtype=np.float32)
+    x = np.ascontiguousarray(keys[sample if rows is None else rows[sample]], dtype=np.float32)
     quantizer = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
     index = faiss.IndexIVFPQ(quantizer, d, params["ncentroids"], params["code_size"], 8, faiss_metric(metric))
     index.cp.seed = params["seed"]
@@ -78,7 +82,11 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
     del x
     chunk = params["add_chunk"]
     for s in tqdm(range(0, n, chunk), desc=f"add keys ({metric})", unit=" chunk", mininterval=10):
-        index.add(np.ascontiguousarray(keys[s:s + chunk], dtype=np.float32))
+        if rows is None:
+            index.add(np.ascontiguousarray(keys[s:s + chunk], dtype=np.float32))
+        else:
+            ids = rows[s:s + chunk]
+            index.add_with_ids(np.ascontiguousarray(keys[ids], dtype=np.float32), ids.astype(np.int64))
     index.nprobe = params["nprobe"]
     with atomic_path(out_path) as tmp:
         faiss.write_index(index, str(tmp))

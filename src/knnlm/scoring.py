@@ -149,21 +149,59 @@ def neighbour_hits(ids: np.ndarray, vals: np.ndarray, targets: np.ndarray) -> tu
     return (nb_vals == np.asarray(targets)[:, None]) & valid, valid
 
 
-def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperatures) -> np.ndarray:
-    """log p_kNN(target) for every τ in `temperatures` from one neighbour cache, no new search (paper Fig. 5).
+def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperatures,
+                      chunk: int = 4096) -> np.ndarray:
+    """log p_kNN(target) for every τ in `temperatures` from one neighbour cache, no new search (paper Sec. 6, Fig. 5).
 
-    scores: [T, k] float (higher = closer), hit/valid from neighbour_hits. Returns [len(temperatures), T] float64;
-    each row equals knn_log_prob(scores, ·, ·, τ, valid).
+    scores: [T, k] float (higher = closer), hit/valid: [T, k] bool from neighbour_hits; temperatures: τ ≥ 0,
+    where τ = 0 is the limit τ → 0 (the mass is shared by the neighbours tied at the best score).
+    Returns [len(temperatures), T] float64; for τ > 0 each row equals knn_log_prob(scores, ·, ·, τ, valid).
+    Fast path: float32 torch exps on the scores shifted by their row maximum; rows whose hit mass
+    underflows float32 are redone in float64, so results agree with knn_log_prob to float32 rounding.
+    Raises ValueError for τ < 0.
     """
-    s = np.where(valid, scores.astype(np.float64), -np.inf)
-    out = np.empty((len(temperatures), s.shape[0]))
-    for i, tau in enumerate(temperatures):
-        if tau <= 0:
-            raise ValueError(f"temperature must be > 0, found {tau}")
-        out[i] = _log_p_hit(s / tau, hit)
+    import torch
+
+    taus = [float(t) for t in temperatures]
+    if any(t < 0 for t in taus):
+        raise ValueError(f"temperature must be >= 0, found {min(taus)}")
+    n = scores.shape[0]
+    out = np.empty((len(taus), n))
+    for s0, s1 in iter_chunks(n, chunk):
+        v = torch.as_tensor(np.asarray(valid[s0:s1]))
+        h = torch.as_tensor(np.asarray(hit[s0:s1])) & v
+        z = torch.as_tensor(np.asarray(scores[s0:s1], dtype=np.float32)).masked_fill(~v, -torch.inf)
+        z = z - z.amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # ≤ 0, −inf where invalid
+        any_hit = h.any(1)
+        for i, tau in enumerate(taus):
+            e = (z == 0).float() if tau == 0 else torch.exp(z / tau)
+            hit_mass = torch.where(h, e, 0).sum(1)
+            lp = (hit_mass.log() - e.sum(1).log()).double()
+            redo = (any_hit & (hit_mass == 0)).nonzero().flatten()
+            if tau > 0 and redo.numel():  # hits exist but their mass underflowed float32
+                r = redo.numpy() + s0
+                lg = np.where(np.asarray(valid[r]), np.asarray(scores[r], dtype=np.float64) / tau, -np.inf)
+                lp[redo] = torch.as_tensor(_log_p_hit(lg, np.asarray(hit[r]) & np.asarray(valid[r])))
+            out[i, s0:s1] = lp.numpy()
     return out
 
 
-def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> np.ndarray:
-    """Total interpolated NLL (nats) for every (τ, λ): [n_tau, n_lambda]. λ = 0 and 1 handled exactly."""
-    return np.stack([interpolated_nll(lp_lm, lp_knn, lambdas) for lp_knn in lp_knn_per_tau])
+def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """Total interpolated NLL (nats) for every (τ, λ): [n_tau, n_lambda] float64 (the τ×λ sweep of Fig. 5).
+
+    lp_lm: [T] log p_LM, lp_knn_per_tau: [n_tau, T] log p_kNN, lambdas: [n_lambda] in [0, 1].
+    −log((1−λ) p_LM + λ p_kNN) is evaluated in probability space in float32 and summed in float64, so a
+    grid point agrees with interpolated_nll to ~1e-6 relative; use it to pick (τ, λ), then report with
+    interpolate(). inf where λ = 1 and some p_kNN = 0.
+    """
+    import torch
+
+    lam = torch.as_tensor(np.asarray(lambdas, dtype=np.float32))[:, None]
+    out = np.zeros((lp_knn_per_tau.shape[0], len(lam)))
+    for s0, s1 in iter_chunks(len(lp_lm), chunk):
+        p_lm = torch.as_tensor(np.asarray(lp_lm[s0:s1], dtype=np.float64)).exp().float()[None]
+        for i in range(lp_knn_per_tau.shape[0]):
+            p_knn = torch.as_tensor(np.asarray(lp_knn_per_tau[i, s0:s1], dtype=np.float64)).exp().float()[None]
+            mix = torch.addcmul(p_lm, lam, p_knn - p_lm).clamp_min_(0)  # (1−λ) p_LM + λ p_kNN
+            out[i] -= mix.log_().sum(1, dtype=torch.float64).numpy()
+    return out
