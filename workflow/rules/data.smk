@@ -13,9 +13,11 @@ if CFG["data"]["download"]:
             knnlm("download", "download") + " > {log} 2>&1"
 
 
+# ancient(): the raw corpus is external (often a shared, re-mounted directory whose mtimes change); its
+# content is pinned by data.sha256 where given, so a newer mtime alone does not rerun the whole DAG.
 rule prepare_data:
     input:
-        [str(p) for p in split_files(CFG).values()],
+        [ancient(str(p)) for p in split_files(CFG).values()],
     output:
         expand(f"{R}/data/wiki.{{split}}.tokens", split=SPLITS),
         wordcounts=f"{R}/data/wordcounts.json",
