@@ -42,7 +42,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
     # 24 for Table 1 + 9 for Table 3 (tiny: ffn keys, L2 and IP) + 11 for Figures 2, 4, 5 (one subset, ffn/L2):
     # subsample, subset index, 2 searches, 2 real scores, 2 exact searches, 2 sweeps, figures
-    assert jobs == 44
+    # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
+    assert jobs == 57
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -230,3 +231,27 @@ def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
             assert (root / "figures" / f"{name}.{ext}").stat().st_size > 1000
     tau = pd.read_csv(root / "tables" / "temperature.csv")
     assert len(tau) == 6 and set(tau["ratio"]) == {0.2, 1.0}
+
+
+def test_parametric_alternatives(tiny_run):
+    root = tiny_run["root"]
+    for t in ("table2", "table5", "table6", "table7", "clustered"):
+        assert "## test" in (root / "tables" / f"{t}.md").read_text()
+    t2 = pd.read_csv(root / "tables" / "table2.csv")
+    wds = t2[t2["model"] == "W_ds (learned)"]
+    assert set(wds["h_ds"]) == {"att", "ffn"}
+    for _, r in wds.iterrows():
+        assert r["oracle PPL (word)"] <= r["interp PPL (word)"] + 1e-9 and 0 <= r["λ"] <= 1
+    res = read_json(root / "parametric" / "nv2_att" / "result.json")
+    assert res["info"]["rows"] == 2 * len(
+        np.load(root / "parametric" / "word_stats.npz")["freq"])
+    h = res["history"]
+    assert h["epochs"] >= 1 and len(h["valid"]) == h["epochs"]
+    # the saved test log-probs reproduce the reported perplexity of the model alone
+    lp = np.load(root / "parametric" / "nv2_att" / "trained_test_logprobs.npy").astype(np.float64)
+    words = read_json(root / "data" / "wordcounts.json")["test"]["words"]
+    assert res["stages"]["trained"]["test"]["knn"]["ppl_word"] == pytest.approx(math.exp(-lp.sum() / words), rel=1e-5)
+    ada = read_json(root / "parametric" / "adaptive-freq_att" / "result.json")
+    assert ada["info"]["rows"] == res["info"]["rows"]  # adaptive and equal counts at the same total
+    cl = read_json(root / "parametric" / "cluster1_att" / "result.json")
+    assert set(cl["stages"]) == {"before", "after"}

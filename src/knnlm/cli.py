@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .io import ArtifactError
+from .io import ArtifactError, atomic_path, read_json
 
 log = logging.getLogger("knnlm")
 
@@ -429,6 +429,54 @@ def cmd_figures(args, cfg):
     _track(args, cfg, ("datastore_size", "temperature", "retrieval", "knn"), artifacts=arts)
 
 
+def cmd_word_stats(args, cfg):
+    from .alternatives import output_matrix, word_stats
+    from .dump import open_datastore
+
+    keys, vals, man = open_datastore(args.datastore, "ffn", _ckpt_sha(args.checkpoint))
+    t0 = time.time()
+    st = word_stats(keys, vals, output_matrix(args.checkpoint), bf16=cfg["parametric"]["bf16"])
+    with atomic_path(args.out) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **st)
+    _track(args, cfg, ("parametric",), metrics={"seconds": time.time() - t0, "train_nll_per_token":
+                                                 float(st["loss"].sum() / st["freq"].sum())})
+
+
+def cmd_train_parametric(args, cfg):
+    from .alternatives import run_variant
+
+    res = run_variant(args.variant, args.key, cfg, Path(args.root), Path(args.out_dir), args.checkpoint,
+                      args.word_stats, cfg["threads"])
+    metrics, step = {}, {}
+    for stage, v in res["stages"].items():
+        metrics[f"{stage}_lambda"] = v["lambda"]
+        for split in ("valid", "test"):
+            for part in ("knn", "interp", "oracle"):
+                metrics[f"{stage}_{split}_{'alone' if part == 'knn' else part}_ppl_word"] = v[split][part]["ppl_word"]
+    if "history" in res:
+        h = res["history"]
+        step = {"train_loss": [(s, l) for s, l in h["train"]], "valid_nll": [(e, l) for e, l in h["valid"]]}
+        metrics.update(epochs=h["epochs"], best_epoch=h["best_epoch"], train_seconds=h["seconds"],
+                       train_tokens_per_second=h["tokens_per_second"])
+    _track(args, cfg, ("parametric", "knn"), metrics=metrics, step_metrics=step,
+           artifacts=[str(Path(args.out_dir) / "result.json")], extra={"info": res["info"]})
+
+
+def cmd_tables_parametric(args, cfg):
+    from .alternatives import write_tables
+    from .scoring import perplexity
+
+    words = read_json(args.wordcounts)
+    base = {}
+    for split in ("valid", "test"):
+        lp = np.load(Path(args.queries_root) / split / "lm_logprobs.npy")
+        base[split] = {"ppl_word": perplexity(lp, words[split]["words"]), "ppl_token": perplexity(lp, len(lp))}
+    arts = write_tables([read_json(p) for p in args.results], [read_json(p) for p in args.scores], base, cfg,
+                        Path(args.tables_dir), Path(args.fig_dir))
+    _track(args, cfg, ("parametric", "knn"), artifacts=arts)
+
+
 COMMANDS = {
     "prepare-data": (cmd_prepare_data, [("--out-dir", {})]),
     "download": (cmd_download, []),
@@ -453,6 +501,12 @@ COMMANDS = {
     "subsample": (cmd_subsample, [("--datastore", {}), ("--store", {}), ("--out", {})]),
     "sweep": (cmd_sweep, [("--root", {}), ("--store", {}), ("--store-dir", {}), ("--key", {}), ("--metric", {}),
                           ("--tau-sweep", {"action": "store_true", "default": False}), ("--out", {})]),
+    "word-stats": (cmd_word_stats, [("--datastore", {}), ("--checkpoint", {}), ("--out", {})]),
+    "train-parametric": (cmd_train_parametric, [("--variant", {}), ("--key", {}), ("--root", {}), ("--out-dir", {}),
+                                                ("--checkpoint", {}), ("--word-stats", {"default": None})]),
+    "tables-parametric": (cmd_tables_parametric, [("--results", {"nargs": "+"}), ("--scores", {"nargs": "+"}),
+                                                  ("--queries-root", {}), ("--wordcounts", {}), ("--tables-dir", {}),
+                                                  ("--fig-dir", {})]),
     "figures": (cmd_figures, [("--sweeps", {"nargs": "+"}), ("--fig-dir", {}), ("--tables-dir", {})]),
     "table1": (cmd_table1, [("--queries-root", {}), ("--wordcounts", {}), ("--scores", {"nargs": "+"}),
                             ("--out-csv", {}), ("--out-md", {})]),

@@ -200,7 +200,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                mininterval=10)
     try:
         for bs in range(0, t, query_block):
-            qb = torch.as_tensor(np.asarray(queries[bs:bs + query_block], dtype=np.float32), device=dev)
+            qb = torch.as_tensor(np.array(queries[bs:bs + query_block], dtype=np.float32), device=dev)
             nb = qb.shape[0]
             qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
             tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) for qs in range(0, nb, query_chunk)]

@@ -1,0 +1,301 @@
+"""Jobs for the parametric alternatives (Xu et al. 2023, Sec. 4, App. C): word statistics, one training run per
+variant, and Tables 2, 5, 6, 7, the clustered-datastore table and Figure 3.
+
+Variant names (a wildcard of the `train_parametric` rule):
+  nv<n>             n embeddings per word (n = 1: the learned W_ds of Table 2; Table 5, Figure 3)
+  adaptive-<by>     1 + ⌊log_b f_v⌋ rows per word, f = training frequency ('freq') or total base-LM training
+                    loss ('loss'), total = parametric.adaptive.total_n × V rows (Table 6)
+  mos<R>-<only|embed>  mixture of R softmaxes over W_sm, W_sm frozen or fine-tuned (Table 7)
+  cluster<m>        k-means of the keys into m × V centroids, M from each cluster's word frequencies,
+                    scored before and after fine-tuning the centroids (App. C.3)
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .ablations import evaluate_settings, subsample_rows
+from .io import ArtifactError, atomic_path, read_json, save_npy, write_json
+from .parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
+                         cluster_aggregation, evaluate_log_probs, train)
+
+log = logging.getLogger(__name__)
+VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
+
+
+def parse_variant(name: str) -> dict:
+    """{'kind': 'nv'|'adaptive'|'mos'|'cluster', ...} from a variant name; ValueError for unknown names."""
+    m = VARIANT_RE.match(name)
+    if not m:
+        raise ValueError(f"unknown parametric variant {name!r}; expected nv<n>, adaptive-freq|loss, "
+                         f"mos<R>-only|embed or cluster<m>")
+    if m["n"]:
+        return {"kind": "nv", "n": int(m["n"])}
+    if m["by"]:
+        return {"kind": "adaptive", "by": m["by"]}
+    if m["r"]:
+        return {"kind": "mos", "mixtures": int(m["r"]), "train_embed": m["mos"] == "embed"}
+    return {"kind": "cluster", "m": int(m["m"])}
+
+
+def variants(cfg: dict) -> list[tuple[str, str]]:
+    """Every (variant, key type) the config asks for, in table order."""
+    p = cfg["parametric"]
+    out = [(f"nv{n}", k) for k in p["key_types"] for n in p["n_values"]]
+    out += [(f"adaptive-{by}", k) for k in p["adaptive"]["key_types"] for by in p["adaptive"]["by"]]
+    out += [(f"mos{r}-{v}", k) for k in p["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
+    out += [(f"cluster{p['clustered']['m']}", k) for k in p["clustered"]["key_types"]]
+    return out
+
+
+def output_matrix(checkpoint: str | Path) -> torch.Tensor:
+    """W_sm [V, D] float32: the base LM's output projection (fairseq decoder.output_projection.weight)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    for name in ("decoder.output_projection.weight", "decoder.embed_out"):
+        if name in state:
+            return state[name].float()
+    raise ArtifactError(f"{checkpoint}: no plain output projection (decoder.output_projection.weight); "
+                        "adaptive-softmax LMs are not supported")
+
+
+@torch.no_grad()
+def word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True) -> dict[str, np.ndarray]:
+    """Per word v: 'freq' = # training tokens with next token v, 'loss' = Σ of their base-LM NLL (nats).
+
+    The base-LM NLL of a training token is −log softmax(W_sm h_sm)[v], recomputed from the ffn keys
+    (h_sm itself, stored fp16); keys_ffn: [N, D] memmap, vals: [N] int32. Used by the adaptive counts.
+    """
+    v = w_sm.shape[0]
+    freq = np.bincount(np.asarray(vals), minlength=v).astype(np.float64)
+    loss = torch.zeros(v, dtype=torch.float64)
+    for s in range(0, len(vals), chunk):
+        h = torch.from_numpy(np.asarray(keys_ffn[s:s + chunk], dtype=np.float32))
+        y = torch.from_numpy(np.asarray(vals[s:s + chunk], dtype=np.int64))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = (h @ w_sm.T).float()
+        nll = torch.logsumexp(logits, 1) - logits.gather(1, y[:, None]).squeeze(1)
+        loss.index_add_(0, y, nll.double())
+    return {"freq": freq, "loss": loss.numpy()}
+
+
+def build_model(spec: dict, cfg: dict, vocab: int, dim: int, w_sm: torch.Tensor, stats_path: str | None,
+                centroids: torch.Tensor | None = None, agg: Aggregation | None = None):
+    """The model of a parsed variant; returns (model, info dict)."""
+    p, seed = cfg["parametric"], cfg["parametric"]["seed"]
+    if spec["kind"] == "nv":
+        return AggregatedSoftmax(Aggregation.from_counts(np.full(vocab, spec["n"])), dim, seed=seed), {"rows": spec["n"] * vocab}
+    if spec["kind"] == "adaptive":
+        if not stats_path:
+            raise ValueError("adaptive counts need the word statistics (--word-stats)")
+        f = np.load(stats_path)[spec["by"]]
+        counts, base = adaptive_counts(f, p["adaptive"]["total_n"] * vocab)
+        info = {"rows": int(counts.sum()), "log_base": float(np.log(base)), "max_rows_per_word": int(counts.max()),
+                "words_with_1_row": int((counts == 1).sum())}
+        return AggregatedSoftmax(Aggregation.from_counts(counts), dim, seed=seed), info
+    if spec["kind"] == "mos":
+        return MixtureOfSoftmaxes(w_sm, spec["mixtures"], spec["train_embed"], seed=seed), {"mixtures": spec["mixtures"]}
+    return AggregatedSoftmax(agg, dim, weight=centroids, metric="l2"), {"rows": int(centroids.shape[0])}
+
+
+def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample: int, seed: int, threads: int):
+    """faiss k-means of the keys (trained on a seeded sample of `rows`); returns (centroids [C, D] fp32, assign [len(rows)])."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(rows, size=min(sample, len(rows)), replace=False))
+    x = np.ascontiguousarray(keys[pick], dtype=np.float32)
+    if len(x) < n_clusters:
+        raise ValueError(f"k-means needs at least {n_clusters} keys, found {len(x)} (parametric.clustered.kmeans_sample)")
+    km = faiss.Kmeans(x.shape[1], n_clusters, niter=iters, seed=seed, max_points_per_centroid=max(1, len(x) // n_clusters + 1),
+                      verbose=False)
+    km.train(x)
+    assign = np.empty(len(rows), dtype=np.int64)
+    for s in range(0, len(rows), 65536):
+        _, a = km.index.search(np.ascontiguousarray(keys[rows[s:s + 65536]], dtype=np.float32), 1)
+        assign[s:s + len(a)] = a[:, 0]
+    return torch.from_numpy(km.centroids.copy()), assign
+
+
+def run_variant(variant: str, key: str, cfg: dict, root: Path, out_dir: Path, checkpoint: str, stats_path: str | None,
+                threads: int) -> dict:
+    """Train one variant on the dumped keys (resumable), score it on valid and test, write result.json.
+
+    Returns the result: per stage ('trained', or 'before'/'after' fine-tuning for clusters) the λ tuned on
+    valid and {split: {knn (= the model alone), interp, oracle}} perplexities, plus training history.
+    """
+    from .dump import open_datastore, open_queries
+
+    torch.set_num_threads(threads)
+    p = cfg["parametric"]
+    spec = parse_variant(variant)
+    keys, vals, man = open_datastore(root / "datastore", key)
+    w_sm = output_matrix(checkpoint)
+    vocab, dim = w_sm.shape[0], keys.shape[1]
+    rows = None if p["train_tokens"] is None else subsample_rows(man["N"], min(1.0, p["train_tokens"] / man["N"]), p["seed"])
+    q = {s: open_queries(root / "queries" / s, key, man["checkpoint_sha256"]) for s in ("valid", "test")}
+    words = {s: w["words"] for s, w in read_json(root / "data" / "wordcounts.json").items() if s in q}
+    lp_lm = {s: np.asarray(q[s]["lm_logprobs"], dtype=np.float64) for s in q}
+    vt = p["valid_tokens"] or q["valid"]["manifest"]["T"]
+    valid = (q["valid"]["queries"][:vt], np.asarray(q["valid"]["targets"][:vt], dtype=np.int64))
+    batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "stages": {}}
+
+    def score(model, stage):
+        t0 = time.time()
+        lp = {s: evaluate_log_probs(model, q[s]["queries"], q[s]["targets"], p["batch_size"], p["bf16"]) for s in q}
+        for s, v in lp.items():
+            save_npy(out_dir / f"{stage}_{s}_logprobs.npy", v.astype(np.float32))
+        res = evaluate_settings(lp_lm, {stage: lp}, words, cfg["knn"]["lambda_steps"])[stage]
+        res["eval_seconds"] = time.time() - t0
+        result["stages"][stage] = res
+        log.info("%s/%s %s: test alone %.3f, interp %.3f (λ=%.2f), base %.3f", variant, key, stage,
+                 res["test"]["knn"]["ppl_word"], res["test"]["interp"]["ppl_word"], res["lambda"],
+                 np.exp(-lp_lm["test"].sum() / words["test"]))
+
+    if spec["kind"] == "cluster":
+        cpath = out_dir / "kmeans.pt"
+        if cpath.exists():
+            km = torch.load(cpath, weights_only=False)
+        else:
+            t0 = time.time()
+            cl = p["clustered"]
+            cent, assign = kmeans_centroids(keys, batches.rows, spec["m"] * vocab, cl["kmeans_iters"], cl["kmeans_sample"],
+                                            p["seed"], threads)
+            km = {"centroids": cent, "assign": assign, "seconds": time.time() - t0}
+            with atomic_path(cpath) as tmp:
+                torch.save(km, tmp)
+        agg = cluster_aggregation(km["assign"], np.asarray(vals[batches.rows]), spec["m"] * vocab, vocab)
+        model, info = build_model(spec, cfg, vocab, dim, w_sm, stats_path, km["centroids"], agg)
+        info["kmeans_seconds"] = km["seconds"]
+        info["empty_clusters"] = int(spec["m"] * vocab - len(np.unique(km["assign"])))
+        score(model, "before")
+        epochs = p["clustered"]["finetune_epochs"]
+    else:
+        model, info = build_model(spec, cfg, vocab, dim, w_sm, stats_path)
+        epochs = p["max_epochs"]
+    result["info"] = info
+    if epochs > 0:
+        hist = train(model, batches, valid, out_dir / "checkpoint.pt", p["lr"], epochs, p["patience"], p["bf16"])
+        result["history"] = hist
+        score(model, "after" if spec["kind"] == "cluster" else "trained")
+    write_json(out_dir / "result.json", result)
+    return result
+
+
+def _rows(result: dict, stage: str, label: str, base: dict, knn_best: dict) -> list[dict]:
+    v = result["stages"][stage]
+    out = []
+    for split in ("test", "valid"):
+        r = v[split]
+        gain = (base[split]["ppl_word"] - r["interp"]["ppl_word"]) / (base[split]["ppl_word"] - knn_best[split])
+        out.append({"split": split, "model": label, "h_ds": result["key_type"], "PPL (word)": r["knn"]["ppl_word"],
+                    "λ": v["lambda"], "interp PPL (word)": r["interp"]["ppl_word"],
+                    "oracle PPL (word)": r["oracle"]["ppl_word"], "PPL (token)": r["knn"]["ppl_token"],
+                    "interp PPL (token)": r["interp"]["ppl_token"], "oracle PPL (token)": r["oracle"]["ppl_token"],
+                    "kNN-LM gain recovered": gain,
+                    "epochs": 0 if stage == "before" else result.get("history", {}).get("epochs")})
+    return out
+
+
+def _label(result: dict) -> tuple[str, str]:
+    """(table, row label) of a variant."""
+    s = result["spec"]
+    if s["kind"] == "nv":
+        return ("table5", "W_ds (learned)" if s["n"] == 1 else f"{s['n']}V embeddings")
+    if s["kind"] == "adaptive":
+        return ("table6", f"adaptive counts by {'frequency' if s['by'] == 'freq' else 'base-LM loss'}")
+    if s["kind"] == "mos":
+        return ("table7", f"MoS R={s['mixtures']} ({'+ embed' if s['train_embed'] else 'only'})")
+    return ("clustered", f"clustered datastore {s['m']}V")
+
+
+def write_tables(results: list[dict], scores: list[dict], base: dict, cfg: dict, tables_dir: Path, fig_dir: Path) -> list[str]:
+    """Tables 2, 5, 6, 7 and the clustered-datastore table (CSV + Markdown) and Figure 3 (PNG + PDF).
+
+    results: result.json of every variant; scores: Table 1's score JSONs (the kNN-LM rows and the best
+    kNN-LM, chosen by valid interpolated perplexity, whose gain over the base LM each alternative is
+    compared with); base: {split: {'ppl_word', 'ppl_token'}} of the base LM on the full splits.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from .figures import _save
+    from .tables import METRIC_NAME, write_table
+
+    best = min(scores, key=lambda s: s["valid"]["interp"]["ppl_word"])
+    knn_best = {s: best[s]["interp"]["ppl_word"] for s in ("valid", "test")}
+    p = cfg["parametric"]
+    note = cfg.get("profile", {}).get("caption", "")
+    train_txt = "all datastore rows" if p["train_tokens"] is None else f"a seeded subset of {p['train_tokens']} datastore rows"
+    common = (f"Trained on the dumped keys (LM frozen, clean features: the paper kept dropout in the frozen body) "
+              f"with Adam lr {p['lr']}, batch {p['batch_size']}, ≤ {p['max_epochs']} epochs with early stopping on "
+              f"valid (patience {p['patience']}), on {train_txt}; 'PPL' = the model alone, 'interp' = with the base "
+              f"LM, λ tuned on valid; 'kNN-LM gain recovered' = (base − interp) / (base − best kNN-LM interp), best "
+              f"kNN-LM = {best['key_type']}/{METRIC_NAME[best['metric']]} (Table 1). All tokens of valid and test. {note}")
+    tables: dict[str, list] = {"table2": [], "table5": [], "table6": [], "table7": [], "clustered": []}
+    for split in ("test", "valid"):
+        b = {"split": split, "model": "Base LM", "h_ds": "-", "PPL (word)": base[split]["ppl_word"],
+             "PPL (token)": base[split]["ppl_token"]}
+        for t in tables:
+            tables[t].append(dict(b))
+        for s in scores:
+            r = s[split]
+            tables["table2"].append({"split": split, "model": f"kNN-LM ({METRIC_NAME[s['metric']]})", "h_ds": s["key_type"],
+                                     "PPL (word)": r["knn"]["ppl_word"], "λ": s["lambda"],
+                                     "interp PPL (word)": r["interp"]["ppl_word"], "oracle PPL (word)": r["oracle"]["ppl_word"],
+                                     "PPL (token)": r["knn"]["ppl_token"], "interp PPL (token)": r["interp"]["ppl_token"],
+                                     "oracle PPL (token)": r["oracle"]["ppl_token"],
+                                     "kNN-LM gain recovered": (base[split]["ppl_word"] - r["interp"]["ppl_word"])
+                                     / (base[split]["ppl_word"] - knn_best[split])})
+    for res in results:
+        table, label = _label(res)
+        for stage in res["stages"]:
+            lab = label + (f" ({stage} fine-tuning)" if stage in ("before", "after") else "")
+            rows = _rows(res, stage, lab, base, knn_best)
+            tables[table] += rows
+            if res["spec"]["kind"] == "nv" and res["spec"]["n"] == 1:
+                tables["table2"] += rows
+            if res["spec"]["kind"] == "nv" and res["spec"]["n"] == p["adaptive"]["total_n"] \
+                    and res["key_type"] in p["adaptive"]["key_types"]:
+                tables["table6"] += [dict(r, model=f"equal counts ({r['model']})") for r in rows]
+    titles = {"table2": "Table 2: learned W_ds vs the datastore", "table5": "Table 5: n embeddings per word (nV)",
+              "table6": f"Table 6: adaptive vs equal counts at {p['adaptive']['total_n']}V rows",
+              "table7": "Table 7: mixture of softmaxes", "clustered": "Appendix C.3: clustered datastore"}
+    written = []
+    for t, rows in tables.items():
+        if len(rows) <= 2:
+            continue
+        df = pd.DataFrame(rows).sort_values("split", ascending=True, kind="stable")
+        write_table(df, tables_dir / f"{t}.csv", tables_dir / f"{t}.md", titles[t], f"{titles[t]} ({cfg['name']}). {common}")
+        written += [str(tables_dir / f"{t}.csv"), str(tables_dir / f"{t}.md")]
+
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    nv = sorted((r for r in results if r["spec"]["kind"] == "nv"), key=lambda r: r["spec"]["n"])
+    for key in p["key_types"]:
+        pts = [(r["spec"]["n"], r["stages"]["trained"]["test"]["interp"]["ppl_word"]) for r in nv if r["key_type"] == key]
+        if pts:
+            ax.plot(*zip(*pts), "-o", label=f"nV softmax on {key}")
+    ax.axhline(base["test"]["ppl_word"], color="k", ls="--", label="base LM")
+    for key in p["key_types"]:
+        ks = [s for s in scores if s["key_type"] == key]
+        if ks:
+            kb = min(ks, key=lambda s: s["valid"]["interp"]["ppl_word"])
+            ax.axhline(kb["test"]["interp"]["ppl_word"], ls=":", color="C0" if key == "att" else "C1",
+                       label=f"kNN-LM {key}/{METRIC_NAME[kb['metric']]}")
+    ax.set_xlabel("embeddings per word n")
+    ax.set_ylabel("test interp. perplexity (per word)")
+    ax.set_title(f"Fig. 3 ({cfg['name']}): nV softmax vs kNN-LM", fontsize=10)
+    ax.legend(fontsize=7)
+    written += _save(fig, fig_dir / "fig3_nv")
+    plt.close(fig)
+    return written

@@ -1,0 +1,302 @@
+"""Parametric alternatives to the datastore (Xu et al. 2023, Sec. 4 and Appendix C), trained on dumped keys.
+
+The LM is frozen, so its features h_ds (att or ffn) for every training token are exactly the datastore
+keys, and the next tokens are its vals: every model here is trained on (keys, vals) and evaluated on the
+dumped valid/test queries, without re-running the transformer. Unlike the paper's runs (dropout active in
+the frozen body during training), the features are clean (eval-mode) ones.
+
+Models (all give log p(target | h) for a batch of features h [B, D] and targets [B]):
+  AggregatedSoftmax -- softmax over R rows (W [R, D]), probabilities summed per word through a sparse
+                       aggregation matrix M (Eq. 5's M): learned W_ds (R = V, Table 2), n embeddings per
+                       word (R = nV, Table 5), adaptive counts (Table 6), clustered keys with M from the
+                       clusters' word frequencies (App. C.3; L2 scores to the centroids).
+  MixtureOfSoftmaxes -- R mixtures over W_sm with per-mixture projections of h and a prior softmax(w_π h)
+                       (Table 7; W_sm frozen = "MoS only", trainable = "MoS + embed").
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .io import ArtifactError, atomic_path
+
+log = logging.getLogger(__name__)
+
+
+class Aggregation:
+    """The aggregation matrix M as CSR over words: word w owns rows indices[indptr[w]:indptr[w+1]] with log-weights.
+
+    indptr: [V+1] int64, indices: [E] int64 row ids in [0, R), log_weight: [E] float32 (0 = weight 1).
+    p(w) = Σ_{e of w} exp(log_weight[e]) · softmax(logits)[indices[e]].
+    """
+
+    def __init__(self, indptr: np.ndarray, indices: np.ndarray, log_weight: np.ndarray | None = None):
+        self.indptr = torch.as_tensor(np.asarray(indptr, dtype=np.int64))
+        self.indices = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        self.log_weight = (torch.zeros(len(self.indices)) if log_weight is None
+                           else torch.as_tensor(np.asarray(log_weight, dtype=np.float32)))
+        if self.indptr[-1] != len(self.indices) or len(self.log_weight) != len(self.indices):
+            raise ValueError("aggregation CSR arrays disagree in length")
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.indptr) - 1
+
+    @classmethod
+    def from_counts(cls, counts: np.ndarray) -> "Aggregation":
+        """Word w owns counts[w] ≥ 1 consecutive rows (n embeddings per word, adaptive counts)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if (counts < 1).any():
+            raise ValueError("every word needs at least one row")
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        return cls(indptr, np.arange(indptr[-1]))
+
+    def row_word(self) -> np.ndarray:
+        """[E] owner word of every CSR entry."""
+        return np.repeat(np.arange(self.vocab_size), np.diff(self.indptr.numpy()))
+
+    def target_entries(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(batch position [E_b], row id [E_b], log-weight [E_b]) of the entries owned by each target."""
+        start, stop = self.indptr[targets], self.indptr[targets + 1]
+        lens = stop - start
+        b = torch.repeat_interleave(torch.arange(len(targets)), lens)
+        offs = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+        e = torch.repeat_interleave(start, lens) + offs
+        return b, self.indices[e], self.log_weight[e]
+
+
+def _segment_logsumexp(values: torch.Tensor, seg: torch.Tensor, n: int) -> torch.Tensor:
+    """logsumexp of values [E] grouped by seg [E] (ids in [0, n)); −inf for empty groups. Differentiable."""
+    m = torch.full((n,), -torch.inf).scatter_reduce(0, seg, values.detach(), "amax")
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    s = torch.zeros(n).index_add(0, seg, torch.exp(values - m_safe[seg]))
+    return torch.log(s) + m_safe
+
+
+class AggregatedSoftmax(nn.Module):
+    """p(w | h) = Σ_r M[r, w] softmax(score(h, W_r)) over R rows (Xu et al. Eq. 5 with a parametric W_ds).
+
+    score = h·W_r ('ip'), or −|h − W_r|² up to a constant in h ('l2': 2 h·W_r − |W_r|², clustered keys).
+    weight: [R, D] initial rows (None: N(0, D^-1/2) as in the paper). agg: Aggregation over R rows.
+    """
+
+    def __init__(self, agg: Aggregation, dim: int, weight: torch.Tensor | None = None, metric: str = "ip",
+                 seed: int = 1):
+        super().__init__()
+        if metric not in ("ip", "l2"):
+            raise ValueError(f"metric must be 'ip' or 'l2', found {metric!r}")
+        n_rows = int(agg.indices.max()) + 1
+        if weight is None:
+            g = torch.Generator().manual_seed(seed)
+            weight = torch.randn(n_rows, dim, generator=g) * dim ** -0.5
+        if weight.shape != (n_rows, dim):
+            raise ValueError(f"weight must be [{n_rows}, {dim}], found {list(weight.shape)}")
+        self.weight = nn.Parameter(weight.float().clone())
+        self.agg, self.metric = agg, metric
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, R] float32 row scores."""
+        s = (h @ self.weight.to(h.dtype).T).float()
+        if self.metric == "l2":
+            s = 2 * s - (self.weight * self.weight).sum(1)
+        return s
+
+    def log_prob(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """[B] log p(target | h) (natural log)."""
+        logits = self.logits(h)
+        lse = torch.logsumexp(logits, 1)
+        b, rows, lw = self.agg.target_entries(targets)
+        return _segment_logsumexp(logits[b, rows] + lw, b, len(targets)) - lse
+
+    def full_log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, V] log p(w | h) for every word (for tests and small vocabularies)."""
+        logp = torch.log_softmax(self.logits(h), 1)
+        word = torch.as_tensor(self.agg.row_word())
+        vals = logp[:, self.agg.indices] + self.agg.log_weight  # [B, E]
+        out = torch.stack([_segment_logsumexp(v, word, self.agg.vocab_size) for v in vals])
+        return out
+
+
+class MixtureOfSoftmaxes(nn.Module):
+    """p(w | h) = Σ_r π_r(h) softmax(W_sm (P_r h + b_r))_w, π(h) = softmax(w_π h) (Yang et al. 2018; Xu et al. Table 7).
+
+    w_sm: [V, D] the LM's output matrix (frozen unless train_embed: "MoS only" vs "MoS + embed").
+    Projections start at the identity (plus N(0, 0.01) noise to break the symmetry between mixtures) and
+    the prior at uniform, so on ffn features the initial model is close to the base LM itself.
+    """
+
+    def __init__(self, w_sm: torch.Tensor, mixtures: int, train_embed: bool, seed: int = 1):
+        super().__init__()
+        v, d = w_sm.shape
+        g = torch.Generator().manual_seed(seed)
+        self.w_sm = nn.Parameter(w_sm.float().clone(), requires_grad=train_embed)
+        self.proj = nn.Parameter(torch.eye(d).repeat(mixtures, 1, 1) + 0.01 * torch.randn(mixtures, d, d, generator=g))
+        self.proj_bias = nn.Parameter(torch.zeros(mixtures, d))
+        self.prior = nn.Linear(d, mixtures)
+        nn.init.zeros_(self.prior.weight)
+        nn.init.zeros_(self.prior.bias)
+
+    def _mixture_log_probs(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hr = torch.einsum("bd,red->rbe", h, self.proj.to(h.dtype)) + self.proj_bias.to(h.dtype)[:, None]
+        logits = (hr @ self.w_sm.to(h.dtype).T).float()  # [R, B, V]
+        log_prior = torch.log_softmax(self.prior(h.float()), 1).T  # [R, B]
+        return torch.log_softmax(logits, 2), log_prior
+
+    def log_prob(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp, log_prior = self._mixture_log_probs(h)
+        at = logp.gather(2, targets[None, :, None].expand(logp.shape[0], -1, 1)).squeeze(2)  # [R, B]
+        return torch.logsumexp(at + log_prior, 0)
+
+    def full_log_probs(self, h: torch.Tensor) -> torch.Tensor:
+        logp, log_prior = self._mixture_log_probs(h)
+        return torch.logsumexp(logp + log_prior[:, :, None], 0)
+
+
+def adaptive_counts(f: np.ndarray, total: int) -> tuple[np.ndarray, float]:
+    """Rows per word 1 + ⌊log_b f_v⌋ with b chosen so that the total is `total` (Xu et al. Table 6).
+
+    f: [V] non-negative word statistic (training frequency, or total training loss under the base LM);
+    words with f_v < 1 get one row. b is the smallest base whose total does not exceed `total`
+    (bisection on log b); the rows still missing then go one each to the words with the largest
+    fractional part of log_b f_v (the next to gain a row as b shrinks), so the total is exactly `total`.
+    Returns (counts [V] int64, b). Raises ValueError if total < V.
+    """
+    f = np.asarray(f, dtype=np.float64)
+    v = len(f)
+    if total < v:
+        raise ValueError(f"total rows {total} < vocabulary size {v}")
+    logf = np.log(np.maximum(f, 1.0))
+
+    def count(log_b):
+        return 1 + np.floor(logf / log_b + 1e-12).astype(np.int64)
+
+    lo, hi = 1e-6, max(float(logf.max()), 1e-6) * 2 + 1.0  # count(hi) = 1 per word ≤ total
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if count(mid).sum() > total:
+            lo = mid
+        else:
+            hi = mid
+    c = count(hi)
+    missing = int(total - c.sum())
+    if missing > 0:
+        frac = logf / hi - np.floor(logf / hi + 1e-12)
+        c[np.argsort(-frac, kind="stable")[:missing]] += 1
+    return c, float(math.exp(hi))
+
+
+def cluster_aggregation(assign: np.ndarray, vals: np.ndarray, n_clusters: int, vocab: int) -> Aggregation:
+    """M from clustered keys (App. C.3): M[c, w] = (# keys of cluster c with val w) / |c|, as CSR over words.
+
+    assign: [N] cluster id per key, vals: [N] next-token id per key. Words never seen get no entries
+    (probability 0).
+    """
+    assign, vals = np.asarray(assign, dtype=np.int64), np.asarray(vals, dtype=np.int64)
+    pair = vals * n_clusters + assign
+    uniq, cnt = np.unique(pair, return_counts=True)
+    w, c = uniq // n_clusters, uniq % n_clusters
+    size = np.bincount(assign, minlength=n_clusters)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(w, minlength=vocab))])
+    return Aggregation(indptr, c, np.log(cnt / size[c]).astype(np.float32))
+
+
+class KeyBatches:
+    """Shuffled minibatches of (keys, vals) from the datastore memmaps, optionally a seeded subset of rows.
+
+    keys: [N, D] fp16 memmap, vals: [N] int32. Each epoch reshuffles (seed + epoch); a batch reads its
+    rows in sorted order (page-cache friendly), so memory is one batch, never the datastore.
+    """
+
+    def __init__(self, keys, vals, rows: np.ndarray | None, batch_size: int, seed: int):
+        self.keys, self.vals, self.batch_size, self.seed = keys, vals, batch_size, seed
+        self.rows = np.arange(len(vals)) if rows is None else np.asarray(rows)
+
+    def __len__(self):
+        return -(-len(self.rows) // self.batch_size)
+
+    def epoch(self, epoch: int, skip: int = 0):
+        order = np.random.default_rng(self.seed + epoch).permutation(self.rows)
+        for i in range(skip, len(self)):
+            idx = np.sort(order[i * self.batch_size:(i + 1) * self.batch_size])
+            yield (torch.from_numpy(np.asarray(self.keys[idx], dtype=np.float32)),
+                   torch.from_numpy(np.asarray(self.vals[idx], dtype=np.int64)))
+
+
+@torch.no_grad()
+def evaluate_log_probs(model: nn.Module, queries, targets, batch_size: int = 4096, bf16: bool = True,
+                       limit: int | None = None) -> np.ndarray:
+    """[T] float64 log p(target) for the first `limit` (all when None) query rows, in batches."""
+    model.eval()
+    t = len(targets) if limit is None else min(limit, len(targets))
+    out = np.empty(t)
+    for s in range(0, t, batch_size):
+        h = torch.from_numpy(np.asarray(queries[s:s + batch_size], dtype=np.float32))
+        y = torch.from_numpy(np.asarray(targets[s:s + batch_size], dtype=np.int64))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out[s:s + len(y)] = model.log_prob(h, y).double().numpy()
+    return out
+
+
+def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
+          patience: int, bf16: bool = True, log_every: int = 50) -> dict:
+    """Adam on −log p(val | key), one epoch at a time, early stopping on the valid NLL; resumable.
+
+    valid: (queries [T, D], targets [T]) for early stopping. After every epoch the state (model,
+    optimiser, epoch, best state, history) is saved atomically to ckpt_path; a rerun resumes from it
+    (finished epochs are skipped). Stops after `patience` epochs without a better valid NLL, or at
+    max_epochs; the model is left at its best state. Returns the history: {'train': [(step, loss)],
+    'valid': [(epoch, nll per token)], 'best_epoch', 'epochs', 'seconds', 'tokens_per_second'}.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(params, lr=lr)
+    hist = {"train": [], "valid": [], "best_epoch": -1, "best_nll": math.inf, "epochs": 0, "seconds": 0.0,
+            "train_tokens": 0}
+    best_state = None
+    ckpt_path = Path(ckpt_path)
+    if ckpt_path.exists():
+        st = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["optimizer"])
+        hist, best_state = st["history"], st["best_state"]
+        log.info("resumed from %s after epoch %d", ckpt_path, hist["epochs"])
+    step = len(hist["train"]) * log_every
+    while hist["epochs"] < max_epochs and hist["epochs"] - hist["best_epoch"] <= patience:
+        epoch = hist["epochs"]
+        model.train()
+        t0, run, n_run = time.time(), 0.0, 0
+        for h, y in tqdm(batches.epoch(epoch), total=len(batches), desc=f"epoch {epoch}", mininterval=30):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = -model.log_prob(h, y).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            run += float(loss.detach())
+            n_run += 1
+            hist["train_tokens"] += len(y)
+            if step % log_every == 0:
+                hist["train"].append((step, run / n_run))
+                run, n_run = 0.0, 0
+        hist["seconds"] += time.time() - t0
+        nll = -float(np.mean(evaluate_log_probs(model, *valid, bf16=bf16)))
+        hist["valid"].append((epoch, nll))
+        hist["epochs"] = epoch + 1
+        log.info("epoch %d: valid NLL %.4f nats/token (best %.4f)", epoch, nll, hist["best_nll"])
+        if nll < hist["best_nll"]:
+            hist["best_nll"], hist["best_epoch"] = nll, epoch
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with atomic_path(ckpt_path) as tmp:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "history": hist,
+                        "best_state": best_state}, tmp)
+    if best_state is None:
+        raise ArtifactError(f"{ckpt_path}: training produced no valid epoch")
+    model.load_state_dict(best_state)
+    hist["tokens_per_second"] = hist["train_tokens"] / max(hist["seconds"], 1e-9)
+    return hist

@@ -1,0 +1,109 @@
+"""Parametric alternatives (learned W_ds, nV, adaptive counts, MoS, clustered keys) vs brute-force references."""
+import numpy as np
+import pytest
+import torch
+
+from knnlm.parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
+                              cluster_aggregation, evaluate_log_probs, train)
+
+V, D, B = 7, 5, 11
+
+
+@pytest.fixture
+def hy():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(B, D, generator=g), torch.randint(0, V, (B,), generator=g)
+
+
+def test_one_row_per_word_is_the_plain_softmax(hy):
+    h, y = hy
+    model = AggregatedSoftmax(Aggregation.from_counts(np.ones(V, dtype=int)), D)
+    ref = torch.log_softmax(h @ model.weight.T, 1)
+    torch.testing.assert_close(model.full_log_probs(h), ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.log_prob(h, y), ref[torch.arange(B), y], rtol=1e-5, atol=1e-5)
+    assert model.weight.std().item() == pytest.approx(D ** -0.5, rel=0.5)  # N(0, D^-1/2) init
+
+
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_multi_embedding_sums_row_probabilities(hy, metric):
+    h, y = hy
+    counts = np.array([1, 3, 2, 1, 4, 1, 2])
+    model = AggregatedSoftmax(Aggregation.from_counts(counts), D, metric=metric)
+    w = model.weight.detach().double()
+    hd = h.double()
+    scores = hd @ w.T if metric == "ip" else -((hd[:, None] - w[None]) ** 2).sum(-1)
+    p_rows = torch.softmax(scores, 1)
+    owner = np.repeat(np.arange(V), counts)
+    p = torch.stack([p_rows[:, owner == v].sum(1) for v in range(V)], 1)
+    torch.testing.assert_close(model.full_log_probs(h).double(), p.log(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.log_prob(h, y).double(), p.log()[torch.arange(B), y], rtol=1e-4, atol=1e-4)
+
+
+def test_clustered_keys_use_cluster_word_frequencies(hy):
+    h, y = hy
+    rng = np.random.default_rng(0)
+    n_clusters, n = 4, 60
+    assign, vals = rng.integers(0, n_clusters, n), rng.integers(0, V - 1, n)  # word V-1 never seen
+    agg = cluster_aggregation(assign, vals, n_clusters, V)
+    m = np.zeros((n_clusters, V))
+    np.add.at(m, (assign, vals), 1)
+    m /= m.sum(1, keepdims=True)
+    model = AggregatedSoftmax(agg, D, metric="l2")
+    w = model.weight.detach().double()
+    p_c = torch.softmax(-((h.double()[:, None] - w[None]) ** 2).sum(-1), 1)
+    p = p_c @ torch.as_tensor(m)
+    got = model.full_log_probs(h).double()
+    assert torch.isneginf(got[:, V - 1]).all()
+    torch.testing.assert_close(got[:, :V - 1], p[:, :V - 1].log(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.log_prob(h, y).double(), p.log()[torch.arange(B), y], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("embed", [False, True])
+def test_mixture_of_softmaxes(hy, embed):
+    h, y = hy
+    w_sm = torch.randn(V, D)
+    model = MixtureOfSoftmaxes(w_sm, mixtures=3, train_embed=embed)
+    with torch.no_grad():
+        model.prior.weight.normal_()
+    assert model.w_sm.requires_grad == embed
+    prior = torch.softmax(model.prior(h), 1)
+    p = sum(prior[:, r:r + 1] * torch.softmax((h @ model.proj[r].T + model.proj_bias[r]) @ model.w_sm.T, 1)
+            for r in range(3))
+    torch.testing.assert_close(model.full_log_probs(h), p.log(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model.log_prob(h, y), p.log()[torch.arange(B), y], rtol=1e-4, atol=1e-4)
+
+
+def test_adaptive_counts_total_and_rule():
+    f = np.array([0, 1, 3, 10, 50, 400, 2000, 9000.0])
+    for total in (8, 12, 24, 40):
+        c, b = adaptive_counts(f, total)
+        assert c.sum() == total and (c >= 1).all()
+        assert (np.diff(c) >= 0).all()  # more frequent words never get fewer rows
+        rule = 1 + np.floor(np.log(np.maximum(f, 1)) / np.log(b) + 1e-12)
+        assert (c - rule >= 0).all() and (c - rule <= 1).all()  # the top-up adds at most one row per word
+    with pytest.raises(ValueError, match="total"):
+        adaptive_counts(f, 3)
+
+
+def test_training_learns_and_resumes_identically(tmp_path):
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(V, D)) * 3
+    vals = rng.integers(0, V, 600).astype(np.int32)
+    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
+    qv = rng.integers(0, V, 200)
+    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+
+    def run(ckpt, epochs):
+        model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
+        hist = train(model, KeyBatches(keys, vals, None, 64, seed=1), (queries, qv), ckpt, lr=0.05,
+                     max_epochs=epochs, patience=5, bf16=False, log_every=2)
+        return model, hist
+
+    before = -np.mean(evaluate_log_probs(AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3),
+                                         queries, qv, bf16=False))
+    full, hist = run(tmp_path / "a.pt", 3)
+    assert hist["valid"][-1][1] < before - 0.5 and hist["epochs"] == 3
+    run(tmp_path / "b.pt", 1)  # "killed" after one epoch ...
+    resumed, hist_b = run(tmp_path / "b.pt", 3)  # ... and resumed
+    assert hist_b["valid"] == hist["valid"]
+    torch.testing.assert_close(resumed.weight, full.weight)
