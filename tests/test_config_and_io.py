@@ -22,6 +22,17 @@ def base_cfg(tmp_path):
     return {"name": "t", "data": {"dir": str(d)}}
 
 
+def test_temperature_grid_and_store_names():
+    from knnlm.config import store_name, store_ratio, temperatures
+
+    cfg = {"temperature": {"start": 0.0, "stop": 3.0, "step": 0.1}}
+    taus = temperatures(cfg)
+    assert len(taus) == 31 and taus[0] == 0.0 and taus[10] == 1.0 and taus[-1] == 3.0
+    assert store_name(1.0) == "full" and store_name(0.05) == "r0.05" and store_ratio("r0.05") == 0.05
+    with pytest.raises(ValueError, match="full"):
+        store_ratio("half")
+
+
 def test_defaults_filled(tmp_path):
     cfg = validate_config(base_cfg(tmp_path))
     assert cfg["knn"]["k"] == 1024 and cfg["index"]["metrics"] == ["l2", "ip"] and cfg["lm"]["decoder_layers"] == 4
@@ -33,6 +44,9 @@ def test_defaults_filled(tmp_path):
     ({"index": {"metrics": ["cosine"]}}, "index.metrics.0", "enum"),
     ({"lm": {"decoder_layerz": 3}}, "lm", "decoder_layerz"),
     ({"eval": {"context_window": 999}}, "eval.context_window", "tokens_per_sample"),
+    ({"temperature": {"ratios": [0.3]}}, "temperature.ratios", "datastore_size.ratios"),
+    ({"datastore_size": {"ratios": [0]}}, "datastore_size.ratios.0", "0"),
+    ({"parametric": {"mos": {"mixtures": [1]}}}, "parametric.mos.mixtures.0", "2"),
 ])
 def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
     cfg = base_cfg(tmp_path)

@@ -48,7 +48,7 @@ def variants(cfg: dict) -> list[tuple[str, str]]:
     p = cfg["parametric"]
     out = [(f"nv{n}", k) for k in p["key_types"] for n in p["n_values"]]
     out += [(f"adaptive-{by}", k) for k in p["adaptive"]["key_types"] for by in p["adaptive"]["by"]]
-    out += [(f"mos{r}-{v}", k) for k in p["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
+    out += [(f"mos{r}-{v}", k) for k in p["mos"]["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
     out += [(f"cluster{p['clustered']['m']}", k) for k in p["clustered"]["key_types"]]
     return out
 

@@ -7,7 +7,7 @@ VARIANTS = variants(CFG)
 PAR_TABLES = ["table2"]
 PAR_TABLES += ["table5"] if PAR["n_values"] and PAR["key_types"] else []
 PAR_TABLES += ["table6"] if PAR["adaptive"]["by"] and PAR["adaptive"]["key_types"] else []
-PAR_TABLES += ["table7"] if PAR["mos"]["mixtures"] and PAR["mos"]["variants"] and PAR["key_types"] else []
+PAR_TABLES += ["table7"] if PAR["mos"]["mixtures"] and PAR["mos"]["variants"] and PAR["mos"]["key_types"] else []
 PAR_TABLES += ["clustered"] if PAR["clustered"]["key_types"] else []
 
 wildcard_constraints:

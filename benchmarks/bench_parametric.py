@@ -1,0 +1,89 @@
+"""Benchmark: one learned-W_ds epoch on the dumped keys vs one epoch through the frozen fairseq LM. Prints the ratio.
+
+  python benchmarks/bench_parametric.py --root results/wikitext2 [--key att] [--tokens 300000]
+
+Both paths train the same W_ds (V x D, fp32 or --bf16 autocast matmuls, Adam) on the same number of training tokens
+with batches of ~4096 tokens. The LM path gets its features the way a trainer without a datastore must:
+fairseq's train-split batches (tokens_per_sample blocks, no context-window overlap, the cheapest choice) through
+the frozen LM in eval mode (no dropout, also the cheapest choice), with the att/ffn features taken from the
+same hooks as the dump. Goal: keys path >= 3x faster.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from knnlm.alternatives import output_matrix  # noqa: E402
+from knnlm.dump import forward_states, iter_split, load_lm, open_datastore  # noqa: E402
+from knnlm.parametric import Aggregation, AggregatedSoftmax, KeyBatches  # noqa: E402
+
+
+BF16 = False
+
+
+def step(model, opt, h, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
+        loss = -model.log_prob(h, y).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default="results/wikitext2")
+    ap.add_argument("--key", default="att", choices=["att", "ffn"])
+    ap.add_argument("--tokens", type=int, default=300_000)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bf16", action="store_true")
+    a = ap.parse_args()
+    global BF16
+    BF16 = a.bf16
+    torch.set_num_threads(a.threads)
+    root = Path(a.root)
+    ckpt = root / "lm" / "checkpoint.pt"
+    keys, vals, _ = open_datastore(root / "datastore", a.key)
+    v, d = output_matrix(ckpt).shape
+
+    def fresh():
+        m = AggregatedSoftmax(Aggregation.from_counts(np.ones(v, dtype=int)), d, seed=1)
+        return m, torch.optim.Adam(m.parameters(), lr=1e-3)
+
+    model, opt = fresh()
+    t0 = time.perf_counter()
+    n_keys = 0
+    for h, y in KeyBatches(keys, vals, np.arange(a.tokens), a.batch, seed=1).epoch(0):
+        step(model, opt, h, y)
+        n_keys += len(y)
+    t_keys = time.perf_counter() - t0
+
+    lm, cfg = load_lm(ckpt, root / "data-bin")
+    itr, _, pad = iter_split(lm, cfg, root / "data-bin", "train", 0, a.batch)
+    model, opt = fresh()
+    t0 = time.perf_counter()
+    n_lm = 0
+    for sample in itr:
+        if "net_input" not in sample:
+            continue
+        tgt = sample["target"]
+        st = forward_states(lm, sample["net_input"]["src_tokens"], False)
+        keep = tgt != pad
+        step(model, opt, st[a.key][keep].float(), tgt[keep])
+        n_lm += int(keep.sum())
+        if n_lm >= a.tokens:
+            break
+    t_lm = time.perf_counter() - t0
+    r_keys, r_lm = n_keys / t_keys, n_lm / t_lm
+    print(f"W_ds epoch on dumped keys: {r_keys:,.0f} tokens/s ({n_keys} tokens, {t_keys:.1f} s); through the frozen "
+          f"fairseq LM: {r_lm:,.0f} tokens/s ({n_lm} tokens, {t_lm:.1f} s); ratio {r_keys / r_lm:.2f} (goal >= 3)")
+
+
+if __name__ == "__main__":
+    main()
