@@ -237,7 +237,7 @@ def evaluate_log_probs(model: nn.Module, queries, targets, batch_size: int = 409
     t = len(targets) if limit is None else min(limit, len(targets))
     out = np.empty(t)
     for s in range(0, t, batch_size):
-        h = torch.from_numpy(np.asarray(queries[s:s + batch_size], dtype=np.float32))
+        h = torch.from_numpy(np.array(queries[s:s + batch_size], dtype=np.float32))
         y = torch.from_numpy(np.asarray(targets[s:s + batch_size], dtype=np.int64))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out[s:s + len(y)] = model.log_prob(h, y).double().numpy()

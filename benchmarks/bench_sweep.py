@@ -1,0 +1,79 @@
+"""Benchmark: a full τ × λ sweep over the neighbour cache vs one retrieval pass over the same queries. Prints ratios.
+
+  python benchmarks/bench_sweep.py --root results/wikitext2 [--key att] [--metric l2] [--t 8192] [--exact]
+
+The sweep (31 temperatures 0..3 × 200 λ values, on valid, from cached ids and distances, no search) is what
+replaces the paper's one evaluation run per τ. The retrieval pass is the IVFPQ search (k = 1024, the
+config's nprobe) of the same queries; with --exact also the exact search ("real mask"). Goal: sweep /
+retrieval ≤ 0.05.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from knnlm.dump import open_datastore, open_queries  # noqa: E402
+from knnlm.io import read_json  # noqa: E402
+from knnlm.scoring import lambda_grid, neighbour_hits, nll_grid, scores_from_distances, sweep_temperature  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default="results/wikitext2")
+    ap.add_argument("--key", default="att")
+    ap.add_argument("--metric", default="l2")
+    ap.add_argument("--t", type=int, default=8192)
+    ap.add_argument("--nprobe", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--exact", action="store_true")
+    a = ap.parse_args()
+    import faiss
+    import torch
+
+    faiss.omp_set_num_threads(a.threads)
+    torch.set_num_threads(a.threads)
+    root = Path(a.root)
+    keys, vals, man = open_datastore(root / "datastore", a.key)
+    q = open_queries(root / "queries" / "valid", a.key, man["checkpoint_sha256"])
+    t = min(a.t, q["manifest"]["T"])
+    queries = np.ascontiguousarray(q["queries"][:t], dtype=np.float32)
+    pre = root / "neighbours" / f"{a.key}_{a.metric}_valid"
+    meta = read_json(str(pre) + ".json")
+    ids = np.load(str(pre) + "_ids.npy", mmap_mode="r")[:t]
+    dists = np.load(str(pre) + "_dists.npy", mmap_mode="r")[:t]
+    k = meta["k"]
+
+    index = faiss.read_index(str(root / "index" / f"{a.key}_{a.metric}.faiss"))
+    faiss.extract_index_ivf(index).nprobe = a.nprobe
+    t0 = time.perf_counter()
+    for s in range(0, t, 8192):
+        index.search(queries[s:s + 8192], k)
+    t_search = time.perf_counter() - t0
+
+    taus, lams = [round(0.1 * i, 1) for i in range(31)], lambda_grid(200)
+    lp_lm = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
+    t0 = time.perf_counter()
+    hit, valid = neighbour_hits(np.asarray(ids), vals, np.asarray(q["targets"][:t]))
+    sweep = sweep_temperature(scores_from_distances(np.asarray(dists), a.metric), hit, valid, taus)
+    grid = nll_grid(lp_lm, sweep, lams)
+    t_sweep = time.perf_counter() - t0
+    best = np.unravel_index(np.argmin(grid), grid.shape)
+    print(f"{t} valid queries, k = {k}: τ × λ sweep ({len(taus)} × {len(lams)}) {t_sweep:.2f} s "
+          f"(best τ {taus[best[0]]}, λ {lams[best[1]]:.3f}); IVFPQ search (nprobe {a.nprobe}) {t_search:.2f} s; "
+          f"ratio {t_sweep / t_search:.3f} (goal <= 0.05)")
+    if a.exact:
+        from knnlm.exact import exact_topk
+
+        t0 = time.perf_counter()
+        exact_topk(keys, queries, k, a.metric, progress=False)
+        t_exact = time.perf_counter() - t0
+        print(f"exact search {t_exact:.1f} s; sweep / exact search ratio {t_sweep / t_exact:.4f}")
+
+
+if __name__ == "__main__":
+    main()
