@@ -73,33 +73,37 @@ def write_size_temperature(sweep_paths: list[str], cfg: dict, fig_dir: str | Pat
     written += [str(tables_dir / "datastore_size.csv"), str(tables_dir / "datastore_size.md")]
 
     pairs = sorted({(s["key_type"], s["metric"]) for s in sweeps})
-    test = size[size["split"] == "test"]
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for key, metric in pairs:
-        sub = test[(test["h_ds"] == key) & (test["⊗"] == METRIC_NAME[metric]) & (test["mask"] == "FAISS")
-                   & (test["score"] == "FAISS")]
-        ax.plot(sub["ratio"], sub["interp PPL (word)"], "-o", label=f"kNN-LM {key}/{METRIC_NAME[metric]}")
-    ax.axhline(test["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
-    ax.set_xscale("log")
-    ax.set_xlabel("fraction of the datastore")
-    ax.set_ylabel("test perplexity (per word)")
-    ax.set_title(f"Fig. 2 ({name}): datastore size", fontsize=10)
-    ax.legend(fontsize=8)
+    splits = ("test", "valid")
+    fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6), squeeze=False, layout="constrained")
+    for ax, split in zip(axes[0], splits):
+        part = size[size["split"] == split]
+        for key, metric in pairs:
+            sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric]) & (part["mask"] == "FAISS")
+                       & (part["score"] == "FAISS")]
+            ax.plot(sub["ratio"], sub["interp PPL (word)"], "-o", label=f"kNN-LM {key}/{METRIC_NAME[metric]}")
+        ax.axhline(part["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction of the datastore")
+        ax.set_ylabel(f"{split} perplexity (per word)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Fig. 2 ({name}): datastore size (FAISS mask + FAISS score)", fontsize=10)
     written += _save(fig, fig_dir / "fig2_datastore_size")
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.6 * len(pairs), 3.6), squeeze=False)
-    for ax, (key, metric) in zip(axes[0], pairs):
-        sub = test[(test["h_ds"] == key) & (test["⊗"] == METRIC_NAME[metric])]
-        for setting in SETTINGS:
-            mask, score = SETTING_LABEL[setting]
-            ss = sub[(sub["mask"] == mask) & (sub["score"] == score)]
-            ax.plot(ss["ratio"], ss["interp PPL (word)"], STYLE[setting], label=_label(setting))
-        ax.axhline(sub["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
-        ax.set_xscale("log")
-        ax.set_xlabel("fraction of the datastore")
-        ax.set_title(f"{key}/{METRIC_NAME[metric]}", fontsize=10)
-    axes[0][0].set_ylabel("test perplexity (per word)")
+    fig, axes = plt.subplots(2, len(pairs), figsize=(4.6 * len(pairs), 7.2), squeeze=False, layout="constrained")
+    for row, split in enumerate(splits):
+        part = size[size["split"] == split]
+        for ax, (key, metric) in zip(axes[row], pairs):
+            sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric])]
+            for setting in SETTINGS:
+                mask, score = SETTING_LABEL[setting]
+                ss = sub[(sub["mask"] == mask) & (sub["score"] == score)]
+                ax.plot(ss["ratio"], ss["interp PPL (word)"], STYLE[setting], label=_label(setting))
+            ax.axhline(sub["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
+            ax.set_xscale("log")
+            ax.set_xlabel("fraction of the datastore")
+            ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}", fontsize=10)
+        axes[row][0].set_ylabel(f"{split} perplexity (per word)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Fig. 4 ({name}): approximate vs exact retrieval by datastore size", fontsize=10)
     written += _save(fig, fig_dir / "fig4_mask_score_by_size")
@@ -111,11 +115,13 @@ def write_size_temperature(sweep_paths: list[str], cfg: dict, fig_dir: str | Pat
         here = [s for s in sweeps if s["store"] == store and "tau_sweep" in s]
         if not here:
             continue
-        fig, axes = plt.subplots(1, len(here), figsize=(4.6 * len(here), 3.6), squeeze=False)
-        for ax, s in zip(axes[0], sorted(here, key=lambda s: (s["key_type"], s["metric"]))):
+        fig, axes = plt.subplots(2, len(here), figsize=(4.6 * len(here), 7.2), squeeze=False, layout="constrained")
+        for col, s in enumerate(sorted(here, key=lambda s: (s["key_type"], s["metric"]))):
             for setting in SETTINGS:
                 v = s["tau_sweep"][setting]
-                ax.plot(v["tau"], v["test_interp_ppl_word"], STYLE[setting], ms=3, label=_label(setting))
+                for row, split in enumerate(splits):
+                    axes[row][col].plot(v["tau"], v[f"{split}_interp_ppl_word"], STYLE[setting], ms=3,
+                                        label=_label(setting))
                 b = v["best"]
                 trows.append({"split": "test", "ratio": ratio, "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]],
                               "mask": SETTING_LABEL[setting][0], "score": SETTING_LABEL[setting][1],
@@ -123,10 +129,14 @@ def write_size_temperature(sweep_paths: list[str], cfg: dict, fig_dir: str | Pat
                               "interp PPL (word)": b["test_interp_ppl_word"],
                               "interp PPL (token)": b["test_interp_ppl_token"],
                               f"interp PPL (word) at τ={tau0:g}": s["settings"][setting]["test"]["interp"]["ppl_word"]})
-            ax.axhline(s["base"]["test"]["ppl_word"], color="k", ls="--", label="base LM")
-            ax.set_xlabel("temperature τ")
-            ax.set_title(f"{s['key_type']}/{METRIC_NAME[s['metric']]}, {ratio:.0%} of the datastore", fontsize=10)
-        axes[0][0].set_ylabel("test perplexity (per word)")
+            for row, split in enumerate(splits):
+                ax = axes[row][col]
+                ax.axhline(s["base"][split]["ppl_word"], color="k", ls="--", label="base LM")
+                ax.set_xlabel("temperature τ")
+                ax.set_title(f"{s['key_type']}/{METRIC_NAME[s['metric']]}, {ratio:.0%} of the datastore, {split}",
+                             fontsize=9)
+        for row, split in enumerate(splits):
+            axes[row][0].set_ylabel(f"{split} perplexity (per word)")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"Fig. 5 ({name}): temperature, {ratio:.0%} of the datastore (λ tuned on valid per τ)", fontsize=10)
         written += _save(fig, fig_dir / f"fig5_temperature_{store}")
