@@ -244,11 +244,19 @@ def evaluate_log_probs(model: nn.Module, queries, targets, batch_size: int = 409
     return out
 
 
+def _finite_nll(lp: np.ndarray) -> float:
+    """Mean NLL (nats/token) over the tokens with p > 0 (the early-stopping criterion; the set is fixed per model)."""
+    fin = np.isfinite(lp)
+    if not fin.any():
+        raise ArtifactError("the model gives probability 0 to every valid target")
+    return -float(np.mean(lp[fin]))
+
+
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
           patience: int, bf16: bool = True, log_every: int = 50) -> dict:
     """Adam on −log p(val | key), one epoch at a time, early stopping on the valid NLL; resumable.
 
-    valid: (queries [T, D], targets [T]) for early stopping. After every epoch the state (model,
+    valid: (queries [T, D], targets [T]) for early stopping (mean NLL over the targets with p > 0). After every epoch the state (model,
     optimiser, epoch, best state, history) is saved atomically to ckpt_path; a rerun resumes from it
     (finished epochs are skipped). Stops after `patience` epochs without a better valid NLL, or at
     max_epochs; the model is left at its best state. Returns the history: {'train': [(step, loss)],
@@ -273,7 +281,10 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
         t0, run, n_run = time.time(), 0.0, 0
         for h, y in tqdm(batches.epoch(epoch), total=len(batches), desc=f"epoch {epoch}", mininterval=30):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss = -model.log_prob(h, y).mean()
+                lp = model.log_prob(h, y)
+            # targets the model gives no row (a clustered datastore whose clusters never saw the word) have
+            # log p = −inf and no gradient path: they are left out of the loss
+            loss = -lp[torch.isfinite(lp)].mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -285,7 +296,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
                 hist["train"].append((step, run / n_run))
                 run, n_run = 0.0, 0
         hist["seconds"] += time.time() - t0
-        nll = -float(np.mean(evaluate_log_probs(model, *valid, bf16=bf16)))
+        nll = _finite_nll(evaluate_log_probs(model, *valid, bf16=bf16))
         hist["valid"].append((epoch, nll))
         hist["epochs"] = epoch + 1
         log.info("epoch %d: valid NLL %.4f nats/token (best %.4f)", epoch, nll, hist["best_nll"])
