@@ -107,3 +107,18 @@ def test_training_learns_and_resumes_identically(tmp_path):
     resumed, hist_b = run(tmp_path / "b.pt", 3)  # ... and resumed
     assert hist_b["valid"] == hist["valid"]
     torch.testing.assert_close(resumed.weight, full.weight)
+
+
+def test_clustered_training_skips_targets_without_rows(tmp_path):
+    """Words no cluster has seen get p = 0: they are left out of the loss, the rest still trains."""
+    rng = np.random.default_rng(1)
+    vals = rng.integers(0, V - 1, 300).astype(np.int32)  # word V-1 never in the training data
+    keys = rng.normal(size=(300, D)).astype(np.float16)
+    assign = rng.integers(0, 6, 300)
+    model = AggregatedSoftmax(cluster_aggregation(assign, vals, 6, V), D, weight=torch.randn(6, D), metric="l2")
+    qv = np.concatenate([rng.integers(0, V - 1, 40), [V - 1] * 5])
+    queries = rng.normal(size=(45, D)).astype(np.float32)
+    assert np.isneginf(evaluate_log_probs(model, queries, qv, bf16=False)[-5:]).all()
+    hist = train(model, KeyBatches(keys, np.where(np.arange(300) % 7 == 0, V - 1, vals), None, 50, seed=1),
+                 (queries, qv), tmp_path / "c.pt", lr=0.01, max_epochs=2, patience=2, bf16=False)
+    assert hist["epochs"] == 2 and np.isfinite(hist["best_nll"]) and torch.isfinite(model.weight).all()
