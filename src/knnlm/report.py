@@ -28,7 +28,7 @@ def main(argv=None) -> None:
     df = stage_table(root)
     print(df.to_markdown(index=False, floatfmt=".1f"))
     print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
-    for sub in ("datastore", "index", "neighbours", "queries", "lm"):
+    for sub in ("datastore", "index", "neighbours", "queries", "lm", "exact", "subsets", "parametric"):
         print(f"{sub}: {dir_size(root / sub) / 2**20:.1f} MiB on disk")
     try:
         from .tracking import count_runs
