@@ -138,7 +138,6 @@ def cmd_search(args, cfg):
     q = open_queries(args.queries_dir, args.key, _ckpt_sha(args.checkpoint))
     idx_meta = read_json(str(args.index) + ".json")
     if idx_meta["datastore_checkpoint_sha256"] != q["manifest"]["checkpoint_sha256"]:
-        from .io import ArtifactError
         raise ArtifactError(f"{args.index} was built from another checkpoint than the queries in {args.queries_dir}")
     queries = q["queries"]
     if args.scope:
@@ -156,7 +155,7 @@ def cmd_search(args, cfg):
 
 def cmd_score(args, cfg):
     from .dump import open_datastore, open_queries
-    from .io import ArtifactError, read_json, save_npy, write_json
+    from .io import save_npy, write_json
     from .scoring import interpolate, knn_log_prob_from_cache, lambda_grid, oracle_log_prob, summarize, tune_lambda
     from .io import open_npy
 
@@ -199,16 +198,22 @@ def cmd_score(args, cfg):
            step_metrics={"valid_nll_vs_lambda_x100": [(int(round(l * 100)), v) for l, v in zip(grid, nll) if np.isfinite(v)]})
 
 
-def cmd_table1(args, cfg):
-    from .io import read_json
+def _base_perplexities(queries_root, wordcounts) -> dict:
+    """{split: {'ppl_word', 'ppl_token'}} of the base LM on all of valid and test (from the dumped log-probs)."""
     from .scoring import perplexity
-    from .tables import table1, write_table
 
-    words = read_json(args.wordcounts)
+    words = read_json(wordcounts)
     base = {}
     for split in ("valid", "test"):
-        lp = np.load(Path(args.queries_root) / split / "lm_logprobs.npy")
+        lp = np.load(Path(queries_root) / split / "lm_logprobs.npy")
         base[split] = {"ppl_word": perplexity(lp, words[split]["words"]), "ppl_token": perplexity(lp, len(lp))}
+    return base
+
+
+def cmd_table1(args, cfg):
+    from .tables import table1, write_table
+
+    base = _base_perplexities(args.queries_root, args.wordcounts)
     scores = [read_json(p) for p in args.scores]
     df = table1(base, scores)
     cap = (f"Table 1 ({cfg['name']}): perplexity of the base LM and of kNN-LMs with att/ffn keys and L2/IP. "
@@ -290,8 +295,7 @@ def _subset_rows(path, man):
     return np.asarray(open_npy(path, (meta["size"],), np.int64))
 
 
-def _settings_log_probs(root: Path, store_dir: Path, key: str, metric: str, cfg: dict, temperature=None,
-                        raw: bool = False):
+def _settings_log_probs(root: Path, store_dir: Path, key: str, metric: str, cfg: dict, raw: bool = False):
     """Per split, the base LM and the three mask/score settings (Table 3) on the retrieval query scope.
 
     Returns (lp_lm {split: [t]}, words {split: int}, lp_knn {setting: {split: [t]}}), or with raw=True
@@ -305,7 +309,7 @@ def _settings_log_probs(root: Path, store_dir: Path, key: str, metric: str, cfg:
 
     starts = word_starts(root / "data-bin" / "dict.txt")
     _, vals, man = open_datastore(root / "datastore", key)
-    tau = cfg["knn"]["temperature"] if temperature is None else temperature
+    tau = cfg["knn"]["temperature"]
     lp_lm, words, out = {}, {}, {s: {} for s in SETTINGS}
     for split in ("valid", "test"):
         q = open_queries(root / "queries" / split, key, man["checkpoint_sha256"])
@@ -394,19 +398,21 @@ def cmd_sweep(args, cfg):
     from .ablations import evaluate_settings, temperature_sweep
     from .config import store_ratio, temperatures
     from .io import write_json
+    from .scoring import knn_log_prob_from_hits, summarize
 
     root, store_dir = Path(args.root), Path(args.store_dir)
     t0 = time.time()
-    lp_lm, words, lp_knn = _settings_log_probs(root, store_dir, args.key, args.metric, cfg)
+    tau = cfg["knn"]["temperature"]
+    lp_lm, words, caches = _settings_log_probs(root, store_dir, args.key, args.metric, cfg, raw=args.tau_sweep)
+    lp_knn = ({st: {sp: knn_log_prob_from_hits(*c, tau) for sp, c in by.items()} for st, by in caches.items()}
+              if args.tau_sweep else caches)  # the τ sweep needs the raw caches: read them once
     at_tau = evaluate_settings(lp_lm, lp_knn, words, cfg["knn"]["lambda_steps"])
     out = {"store": args.store, "ratio": store_ratio(args.store), "key_type": args.key, "metric": args.metric,
-           "temperature": cfg["knn"]["temperature"], "scope_tokens": {s: len(v) for s, v in lp_lm.items()},
-           "words": words, "base": {s: {"ppl_word": float(np.exp(-lp_lm[s].sum() / words[s])),
-                                        "ppl_token": float(np.exp(-lp_lm[s].mean()))} for s in lp_lm},
-           "settings": at_tau}
+           "temperature": tau, "scope_tokens": {s: len(v) for s, v in lp_lm.items()},
+           "words": words, "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": at_tau}
     metrics = {f"test_{st}_interp_ppl_word": v["test"]["interp"]["ppl_word"] for st, v in at_tau.items()}
     if args.tau_sweep:
-        _, _, raw = _settings_log_probs(root, store_dir, args.key, args.metric, cfg, raw=True)
+        raw = caches
         t1 = time.time()
         out["tau_sweep"] = temperature_sweep(lp_lm, raw, words, temperatures(cfg), cfg["temperature"]["lambda_steps"])
         out["tau_sweep_seconds"] = time.time() - t1
@@ -465,13 +471,8 @@ def cmd_train_parametric(args, cfg):
 
 def cmd_tables_parametric(args, cfg):
     from .alternatives import write_tables
-    from .scoring import perplexity
 
-    words = read_json(args.wordcounts)
-    base = {}
-    for split in ("valid", "test"):
-        lp = np.load(Path(args.queries_root) / split / "lm_logprobs.npy")
-        base[split] = {"ppl_word": perplexity(lp, words[split]["words"]), "ppl_token": perplexity(lp, len(lp))}
+    base = _base_perplexities(args.queries_root, args.wordcounts)
     arts = write_tables([read_json(p) for p in args.results], [read_json(p) for p in args.scores], base, cfg,
                         Path(args.tables_dir), Path(args.fig_dir))
     _track(args, cfg, ("parametric", "knn"), artifacts=arts)

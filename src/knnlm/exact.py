@@ -86,6 +86,10 @@ class _RunningTopK:
         self.thr = torch.full((m,), torch.finfo(torch.float32).min, device=device)
         self.started = False
 
+    def raise_threshold(self, gmax: torch.Tensor) -> None:
+        """Lift thr to the k-th largest group maximum ([m, G] with G ≥ k), a lower bound on the k-th best score."""
+        self.thr = torch.maximum(self.thr, gmax.topk(self.k, dim=1, sorted=False).values.amin(1))
+
     def _merge(self, extra_s=None, extra_i=None):
         cat_s, cat_i = [self.s, self.buf_s], [self.i, self.buf_i]
         if extra_s is not None:
@@ -103,8 +107,8 @@ class _RunningTopK:
         g_count = n // GROUP
         grouped = sc.view(m, GROUP, g_count)  # group j = columns j, j + g_count, j + 2 g_count, ...
         gmax = grouped.amax(1)
-        if not self.started and g_count >= self.k:  # the k-th largest group max bounds the k-th largest score
-            self.thr = torch.maximum(self.thr, gmax.topk(self.k, dim=1, sorted=False).values.amin(1))
+        if not self.started and g_count >= self.k:
+            self.raise_threshold(gmax)
         self.started = True
         r, gj = (gmax >= self.thr.unsqueeze(1)).nonzero(as_tuple=True)
         if r.numel() == 0:
@@ -158,14 +162,13 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
     k = tops[0].k
     if runs <= 0 or run == 0 or runs * run // GROUP < k or reader.n < runs * run * 4:
         return
-    xa = xbuf[:runs * run]
     for j, start in enumerate(np.linspace(0, reader.n - run, runs).astype(np.int64)):
-        xa[j * run:(j + 1) * run] = _load_keys(reader, int(start), int(start) + run, xbuf[j * run:(j + 1) * run], metric)
+        _load_keys(reader, int(start), int(start) + run, xbuf[j * run:(j + 1) * run], metric)  # fills xbuf in place
+    xa = xbuf[:runs * run]
     for top, qs in zip(tops, range(0, qa.shape[0], query_chunk)):
         sc = sbuf[:top.s.shape[0], :xa.shape[0]]
         torch.mm(qa[qs:qs + top.s.shape[0]], xa.T, out=sc)
-        gmax = sc.view(sc.shape[0], GROUP, -1).amax(1)
-        top.thr = torch.maximum(top.thr, gmax.topk(k, dim=1, sorted=False).values.amin(1))
+        top.raise_threshold(sc.view(sc.shape[0], GROUP, -1).amax(1))
 
 
 @torch.no_grad()

@@ -38,12 +38,16 @@ def knn_log_prob(scores: np.ndarray, nb_vals: np.ndarray, targets: np.ndarray, t
     (faiss id −1), which get no mass. Returns [T] float64; −inf where no neighbour's val is the target.
     Duplicate vals are summed (the aggregation matrix M).
     """
+    hit = nb_vals == targets[:, None]
+    return knn_log_prob_from_hits(scores, hit, np.ones_like(hit) if valid is None else valid, temperature)
+
+
+def knn_log_prob_from_hits(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperature: float) -> np.ndarray:
+    """knn_log_prob from hit/valid masks ([T, k] bool, see neighbour_hits) instead of vals and targets; [T] float64."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, found {temperature}")
-    logits = scores.astype(np.float64) / temperature
-    if valid is not None:
-        logits = np.where(valid, logits, -np.inf)
-    return _log_p_hit(logits, nb_vals == targets[:, None])
+    logits = np.where(valid, np.asarray(scores, dtype=np.float64) / temperature, -np.inf)
+    return _log_p_hit(logits, hit)
 
 
 def _log_p_hit(logits: np.ndarray, hit: np.ndarray) -> np.ndarray:
@@ -166,15 +170,7 @@ def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, te
     taus = [float(t) for t in temperatures]
     if any(t < 0 for t in taus):
         raise ValueError(f"temperature must be >= 0, found {min(taus)}")
-    n = scores.shape[0]
-    out = np.empty((len(taus), n))
-    _sweep_chunks(scores, hit, valid, taus, chunk, out)
-    return out
-
-
-def _sweep_chunks(scores, hit, valid, taus, chunk, out):
-    import torch
-
+    out = np.empty((len(taus), scores.shape[0]))
     for s0, s1 in iter_chunks(scores.shape[0], chunk):
         m = s1 - s0
         v = torch.as_tensor(np.asarray(valid[s0:s1]))
@@ -198,6 +194,7 @@ def _sweep_chunks(scores, hit, valid, taus, chunk, out):
                 hit_mass = torch.zeros(m).index_add_(0, r, (zh_shift / tau).clamp_min_(-80.0).exp_())  # ≥ 1 if hits
                 lp = torch.log(hit_mass) + zmax_h / tau - torch.log(total)
             out[i, s0:s1] = lp.double().numpy()
+    return out
 
 
 def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray, chunk: int = 8192) -> np.ndarray:
