@@ -1,6 +1,6 @@
 """Benchmark: one learned-W_ds epoch on the dumped keys vs one epoch through the frozen fairseq LM. Prints the ratio.
 
-  python benchmarks/bench_parametric.py --root results/wikitext2 [--key att] [--tokens 300000]
+  python benchmarks/bench_parametric.py --results results --name wikitext2 [--lm base] [--key att] [--tokens 300000]
 
 Both paths train the same W_ds (V x D, fp32 or --bf16 autocast matmuls, Adam) on the same number of training tokens
 with batches of ~4096 tokens. The LM path gets its features the way a trainer without a datastore must:
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from knnlm.alternatives import output_matrix  # noqa: E402
+from knnlm.experiments.parametric import output_matrix  # noqa: E402
+from knnlm.paths import Layout  # noqa: E402
 from knnlm.dump import forward_states, iter_split, load_lm, open_datastore  # noqa: E402
 from knnlm.parametric import Aggregation, AggregatedSoftmax, KeyBatches  # noqa: E402
 
@@ -37,7 +38,9 @@ def step(model, opt, h, y):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default="results/wikitext2")
+    ap.add_argument("--results", default="results", help="results_dir of the finished run")
+    ap.add_argument("--name", default="wikitext2", help="config name of the finished run")
+    ap.add_argument("--lm", default="base")
     ap.add_argument("--key", default="att", choices=["att", "ffn"])
     ap.add_argument("--tokens", type=int, default=300_000)
     ap.add_argument("--batch", type=int, default=4096)
@@ -47,9 +50,10 @@ def main() -> None:
     global BF16
     BF16 = a.bf16
     torch.set_num_threads(a.threads)
-    root = Path(a.root)
-    ckpt = root / "lm" / "checkpoint.pt"
-    keys, vals, _ = open_datastore(root / "datastore", a.key)
+    L = Layout(a.results, a.name)
+    ckpt, data_bin = L.path("checkpoint", lm=a.lm), L.path("data_bin")
+    keys, vals, _ = open_datastore(L.path("datastore_manifest", lm=a.lm), L.path("vals", lm=a.lm),
+                                   L.path("keys", lm=a.lm, key=a.key), a.key)
     v, d = output_matrix(ckpt).shape
 
     def fresh():
@@ -64,8 +68,8 @@ def main() -> None:
         n_keys += len(y)
     t_keys = time.perf_counter() - t0
 
-    lm, cfg = load_lm(ckpt, root / "data-bin")
-    itr, _, pad = iter_split(lm, cfg, root / "data-bin", "train", 0, a.batch)
+    lm, cfg = load_lm(ckpt, data_bin)
+    itr, _, pad = iter_split(lm, cfg, data_bin, "train", 0, a.batch)
     model, opt = fresh()
     t0 = time.perf_counter()
     n_lm = 0

@@ -1,6 +1,6 @@
 """Benchmark: a full τ × λ sweep over the neighbour cache vs one retrieval pass over the same queries. Prints ratios.
 
-  python benchmarks/bench_sweep.py --root results/wikitext2 [--key att] [--metric l2] [--t 8192] [--exact]
+  python benchmarks/bench_sweep.py --results results --name wikitext2 [--lm base] [--key att] [--metric l2] [--t 8192] [--exact]
 
 The sweep (31 temperatures 0..3 × 200 λ values, on valid, from cached ids and distances, no search) is what
 replaces the paper's one evaluation run per τ. The retrieval pass is the IVFPQ search (k = 1024, the
@@ -19,12 +19,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from knnlm.dump import open_datastore, open_queries  # noqa: E402
 from knnlm.io import read_json  # noqa: E402
+from knnlm.paths import Layout  # noqa: E402
 from knnlm.scoring import lambda_grid, neighbour_hits, nll_grid, scores_from_distances, sweep_temperature  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--root", default="results/wikitext2")
+    ap.add_argument("--results", default="results", help="results_dir of the finished run")
+    ap.add_argument("--name", default="wikitext2", help="config name of the finished run")
+    ap.add_argument("--lm", default="base")
     ap.add_argument("--key", default="att")
     ap.add_argument("--metric", default="l2")
     ap.add_argument("--t", type=int, default=8192)
@@ -37,18 +40,19 @@ def main() -> None:
 
     faiss.omp_set_num_threads(a.threads)
     torch.set_num_threads(a.threads)
-    root = Path(a.root)
-    keys, vals, man = open_datastore(root / "datastore", a.key)
-    q = open_queries(root / "queries" / "valid", a.key, man["checkpoint_sha256"])
+    L = Layout(a.results, a.name)
+    at = {"lm": a.lm, "store": "full", "key": a.key, "metric": a.metric, "split": "valid"}
+    keys, vals, man = open_datastore(L.path("datastore_manifest", **at), L.path("vals", **at), L.path("keys", **at), a.key)
+    q = open_queries(L.path("queries_manifest", **at), L.path("targets", **at), L.path("lm_logprobs", **at),
+                     L.path("queries", **at), man["checkpoint_sha256"])
     t = min(a.t, q["manifest"]["T"])
     queries = np.ascontiguousarray(q["queries"][:t], dtype=np.float32)
-    pre = root / "neighbours" / f"{a.key}_{a.metric}_valid"
-    meta = read_json(str(pre) + ".json")
-    ids = np.load(str(pre) + "_ids.npy", mmap_mode="r")[:t]
-    dists = np.load(str(pre) + "_dists.npy", mmap_mode="r")[:t]
+    meta = read_json(L.path("nb_meta", **at))
+    ids = np.load(L.path("nb_ids", **at), mmap_mode="r")[:t]
+    dists = np.load(L.path("nb_dists", **at), mmap_mode="r")[:t]
     k = meta["k"]
 
-    index = faiss.read_index(str(root / "index" / f"{a.key}_{a.metric}.faiss"))
+    index = faiss.read_index(str(L.path("index", **at)))
     faiss.extract_index_ivf(index).nprobe = a.nprobe
     t0 = time.perf_counter()
     for s in range(0, t, 8192):

@@ -23,7 +23,8 @@ def base_cfg(tmp_path):
 
 
 def test_temperature_grid_and_store_names():
-    from knnlm.config import store_name, store_ratio, temperatures
+    from knnlm.config import temperatures
+    from knnlm.stores import store_name, store_ratio
 
     cfg = {"temperature": {"start": 0.0, "stop": 3.0, "step": 0.1}}
     taus = temperatures(cfg)

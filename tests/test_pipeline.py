@@ -13,14 +13,28 @@ from conftest import PROJECT_ROOT, run_snakemake
 from knnlm.config import load_config
 from knnlm.dump import load_lm, open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
+from knnlm.paths import Layout
 from knnlm.tracking import count_runs
 
 TINY = load_config(PROJECT_ROOT / "configs" / "tiny.yaml")
 
 
+def art(run, name, **wc):
+    """Path of artifact `name` of the tiny run's base LM (knnlm.paths owns the layout)."""
+    return Layout(run["results_dir"], "tiny").path(name, **({"lm": "base"} | wc))
+
+
+def ds(run, key):
+    return open_datastore(art(run, "datastore_manifest"), art(run, "vals"), art(run, "keys", key=key), key)
+
+
+def qs(run, split, key):
+    return open_queries(art(run, "queries_manifest", split=split), art(run, "targets", split=split),
+                        art(run, "lm_logprobs", split=split), art(run, "queries", split=split, key=key))
+
+
 def test_table1_produced(tiny_run):
-    t = tiny_run["root"] / "tables"
-    df = pd.read_csv(t / "table1.csv")
+    df = pd.read_csv(art(tiny_run, "table", table="table1", ext="csv"))
     assert list(df["model"]).count("Base LM") == 2 and list(df["model"]).count("kNN-LM") == 8
     assert set(df["h_ds"]) == {"-", "att", "ffn"} and set(df["⊗"]) == {"-", "L2", "IP"}
     knn = df[df["model"] == "kNN-LM"]
@@ -34,44 +48,44 @@ def test_table1_produced(tiny_run):
             assert r["interp PPL (word)"] <= b["PPL (word)"] * (1 + 1e-9)
         assert r["interp PPL (word)"] > r["interp PPL (token)"]  # more tokens than words with a 400-piece BPE
     assert (base["PPL (word)"] > base["PPL (token)"]).all()
-    md = (t / "table1.md").read_text()
+    md = art(tiny_run, "table", table="table1", ext="md").read_text()
     assert "## test" in md and "## valid" in md and "Tiny CI config" in md
 
 
 def test_every_job_logged_to_mlflow(tiny_run):
     jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
-    # 24 for Table 1 + 9 for Table 3 (tiny: ffn keys, L2 and IP) + 11 for Figures 2, 4, 5 (one subset, ffn/L2):
-    # subsample, subset index, 2 searches, 2 real scores, 2 exact searches, 2 sweeps, figures
+    # 26 for Table 1: data 3, LM 1, dumps 3, 2 stores (full att/ffn), 4 indexes, 8 searches, 4 scores, table
+    # + 11 for Table 3 (tiny: ffn keys, L2 and IP): 4 real scores, 4 exact searches, 2 settings, table
+    # + 13 for Figures 2, 4, 5 (one subset, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
+    #   1 settings, 2 τ sweeps, 2 figure jobs
     # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
-    assert jobs == 57
+    assert jobs == 63
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
 def test_scores_consistent_with_base(tiny_run):
-    root = tiny_run["root"]
-    s = read_json(root / "scores" / "att_l2.json")
-    words = read_json(root / "data" / "wordcounts.json")
-    lp = np.load(root / "queries" / "test" / "lm_logprobs.npy").astype(np.float64)
+    s = read_json(art(tiny_run, "score", store="full", key="att", metric="l2"))
+    words = read_json(art(tiny_run, "wordcounts"))
+    lp = np.load(art(tiny_run, "lm_logprobs", split="test")).astype(np.float64)
     assert s["test"]["lm"]["ppl_word"] == pytest.approx(math.exp(-lp.sum() / words["test"]["words"]))
     assert s["test"]["lm"]["ppl_token"] == pytest.approx(math.exp(-lp.mean()))
 
 
-def _stream_tokens(root, split):
+def _stream_tokens(run, split):
     """All target tokens of a split in order (each line's BPE ids + <eos>), read with fairseq."""
     from fairseq.data import Dictionary, data_utils
 
-    d = Dictionary.load(str(root / "data-bin" / "dict.txt"))
-    ds = data_utils.load_indexed_dataset(str(root / "data-bin" / split), d)
-    return torch.cat([ds[i] for i in range(len(ds))]), d
+    d = Dictionary.load(str(art(run, "data_bin") / "dict.txt"))
+    data = data_utils.load_indexed_dataset(str(art(run, "data_bin") / split), d)
+    return torch.cat([data[i] for i in range(len(data))]), d
 
 
 def test_datastore_keys_equal_ordinary_forward(tiny_run):
     """att = input of layers[-1].fc1 and ffn = decoder features, in an ordinary forward of the same window."""
-    root = tiny_run["root"]
-    model, _ = load_lm(root / "lm" / "checkpoint.pt", root / "data-bin")
-    k_att, vals, man = open_datastore(root / "datastore", "att")
-    k_ffn, _, _ = open_datastore(root / "datastore", "ffn")
-    stream, d = _stream_tokens(root, "train")
+    model, _ = load_lm(art(tiny_run, "checkpoint"), art(tiny_run, "data_bin"))
+    k_att, vals, man = ds(tiny_run, "att")
+    k_ffn, _, _ = ds(tiny_run, "ffn")
+    stream, d = _stream_tokens(tiny_run, "train")
     assert man["N"] == len(stream)
     np.testing.assert_array_equal(np.asarray(vals), stream.numpy())
     tps, cw = man["tokens_per_sample"], man["context_window"]
@@ -97,10 +111,9 @@ def test_datastore_keys_equal_ordinary_forward(tiny_run):
 
 def test_lm_logprobs_match_fairseq_eval_lm(tiny_run):
     """Dumped per-token log p_LM(target) equal fairseq-eval-lm --output-word-probs to 1e-4."""
-    root = tiny_run["root"]
-    q = open_queries(root / "queries" / "valid", "att")
+    q = qs(tiny_run, "valid", "att")
     man = q["manifest"]
-    cmd = [sys.executable, "-m", "fairseq_cli.eval_lm", str(root / "data-bin"), "--path", str(root / "lm" / "checkpoint.pt"),
+    cmd = [sys.executable, "-m", "fairseq_cli.eval_lm", str(art(tiny_run, "data_bin")), "--path", str(art(tiny_run, "checkpoint")),
            "--gen-subset", "valid", "--context-window", str(man["context_window"]), "--tokens-per-sample",
            str(man["tokens_per_sample"]), "--output-word-probs", "--cpu", "--max-tokens", "2048", "--num-workers", "0"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=PROJECT_ROOT)
@@ -119,10 +132,9 @@ def test_lm_logprobs_match_fairseq_eval_lm(tiny_run):
 
 def test_index_search_recall_against_exact(tiny_run):
     """FAISS neighbours are mostly the exact nearest keys (IVFPQ is approximate, so recall@10 not 1)."""
-    root = tiny_run["root"]
-    keys, _, _ = open_datastore(root / "datastore", "ffn")
-    q = open_queries(root / "queries" / "valid", "ffn")
-    ids = np.load(root / "neighbours" / "ffn_l2_valid_ids.npy")
+    keys, _, _ = ds(tiny_run, "ffn")
+    q = qs(tiny_run, "valid", "ffn")
+    ids = np.load(art(tiny_run, "nb_ids", store="full", key="ffn", metric="l2", split="valid"))
     x = np.asarray(keys, np.float32)
     qs = np.asarray(q["queries"][:50])
     d2 = ((qs[:, None, :] - x[None]) ** 2).sum(-1)
@@ -135,18 +147,17 @@ def test_index_search_recall_against_exact(tiny_run):
 def test_truncated_datastore_refused(tiny_run, tmp_path):
     import shutil
 
-    root = tiny_run["root"]
-    ds = tmp_path / "datastore"
-    shutil.copytree(root / "datastore", ds)
-    with open(ds / "keys_att.npy", "r+b") as f:
+    d = tmp_path / "datastore"
+    shutil.copytree(art(tiny_run, "datastore_manifest").parent, d)
+    with open(d / "keys_att.npy", "r+b") as f:
         f.truncate(1000)
     with pytest.raises(ArtifactError, match="truncated"):
-        open_datastore(ds, "att")
-    man = read_json(ds / "manifest.json")
+        open_datastore(d / "manifest.json", d / "vals.npy", d / "keys_att.npy", "att")
+    man = read_json(d / "manifest.json")
     man["checkpoint_sha256"] = "0" * 64
-    write_json(ds / "manifest.json", man)
+    write_json(d / "manifest.json", man)
     with pytest.raises(ArtifactError, match="another checkpoint"):
-        open_datastore(ds, "ffn", checkpoint_sha256="f" * 64)
+        open_datastore(d / "manifest.json", d / "vals.npy", d / "keys_ffn.npy", "ffn", checkpoint_sha256="f" * 64)
 
 
 def test_rerun_is_noop(tiny_run):
@@ -170,23 +181,22 @@ def test_slurm_profile_dry_run(tmp_path):
 
 def test_word_count_of_token_spans(tiny_run):
     """Words counted from BPE targets ('▁' pieces + <eos>) equal the whitespace word count of the split."""
-    from knnlm.ablations import count_words, word_starts
+    from knnlm.scope import count_words, word_starts
 
-    root = tiny_run["root"]
-    starts = word_starts(root / "data-bin" / "dict.txt")
-    wc = read_json(root / "data" / "wordcounts.json")
+    starts = word_starts(art(tiny_run, "data_bin") / "dict.txt")
+    wc = read_json(art(tiny_run, "wordcounts"))
     for split in ("valid", "test"):
-        assert count_words(np.load(root / "queries" / split / "targets.npy"), starts) == wc[split]["words"]
+        assert count_words(np.load(art(tiny_run, "targets", split=split)), starts) == wc[split]["words"]
 
 
 def test_table3_exact_neighbours_are_closest(tiny_run):
-    root = tiny_run["root"]
-    df = pd.read_csv(root / "tables" / "table3.csv")
+    df = pd.read_csv(art(tiny_run, "table", table="table3", ext="csv"))
     assert set(zip(df["mask"], df["score"])) == {("-", "-"), ("FAISS", "FAISS"), ("FAISS", "real"), ("real", "real")}
     assert (df["tokens"] == TINY["retrieval"]["max_queries"]).all()
     for metric in ("l2", "ip"):
-        exact = np.load(root / "exact" / f"ffn_{metric}_valid_dists.npy")
-        real = np.load(root / "neighbours" / f"ffn_{metric}_valid_realdists.npy")
+        where = {"store": "full", "key": "ffn", "metric": metric, "split": "valid"}
+        exact = np.load(art(tiny_run, "exact_dists", **where))
+        real = np.load(art(tiny_run, "real_dists", **where))
         assert exact.shape == real.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
         if metric == "l2":  # exact top-1 is at least as close as any FAISS neighbour (exact distances)
             assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()
@@ -195,26 +205,24 @@ def test_table3_exact_neighbours_are_closest(tiny_run):
 
 
 def test_datastore_subset_searches_only_its_rows(tiny_run):
-    root = tiny_run["root"]
-    sub = root / "subsets" / "r0.2"
-    rows = np.load(sub / "rows.npy")
-    n = read_json(root / "datastore" / "manifest.json")["N"]
+    rows = np.load(art(tiny_run, "store_prep", store="r0.2", key="ffn") / "rows.npy")
+    n = read_json(art(tiny_run, "datastore_manifest"))["N"]
     assert len(rows) == round(0.2 * n) and np.all(np.diff(rows) > 0) and rows[-1] < n
-    for kind in ("neighbours", "exact"):
-        ids = np.load(sub / kind / "ffn_l2_test_ids.npy")
+    where = {"key": "ffn", "metric": "l2", "split": "test"}
+    for kind in ("nb_ids", "exact_ids"):
+        ids = np.load(art(tiny_run, kind, store="r0.2", **where))
         assert ids.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
         assert np.isin(ids[ids >= 0], rows).all()
     # exact search in the subset: its k-th neighbour is no closer than the k-th in the full datastore
-    full = np.load(root / "exact" / "ffn_l2_test_dists.npy")
-    part = np.load(sub / "exact" / "ffn_l2_test_dists.npy")
+    full = np.load(art(tiny_run, "exact_dists", store="full", **where))
+    part = np.load(art(tiny_run, "exact_dists", store="r0.2", **where))
     assert (part[:, -1] >= full[:, -1] - 1e-3).all()
 
 
 def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
     """At ratio 1 the sweep's settings are Table 3's numbers; the τ sweep at τ = knn.temperature equals them too."""
-    root = tiny_run["root"]
-    t3 = pd.read_csv(root / "tables" / "table3.csv")
-    s = read_json(root / "sweeps" / "full_ffn_l2.json")
+    t3 = pd.read_csv(art(tiny_run, "table", table="table3", ext="csv"))
+    s = read_json(art(tiny_run, "tau_sweep", store="full", key="ffn", metric="l2"))
     labels = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
               "real_mask_real_score": ("real", "real")}
     tau0 = TINY["knn"]["temperature"]
@@ -228,30 +236,28 @@ def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
         assert sw["best"]["valid_interp_ppl_word"] == pytest.approx(min(sw["valid_interp_ppl_word"]))
     for name in ("fig2_datastore_size", "fig4_mask_score_by_size", "fig5_temperature_full", "fig5_temperature_r0.2"):
         for ext in ("png", "pdf"):
-            assert (root / "figures" / f"{name}.{ext}").stat().st_size > 1000
-    tau = pd.read_csv(root / "tables" / "temperature.csv")
+            assert art(tiny_run, "figure", figure=name, ext=ext).stat().st_size > 1000
+    tau = pd.read_csv(art(tiny_run, "table", table="temperature", ext="csv"))
     assert len(tau) == 6 and set(tau["ratio"]) == {0.2, 1.0}
 
 
 def test_parametric_alternatives(tiny_run):
-    root = tiny_run["root"]
     for t in ("table2", "table5", "table6", "table7", "clustered"):
-        assert "## test" in (root / "tables" / f"{t}.md").read_text()
-    t2 = pd.read_csv(root / "tables" / "table2.csv")
+        assert "## test" in art(tiny_run, "table", table=t, ext="md").read_text()
+    t2 = pd.read_csv(art(tiny_run, "table", table="table2", ext="csv"))
     wds = t2[t2["model"] == "W_ds (learned)"]
     assert set(wds["h_ds"]) == {"att", "ffn"}
     for _, r in wds.iterrows():
         assert r["oracle PPL (word)"] <= r["interp PPL (word)"] + 1e-9 and 0 <= r["λ"] <= 1
-    res = read_json(root / "parametric" / "nv2_att" / "result.json")
-    assert res["info"]["rows"] == 2 * len(
-        np.load(root / "parametric" / "word_stats.npz")["freq"])
+    res = read_json(art(tiny_run, "parametric_result", variant="nv2", key="att"))
+    assert res["info"]["rows"] == 2 * len(np.load(art(tiny_run, "word_stats"))["freq"])
     h = res["history"]
     assert h["epochs"] >= 1 and len(h["valid"]) == h["epochs"]
     # the saved test log-probs reproduce the reported perplexity of the model alone
-    lp = np.load(root / "parametric" / "nv2_att" / "trained_test_logprobs.npy").astype(np.float64)
-    words = read_json(root / "data" / "wordcounts.json")["test"]["words"]
+    lp = np.load(art(tiny_run, "parametric_dir", variant="nv2", key="att") / "trained_test_logprobs.npy").astype(np.float64)
+    words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]
     assert res["stages"]["trained"]["test"]["knn"]["ppl_word"] == pytest.approx(math.exp(-lp.sum() / words), rel=1e-5)
-    ada = read_json(root / "parametric" / "adaptive-freq_att" / "result.json")
+    ada = read_json(art(tiny_run, "parametric_result", variant="adaptive-freq", key="att"))
     assert ada["info"]["rows"] == res["info"]["rows"]  # adaptive and equal counts at the same total
-    cl = read_json(root / "parametric" / "cluster1_att" / "result.json")
+    cl = read_json(art(tiny_run, "parametric_result", variant="cluster1", key="att"))
     assert set(cl["stages"]) == {"before", "after"}

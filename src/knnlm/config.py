@@ -5,6 +5,7 @@ Errors name the config key, what was expected and what was found (DEVELOPERS.md,
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,13 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     if extra:
         raise ConfigError(f"{source}: config key 'temperature.ratios' must be a subset of 'datastore_size.ratios' "
                           f"({cfg['datastore_size']['ratios']}), found {extra} outside it")
+    from .stores import store_kind_of
+
+    for name in cfg["stores"]["extra"]:
+        try:
+            store_kind_of(name)
+        except ValueError as e:
+            raise ConfigError(f"{source}: config key 'stores.extra': {e}") from None
     t = cfg["temperature"]
     if t["stop"] < t["start"]:
         raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
@@ -88,18 +96,28 @@ def temperatures(cfg: dict) -> list[float]:
     return [round(t["start"] + i * t["step"], 9) for i in range(n) if t["start"] + i * t["step"] <= t["stop"] + 1e-9]
 
 
-def store_name(ratio: float) -> str:
-    """Name of a datastore (sub)set in paths and wildcards: 'full' for ratio 1, else 'r<ratio>' (e.g. r0.05)."""
-    return "full" if float(ratio) == 1.0 else f"r{float(ratio):g}"
+VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
 
 
-def store_ratio(name: str) -> float:
-    """Inverse of store_name; raises ValueError for other names."""
-    if name == "full":
-        return 1.0
-    if not name.startswith("r"):
-        raise ValueError(f"datastore subset name must be 'full' or 'r<ratio>', found {name!r}")
-    return float(name[1:])
+def parametric_variants(cfg: dict) -> list[tuple[str, str]]:
+    """Every (variant, key type) of config section 'parametric', in table order (names: knnlm.experiments.parametric)."""
+    p = cfg["parametric"]
+    out = [(f"nv{n}", k) for k in p["key_types"] for n in p["n_values"]]
+    out += [(f"adaptive-{by}", k) for k in p["adaptive"]["key_types"] for by in p["adaptive"]["by"]]
+    out += [(f"mos{r}-{v}", k) for k in p["mos"]["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
+    out += [(f"cluster{p['clustered']['m']}", k) for k in p["clustered"]["key_types"]]
+    return out
+
+
+def parametric_tables(cfg: dict) -> list[str]:
+    """The parametric tables config section 'parametric' fills: table2 always, then tables 5, 6, 7, clustered."""
+    p = cfg["parametric"]
+    out = ["table2"]
+    out += ["table5"] if p["n_values"] and p["key_types"] else []
+    out += ["table6"] if p["adaptive"]["by"] and p["adaptive"]["key_types"] else []
+    out += ["table7"] if p["mos"]["mixtures"] and p["mos"]["variants"] and p["mos"]["key_types"] else []
+    out += ["clustered"] if p["clustered"]["key_types"] else []
+    return out
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:

@@ -31,20 +31,18 @@ def count_words(path: str | Path) -> dict[str, int]:
     return {"lines": lines, "words": words + lines}
 
 
-def prepare_splits(cfg: dict, out_dir: str | Path) -> dict:
-    """Copy (or slice, per config key 'data.max_lines') the raw splits to out_dir/wiki.{split}.tokens.
+def prepare_splits(cfg: dict, out: dict[str, str | Path], wordcounts: str | Path) -> dict:
+    """Copy (or slice, per config key 'data.max_lines') the raw splits to out[split] (WikiText layout).
 
-    Returns {split: {'lines', 'words', 'sha256'}} and writes it to out_dir/wordcounts.json.
+    Returns {split: {'lines', 'words', 'sha256'}} and writes it to `wordcounts`.
     Raises ConfigError naming 'data.dir' if a split file is missing.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     max_lines = cfg["data"].get("max_lines") or {}
     stats = {}
     for split, src in split_files(cfg).items():
         if not src.is_file():
             raise ConfigError(f"config key 'data.dir': split file {src} does not exist")
-        dst = out_dir / f"wiki.{split}.tokens"
+        dst = Path(out[split])
         with atomic_path(dst) as tmp:
             n = max_lines.get(split)
             if n is None:
@@ -57,7 +55,7 @@ def prepare_splits(cfg: dict, out_dir: str | Path) -> dict:
                         fo.write(line)
         stats[split] = {**count_words(dst), "sha256": sha256_file(dst), "source": str(src)}
         log.info("%s: %d lines, %d words (incl. <eos>)", split, stats[split]["lines"], stats[split]["words"])
-    write_json(out_dir / "wordcounts.json", stats)
+    write_json(wordcounts, stats)
     return stats
 
 

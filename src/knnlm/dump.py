@@ -96,23 +96,23 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
     bar.close()
 
 
-def dump_datastore(checkpoint, data_bin, out_dir, context_window: int, max_tokens: int, threads: int) -> dict:
+def dump_datastore(checkpoint, data_bin, key_paths: dict, vals_path, manifest_path, context_window: int,
+                   max_tokens: int, threads: int) -> dict:
     """Dump train keys for both key types and vals in one pass; returns the manifest.
 
-    Writes out_dir/keys_att.npy, keys_ffn.npy: [N, D] float16 memmaps; vals.npy: [N] int32 (next-token ids);
-    manifest.json (N, D, dtypes, key types, checkpoint sha256, data sha256, context settings). Atomic per file;
-    the manifest is written last.
+    Writes key_paths['att'], key_paths['ffn']: [N, D] float16 .npy; vals_path: [N] int32 (next-token ids);
+    manifest_path (N, D, dtypes, key types, checkpoint sha256, data sha256, context settings). Atomic per
+    file; the manifest is written last. Raises ArtifactError if the pass yields another count than N.
     """
     torch.set_num_threads(threads)
-    out_dir = Path(out_dir)
     model, cfg = load_lm(checkpoint, data_bin)
     _, n, _ = iter_split(model, cfg, data_bin, "train", context_window, max_tokens)
     d = model.decoder.embed_dim if not hasattr(model.decoder, "output_embed_dim") else model.decoder.output_embed_dim
     d_att = model.decoder.layers[-1].fc1.in_features
     assert d_att == d, (d_att, d)
-    with create_npy(out_dir / "keys_att.npy", (n, d), np.float16) as k_att, \
-         create_npy(out_dir / "keys_ffn.npy", (n, d), np.float16) as k_ffn, \
-         create_npy(out_dir / "vals.npy", (n,), np.int32) as vals:
+    with create_npy(key_paths["att"], (n, d), np.float16) as k_att, \
+         create_npy(key_paths["ffn"], (n, d), np.float16) as k_ffn, \
+         create_npy(vals_path, (n,), np.int32) as vals:
         ptr = 0
         for b in iter_states(model, cfg, data_bin, "train", context_window, max_tokens, with_log_probs=False):
             m = b["target"].shape[0]
@@ -127,58 +127,60 @@ def dump_datastore(checkpoint, data_bin, out_dir, context_window: int, max_token
         "checkpoint_sha256": sha256_file(checkpoint), "data_sha256": sha256_file(Path(data_bin) / "train.bin"),
         "context_window": context_window, "tokens_per_sample": int(cfg.task.tokens_per_sample),
     }
-    write_json(out_dir / "manifest.json", manifest)
+    write_json(manifest_path, manifest)
     return manifest
 
 
-def dump_queries(checkpoint, data_bin, split: str, out_dir, context_window: int, max_tokens: int, threads: int) -> dict:
-    """Dump a valid/test split once: targets [T] int32, lm_logprobs [T] float32 (natural log p_LM(target)),
-    queries_att / queries_ffn [T, D] float32, and manifest.json. Returns the manifest."""
+def dump_queries(checkpoint, data_bin, split: str, out: dict, context_window: int, max_tokens: int,
+                 threads: int) -> dict:
+    """Dump a valid/test split once; returns the manifest. out: paths of 'targets' ([T] int32), 'lm_logprobs'
+    ([T] float32, natural log p_LM(target)), 'queries_att' / 'queries_ffn' ([T, D] float32) and 'manifest'."""
     torch.set_num_threads(threads)
-    out_dir = Path(out_dir)
     model, cfg = load_lm(checkpoint, data_bin)
     parts: dict[str, list] = {"att": [], "ffn": [], "target": [], "lp": []}
     for b in iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_log_probs=True):
         for k in parts:
             parts[k].append(b[k].numpy())
     arrs = {k: np.concatenate(v) for k, v in parts.items()}
-    save_npy(out_dir / "targets.npy", arrs["target"].astype(np.int32))
-    save_npy(out_dir / "lm_logprobs.npy", arrs["lp"].astype(np.float32))
+    save_npy(out["targets"], arrs["target"].astype(np.int32))
+    save_npy(out["lm_logprobs"], arrs["lp"].astype(np.float32))
     for kt in KEY_TYPES:
-        save_npy(out_dir / f"queries_{kt}.npy", arrs[kt].astype(np.float32))
+        save_npy(out[f"queries_{kt}"], arrs[kt].astype(np.float32))
     t = int(arrs["target"].shape[0])
     manifest = {"split": split, "T": t, "D": int(arrs["att"].shape[1]), "checkpoint_sha256": sha256_file(checkpoint),
                 "data_sha256": sha256_file(Path(data_bin) / f"{split}.bin"), "context_window": context_window,
                 "tokens_per_sample": int(cfg.task.tokens_per_sample),
                 "lm_nll_sum": float(-arrs["lp"].astype(np.float64).sum())}
-    write_json(out_dir / "manifest.json", manifest)
+    write_json(out["manifest"], manifest)
     return manifest
 
 
-def open_datastore(ds_dir, key_type: str, checkpoint_sha256: str | None = None):
-    """Open a dumped datastore read-only: returns (keys [N, D] float16 memmap, vals [N] int32 memmap, manifest).
+def open_datastore(manifest_path, vals_path, keys_path=None, key_type: str | None = None,
+                   checkpoint_sha256: str | None = None):
+    """Open a dumped datastore read-only: returns (keys [N, D] float16 memmap or None, vals [N] int32 memmap, manifest).
 
-    Raises ArtifactError if a file is missing or truncated, shapes disagree with the manifest, or the
-    datastore was made from another checkpoint than `checkpoint_sha256`.
+    keys_path: the keys file of key type `key_type` (None: vals only). Raises ArtifactError naming the file if
+    one is missing or truncated, shapes disagree with the manifest, the key type is not in the datastore, or
+    it was made from another checkpoint than `checkpoint_sha256`.
     """
-    ds_dir = Path(ds_dir)
-    man = read_json(ds_dir / "manifest.json")
-    if key_type not in man["key_types"]:
-        raise ArtifactError(f"{ds_dir}: key type {key_type!r} not in datastore (has {man['key_types']})")
+    man = read_json(manifest_path)
+    if key_type is not None and key_type not in man["key_types"]:
+        raise ArtifactError(f"{manifest_path}: key type {key_type!r} not in datastore (has {man['key_types']})")
     if checkpoint_sha256 is not None:
-        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"datastore {ds_dir}")
-    keys = open_npy(ds_dir / f"keys_{key_type}.npy", (man["N"], man["D"]), np.float16)
-    vals = open_npy(ds_dir / "vals.npy", (man["N"],), np.int32)
+        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"datastore {manifest_path}")
+    keys = None if keys_path is None else open_npy(keys_path, (man["N"], man["D"]), np.float16)
+    vals = open_npy(vals_path, (man["N"],), np.int32)
     return keys, vals, man
 
 
-def open_queries(q_dir, key_type: str, checkpoint_sha256: str | None = None):
-    """Open a dumped valid/test split: returns dict(targets, lm_logprobs, queries, manifest). Checks as open_datastore."""
-    q_dir = Path(q_dir)
-    man = read_json(q_dir / "manifest.json")
+def open_queries(manifest_path, targets_path, lm_logprobs_path, queries_path=None,
+                 checkpoint_sha256: str | None = None) -> dict:
+    """Open a dumped valid/test split: dict(targets [T] int32, lm_logprobs [T] float32, queries [T, D] float32
+    memmap or None, manifest). Checks as open_datastore."""
+    man = read_json(manifest_path)
     if checkpoint_sha256 is not None:
-        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"queries {q_dir}")
+        check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"queries {manifest_path}")
     t, d = man["T"], man["D"]
-    return {"targets": open_npy(q_dir / "targets.npy", (t,), np.int32),
-            "lm_logprobs": open_npy(q_dir / "lm_logprobs.npy", (t,), np.float32),
-            "queries": open_npy(q_dir / f"queries_{key_type}.npy", (t, d), np.float32), "manifest": man}
+    return {"targets": open_npy(targets_path, (t,), np.int32),
+            "lm_logprobs": open_npy(lm_logprobs_path, (t,), np.float32),
+            "queries": None if queries_path is None else open_npy(queries_path, (t, d), np.float32), "manifest": man}

@@ -26,13 +26,12 @@ def _env(threads: int) -> dict:
     return env
 
 
-def preprocess(bpe_dir: str | Path, out_dir: str | Path, workers: int = 2) -> None:
-    """fairseq-preprocess --only-source of bpe_dir/{train,valid,test}.bpe into out_dir (atomic directory)."""
-    bpe_dir = Path(bpe_dir)
+def preprocess(bpe: dict[str, str | Path], out_dir: str | Path, workers: int = 2) -> None:
+    """fairseq-preprocess --only-source of the BPE files bpe[train|valid|test] into out_dir (atomic directory)."""
     with atomic_path(out_dir) as tmp:
         cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source",
-               "--trainpref", str(bpe_dir / "train.bpe"), "--validpref", str(bpe_dir / "valid.bpe"),
-               "--testpref", str(bpe_dir / "test.bpe"), "--destdir", str(tmp), "--workers", str(workers)]
+               "--trainpref", str(bpe["train"]), "--validpref", str(bpe["valid"]),
+               "--testpref", str(bpe["test"]), "--destdir", str(tmp), "--workers", str(workers)]
         log.info("running %s", " ".join(cmd))
         subprocess.run(cmd, check=True, env=_env(workers))
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .paths import Layout
+
 
 def stage_table(root: str | Path) -> pd.DataFrame:
     """One row per job: job, wall seconds (`s`), peak RSS in MB (`max_rss`), from root/benchmarks/*.tsv."""
@@ -25,11 +27,15 @@ def dir_size(path: Path) -> int:
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0])
+    layout = Layout(root.parent, root.name)
     df = stage_table(root)
     print(df.to_markdown(index=False, floatfmt=".1f"))
     print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
-    for sub in ("datastore", "index", "neighbours", "queries", "lm", "exact", "subsets", "parametric"):
-        print(f"{sub}: {dir_size(root / sub) / 2**20:.1f} MiB on disk")
+    for lm_dir in sorted((layout.root / "lms").glob("*")):
+        for sub in sorted(p for p in lm_dir.iterdir() if p.is_dir()):
+            print(f"{sub.relative_to(layout.root)}: {dir_size(sub) / 2**20:.1f} MiB on disk")
+        for store in sorted((lm_dir / "stores").glob("*")):
+            print(f"  {store.relative_to(layout.root)}: {dir_size(store) / 2**20:.1f} MiB")
     try:
         from .tracking import count_runs
 

@@ -1,65 +1,71 @@
-# Data: raw WikiText splits -> (sliced) copies + word counts -> sentencepiece BPE -> fairseq binarised data.
+# The corpus: raw splits -> (sliced) copies + word counts -> sentencepiece BPE -> fairseq binarised data.
+# Corpus-level artifacts are shared by every base LM of the run that uses this tokenizer.
 
 if CFG["data"]["download"]:
 
     rule download:
         output:
-            [str(p) for p in split_files(CFG).values()],
+            splits=[str(p) for p in split_files(CFG).values()],
         params:
             cfg=cfg_json("data"),
+            io=io(),
         log:
-            f"{R}/logs/download.log",
+            log_of("download"),
         shell:
-            knnlm("download", "download") + " > {log} 2>&1"
+            knnlm("spine.download")
 
 
 # ancient(): the raw corpus is external (often a shared, re-mounted directory whose mtimes change); its
 # content is pinned by data.sha256 where given, so a newer mtime alone does not rerun the whole DAG.
 rule prepare_data:
     input:
-        [ancient(str(p)) for p in split_files(CFG).values()],
+        raw=[ancient(str(p)) for p in split_files(CFG).values()],
     output:
-        expand(f"{R}/data/wiki.{{split}}.tokens", split=SPLITS),
-        wordcounts=f"{R}/data/wordcounts.json",
+        splits=[P("split_tokens", split=s) for s in SPLITS],
+        wordcounts=P("wordcounts"),
     params:
         cfg=cfg_json("data"),
+        io=io(),
     log:
-        f"{R}/logs/prepare_data.log",
+        log_of("prepare_data"),
     benchmark:
-        f"{R}/benchmarks/prepare_data.tsv"
+        bench_of("prepare_data")
     shell:
-        knnlm("prepare-data", "prepare_data") + " --out-dir {R}/data > {log} 2>&1"
+        knnlm("spine.prepare_data")
 
 
 rule bpe:
     input:
-        expand(f"{R}/data/wiki.{{split}}.tokens", split=SPLITS),
+        splits=[P("split_tokens", split=s) for s in SPLITS],
     output:
-        model=f"{R}/bpe/spm.model",
-        bpe=expand(f"{R}/bpe/{{split}}.bpe", split=SPLITS),
-        stats=f"{R}/bpe/bpe_stats.json",
+        model=P("bpe_model"),
+        vocab=P("bpe_vocab"),
+        bpe=[P("bpe_split", split=s) for s in SPLITS],
+        stats=P("bpe_stats"),
     params:
         cfg=cfg_json("bpe"),
+        io=io(),
     threads: THREADS
     log:
-        f"{R}/logs/bpe.log",
+        log_of("bpe"),
     benchmark:
-        f"{R}/benchmarks/bpe.tsv"
+        bench_of("bpe")
     shell:
-        knnlm("bpe", "bpe") + " --data-dir {R}/data --out-dir {R}/bpe > {log} 2>&1"
+        knnlm("spine.bpe")
 
 
 rule preprocess:
     input:
-        expand(f"{R}/bpe/{{split}}.bpe", split=SPLITS),
+        bpe=[P("bpe_split", split=s) for s in SPLITS],
     output:
-        directory(f"{R}/data-bin"),
+        data_bin=directory(P("data_bin")),
     params:
         cfg=cfg_json(),
+        io=io(),
     threads: THREADS
     log:
-        f"{R}/logs/preprocess.log",
+        log_of("preprocess"),
     benchmark:
-        f"{R}/benchmarks/preprocess.tsv"
+        bench_of("preprocess")
     shell:
-        knnlm("preprocess", "preprocess") + " --bpe-dir {R}/bpe --out-dir {output} > {log} 2>&1"
+        knnlm("spine.preprocess")

@@ -1,80 +1,71 @@
-# Parametric alternatives to the datastore (Sec. 4, App. C): trained on the dumped keys with the LM frozen.
-# One job per (variant, key type); variants are listed in knnlm.alternatives.
-from knnlm.alternatives import variants
-
-PAR = CFG["parametric"]
-VARIANTS = variants(CFG)
-PAR_TABLES = ["table2"]
-PAR_TABLES += ["table5"] if PAR["n_values"] and PAR["key_types"] else []
-PAR_TABLES += ["table6"] if PAR["adaptive"]["by"] and PAR["adaptive"]["key_types"] else []
-PAR_TABLES += ["table7"] if PAR["mos"]["mixtures"] and PAR["mos"]["variants"] and PAR["mos"]["key_types"] else []
-PAR_TABLES += ["clustered"] if PAR["clustered"]["key_types"] else []
-
-wildcard_constraints:
-    variant=r"nv\d+|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+",
+# Parametric alternatives to the datastore (Xu et al. 2023, Sec. 4, App. C): trained on the dumped keys with the
+# LM frozen; one job per (variant, key type) of config section 'parametric' (knnlm.experiments.parametric).
+PAR_TABLES = parametric_tables(CFG)
+VARIANTS = parametric_variants(CFG)
 
 
 rule word_stats:
     input:
-        key_file=f"{R}/datastore/keys_ffn.npy",
-        vals=f"{R}/datastore/vals.npy",
-        ckpt=f"{R}/lm/checkpoint.pt",
+        **datastore("ffn"),
+        checkpoint=P("checkpoint"),
     output:
-        f"{R}/parametric/word_stats.npz",
+        out=P("word_stats"),
     params:
         cfg=cfg_json("parametric"),
+        io=io(),
     threads: THREADS
     log:
-        f"{R}/logs/word_stats.log",
+        log_of("word_stats", "lm"),
     benchmark:
-        f"{R}/benchmarks/word_stats.tsv"
+        bench_of("word_stats", "lm")
     shell:
-        knnlm("word-stats", "word_stats")
-        + " --datastore {R}/datastore --checkpoint {input.ckpt} --out {output} > {log} 2>&1"
+        knnlm("parametric.word_stats")
 
 
 rule train_parametric:
     input:
-        key_file=f"{R}/datastore/keys_{{key}}.npy",
-        vals=f"{R}/datastore/vals.npy",
-        ckpt=f"{R}/lm/checkpoint.pt",
-        queries=expand(f"{R}/queries/{{split}}/queries_{{{{key}}}}.npy", split=EVAL_SPLITS),
-        wordcounts=f"{R}/data/wordcounts.json",
-        stats=lambda wc: [f"{R}/parametric/word_stats.npz"] if wc.variant.startswith("adaptive") else [],
+        **datastore("{key}"),
+        **queries(key="{key}"),
+        checkpoint=P("checkpoint"),
+        wordcounts=P("wordcounts"),
+        word_stats=lambda wc: P("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
     output:
-        f"{R}/parametric/{{variant}}_{{key}}/result.json",
+        result=P("parametric_result"),
     params:
         cfg=cfg_json("parametric", "knn"),
-        stats=lambda wc: f"--word-stats {R}/parametric/word_stats.npz" if wc.variant.startswith("adaptive") else "",
+        io=io(work_dir=P("parametric_dir")),
     threads: THREADS
     resources:
         mem_mb=8000,
     log:
-        f"{R}/logs/train_parametric_{{variant}}_{{key}}.log",
+        log_of("train_parametric", "lm", "variant", "key"),
     benchmark:
-        f"{R}/benchmarks/train_parametric_{{variant}}_{{key}}.tsv"
+        bench_of("train_parametric", "lm", "variant", "key")
     shell:
-        knnlm("train-parametric", "train_parametric", "variant={wildcards.variant} key={wildcards.key}")
-        + " --variant {wildcards.variant} --key {wildcards.key} --root {R} --out-dir {R}/parametric/{wildcards.variant}_{wildcards.key}"
-        " --checkpoint {input.ckpt} {params.stats} > {log} 2>&1"
+        knnlm("parametric.train_parametric")
 
 
-rule tables_parametric:
+rule write_parametric:
     input:
-        results=[f"{R}/parametric/{v}_{k}/result.json" for v, k in VARIANTS],
-        scores=expand(f"{R}/scores/{{key}}_{{metric}}.json", key=KEYS, metric=METRICS),
-        lm=expand(f"{R}/queries/{{split}}/lm_logprobs.npy", split=EVAL_SPLITS),
-        wordcounts=f"{R}/data/wordcounts.json",
+        results=[P("parametric_result", variant=v, key=k) for v, k in VARIANTS],
+        scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
+        lm_logprobs=per_split("lm_logprobs"),
+        wordcounts=P("wordcounts"),
     output:
-        tables=expand(f"{R}/tables/{{t}}.md", t=PAR_TABLES),
-        fig3=expand(f"{R}/figures/fig3_nv.{{ext}}", ext=["png", "pdf"]),
+        csv=[P("table", table=t, ext="csv") for t in PAR_TABLES],
+        md=[report(P("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
+            for t in PAR_TABLES],
+        fig3=[report(P("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
+              for e in ("png", "pdf")],
     params:
         cfg=cfg_json("parametric", "knn", "profile"),
+        io=io(),
     log:
-        f"{R}/logs/tables_parametric.log",
+        log_of("write_parametric", "lm"),
     benchmark:
-        f"{R}/benchmarks/tables_parametric.tsv"
+        bench_of("write_parametric", "lm")
     shell:
-        knnlm("tables-parametric", "tables_parametric")
-        + " --results {input.results} --scores {input.scores} --queries-root {R}/queries"
-        " --wordcounts {input.wordcounts} --tables-dir {R}/tables --fig-dir {R}/figures > {log} 2>&1"
+        knnlm("parametric.tables")
+
+
+TARGETS["parametric"] = tables(*PAR_TABLES)

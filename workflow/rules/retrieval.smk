@@ -1,47 +1,144 @@
-# faiss IVFPQ per (key type, metric), then the top-k neighbour cache for valid and test.
+# Retrieval for every datastore variant {store} (knnlm.stores: full, r<ratio> subsets, ...): one family of
+# rules serves them all. Then Table 3 (Xu et al. 2023, Sec. 5): FAISS vs real mask and score.
+
+
+rule prepare_store:
+    input:
+        **datastore("{key}"),
+    output:
+        store=directory(P("store_prep")),
+    params:
+        cfg=cfg_json("datastore_size", "index"),
+        io=io(),
+    threads: THREADS
+    log:
+        log_of("prepare_store", "lm", "store", "key"),
+    benchmark:
+        bench_of("prepare_store", "lm", "store", "key")
+    shell:
+        knnlm("retrieval.prepare_store")
+
 
 rule build_index:
     input:
-        key_file=f"{R}/datastore/keys_{{key}}.npy",
-        manifest=f"{R}/datastore/manifest.json",
-        ckpt=f"{R}/lm/checkpoint.pt",
+        **datastore("{key}"),
+        store=P("store_prep"),
     output:
-        index=f"{R}/index/{{key}}_{{metric}}.faiss",
-        meta=f"{R}/index/{{key}}_{{metric}}.faiss.json",
+        index=P("index"),
+        meta=P("index_meta"),
     params:
         cfg=cfg_json("index"),
+        io=io(),
     threads: THREADS
     resources:
         mem_mb=16000,
     log:
-        f"{R}/logs/build_index_{{key}}_{{metric}}.log",
+        log_of("build_index", "lm", "store", "key", "metric"),
     benchmark:
-        f"{R}/benchmarks/build_index_{{key}}_{{metric}}.tsv"
+        bench_of("build_index", "lm", "store", "key", "metric")
     shell:
-        knnlm("build-index", "build_index", "key={wildcards.key} metric={wildcards.metric}")
-        + " --datastore {R}/datastore --key {wildcards.key} --metric {wildcards.metric} --out {output.index}"
-        " --checkpoint {input.ckpt} > {log} 2>&1"
+        knnlm("retrieval.build_index")
 
 
 rule search:
     input:
-        index=f"{R}/index/{{key}}_{{metric}}.faiss",
-        meta=f"{R}/index/{{key}}_{{metric}}.faiss.json",
-        queries=f"{R}/queries/{{split}}/queries_{{key}}.npy",
-        manifest=f"{R}/queries/{{split}}/manifest.json",
+        **datastore("{key}"),
+        **queries("{split}", "{key}"),
+        store=P("store_prep"),
+        index=P("index"),
+        index_meta=P("index_meta"),
     output:
-        ids=f"{R}/neighbours/{{key}}_{{metric}}_{{split}}_ids.npy",
-        dists=f"{R}/neighbours/{{key}}_{{metric}}_{{split}}_dists.npy",
-        meta=f"{R}/neighbours/{{key}}_{{metric}}_{{split}}.json",
+        ids=P("nb_ids"),
+        dists=P("nb_dists"),
+        meta=P("nb_meta"),
     params:
-        cfg=cfg_json("index", "knn"),
+        cfg=cfg_json("index", "knn", "retrieval"),
+        io=io(),
     threads: THREADS
     log:
-        f"{R}/logs/search_{{key}}_{{metric}}_{{split}}.log",
+        log_of("search", "lm", "store", "key", "metric", "split"),
     benchmark:
-        f"{R}/benchmarks/search_{{key}}_{{metric}}_{{split}}.tsv"
+        bench_of("search", "lm", "store", "key", "metric", "split")
     shell:
-        knnlm("search", "search", "key={wildcards.key} metric={wildcards.metric} split={wildcards.split}")
-        + " --index {input.index} --queries-dir {R}/queries/{wildcards.split} --key {wildcards.key}"
-        " --metric {wildcards.metric} --split {wildcards.split}"
-        " --out-prefix {R}/neighbours/{wildcards.key}_{wildcards.metric}_{wildcards.split} > {log} 2>&1"
+        knnlm("retrieval.search")
+
+
+rule real_score:
+    input:
+        **datastore("{key}"),
+        **queries("{split}", "{key}"),
+        store=P("store_prep"),
+        nb_ids=P("nb_ids"),
+        nb_meta=P("nb_meta"),
+    output:
+        dists=P("real_dists"),
+        meta=P("real_meta"),
+    params:
+        cfg=cfg_json("retrieval"),
+        io=io(),
+    threads: THREADS
+    log:
+        log_of("real_score", "lm", "store", "key", "metric", "split"),
+    benchmark:
+        bench_of("real_score", "lm", "store", "key", "metric", "split")
+    shell:
+        knnlm("retrieval.real_score")
+
+
+rule exact_search:
+    input:
+        **datastore("{key}"),
+        **queries("{split}", "{key}"),
+        store=P("store_prep"),
+    output:
+        ids=P("exact_ids"),
+        dists=P("exact_dists"),
+        meta=P("exact_meta"),
+    params:
+        cfg=cfg_json("retrieval", "knn"),
+        io=io(),
+    threads: THREADS
+    resources:
+        mem_mb=8000,
+    log:
+        log_of("exact_search", "lm", "store", "key", "metric", "split"),
+    benchmark:
+        bench_of("exact_search", "lm", "store", "key", "metric", "split")
+    shell:
+        knnlm("retrieval.exact_search")
+
+
+rule settings:
+    input:
+        **SETTINGS_INPUTS,
+    output:
+        out=P("settings"),
+    params:
+        cfg=cfg_json("knn", "retrieval"),
+        io=io(),
+    log:
+        log_of("settings", "lm", "store", "key", "metric"),
+    benchmark:
+        bench_of("settings", "lm", "store", "key", "metric")
+    shell:
+        knnlm("retrieval.settings")
+
+
+rule write_table3:
+    input:
+        settings=expand(P("settings", store="full"), key=RA["key_types"], metric=RA["metrics"], allow_missing=True),
+    output:
+        csv=P("table", table="table3", ext="csv"),
+        md=report(P("table", table="table3", ext="md"), caption=report_caption("table3"), category="Table 3"),
+    params:
+        cfg=cfg_json("retrieval", "knn", "profile"),
+        io=io(),
+    log:
+        log_of("write_table3", "lm"),
+    benchmark:
+        bench_of("write_table3", "lm")
+    shell:
+        knnlm("retrieval.table3")
+
+
+TARGETS["retrieval"] = tables("table3")

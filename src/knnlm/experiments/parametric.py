@@ -1,5 +1,7 @@
-"""Jobs for the parametric alternatives (Xu et al. 2023, Sec. 4, App. C): word statistics, one training run per
-variant, and Tables 2, 5, 6, 7, the clustered-datastore table and Figure 3.
+"""Parametric alternatives to the datastore (Xu et al. 2023, Sec. 4, App. C): word statistics, one training run
+per variant, and Tables 2, 5, 6, 7, the clustered-datastore table and Figure 3.
+
+Jobs: word_stats, train_parametric, tables. The models are in knnlm.parametric.
 
 Variant names (a wildcard of the `train_parametric` rule):
   nv<n>             n embeddings per word (n = 1: the learned W_ds of Table 2; Table 5, Figure 3)
@@ -12,20 +14,22 @@ Variant names (a wildcard of the `train_parametric` rule):
 from __future__ import annotations
 
 import logging
-import re
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .ablations import evaluate_settings, subsample_rows
-from .io import ArtifactError, atomic_path, read_json, save_npy, write_json
-from .parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
-                         cluster_aggregation, evaluate_log_probs, train)
+from ..cli import Job
+from ..config import VARIANT_RE
+from ..io import ArtifactError, atomic_path, read_json, save_npy, write_json
+from ..parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
+                          cluster_aggregation, evaluate_log_probs, train)
+from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
+from ..stores import subsample_rows
+from .common import lm_log_probs, open_datastore, open_split, words_per_split
 
 log = logging.getLogger(__name__)
-VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
 
 
 def parse_variant(name: str) -> dict:
@@ -43,16 +47,6 @@ def parse_variant(name: str) -> dict:
     return {"kind": "cluster", "m": int(m["m"])}
 
 
-def variants(cfg: dict) -> list[tuple[str, str]]:
-    """Every (variant, key type) the config asks for, in table order."""
-    p = cfg["parametric"]
-    out = [(f"nv{n}", k) for k in p["key_types"] for n in p["n_values"]]
-    out += [(f"adaptive-{by}", k) for k in p["adaptive"]["key_types"] for by in p["adaptive"]["by"]]
-    out += [(f"mos{r}-{v}", k) for k in p["mos"]["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
-    out += [(f"cluster{p['clustered']['m']}", k) for k in p["clustered"]["key_types"]]
-    return out
-
-
 def output_matrix(checkpoint: str | Path) -> torch.Tensor:
     """W_sm [V, D] float32: the base LM's output projection (fairseq decoder.output_projection.weight)."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
@@ -64,7 +58,7 @@ def output_matrix(checkpoint: str | Path) -> torch.Tensor:
 
 
 @torch.no_grad()
-def word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True) -> dict[str, np.ndarray]:
+def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True) -> dict[str, np.ndarray]:
     """Per word v: 'freq' = # training tokens with next token v, 'loss' = Σ of their base-LM NLL (nats).
 
     The base-LM NLL of a training token is −log softmax(W_sm h_sm)[v], recomputed from the ffn keys
@@ -122,28 +116,31 @@ def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample
     return torch.from_numpy(km.centroids.copy()), assign
 
 
-def run_variant(variant: str, key: str, cfg: dict, root: Path, out_dir: Path, checkpoint: str, stats_path: str | None,
-                threads: int) -> dict:
-    """Train one variant on the dumped keys (resumable), score it on valid and test, write result.json.
+def train_parametric(job: Job) -> dict:
+    """Train one variant (wildcards 'variant', 'key') on the dumped keys, resumable from its work dir
+    (job.extra['work_dir']: checkpoint.pt, kmeans.pt, per-stage log-probs), score it on valid and test,
+    write result.json.
 
-    Returns the result: per stage ('trained', or 'before'/'after' fine-tuning for clusters) the λ tuned on
-    valid and {split: {knn (= the model alone), interp, oracle}} perplexities, plus training history.
+    The result: per stage ('trained', or 'before'/'after' fine-tuning for clusters) an evaluate() result (λ
+    tuned on valid, the model alone as 'knn', interp, oracle), plus the training history (valid NLL per epoch).
     """
-    from .dump import open_datastore, open_queries
-
+    variant, key, threads = job.wildcards["variant"], job.wildcards["key"], job.threads
+    cfg = job.cfg
     torch.set_num_threads(threads)
     p = cfg["parametric"]
     spec = parse_variant(variant)
-    keys, vals, man = open_datastore(root / "datastore", key)
-    w_sm = output_matrix(checkpoint)
+    keys, vals, man = open_datastore(job)
+    w_sm = output_matrix(job.path("checkpoint"))
+    stats_path = job.input.get("word_stats")
     vocab, dim = w_sm.shape[0], keys.shape[1]
     rows = None if p["train_tokens"] is None else subsample_rows(man["N"], min(1.0, p["train_tokens"] / man["N"]), p["seed"])
-    q = {s: open_queries(root / "queries" / s, key, man["checkpoint_sha256"]) for s in ("valid", "test")}
-    words = {s: w["words"] for s, w in read_json(root / "data" / "wordcounts.json").items() if s in q}
+    q = {s: open_split(job, s, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"]) for s in SPLITS}
+    words = words_per_split(job)
     lp_lm = {s: np.asarray(q[s]["lm_logprobs"], dtype=np.float64) for s in q}
     vt = p["valid_tokens"] or q["valid"]["manifest"]["T"]
     valid = (q["valid"]["queries"][:vt], np.asarray(q["valid"]["targets"][:vt], dtype=np.int64))
     batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"])
+    out_dir = Path(job.extra["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "stages": {}}
 
@@ -152,7 +149,7 @@ def run_variant(variant: str, key: str, cfg: dict, root: Path, out_dir: Path, ch
         lp = {s: evaluate_log_probs(model, q[s]["queries"], q[s]["targets"], p["batch_size"], p["bf16"]) for s in q}
         for s, v in lp.items():
             save_npy(out_dir / f"{stage}_{s}_logprobs.npy", v.astype(np.float32))
-        res = evaluate_settings(lp_lm, {stage: lp}, words, cfg["knn"]["lambda_steps"])[stage]
+        res = evaluate(lp_lm, lp, words, cfg["knn"]["lambda_steps"])
         res["eval_seconds"] = time.time() - t0
         result["stages"][stage] = res
         log.info("%s/%s %s: test alone %.3f, interp %.3f (λ=%.2f), base %.3f", variant, key, stage,
@@ -185,23 +182,46 @@ def run_variant(variant: str, key: str, cfg: dict, root: Path, out_dir: Path, ch
         hist = train(model, batches, valid, out_dir / "checkpoint.pt", p["lr"], epochs, p["patience"], p["bf16"])
         result["history"] = hist
         score(model, "after" if spec["kind"] == "cluster" else "trained")
-    write_json(out_dir / "result.json", result)
-    return result
+    write_json(job.path("result"), result)
+    metrics, step = {}, {}
+    for stage, v in result["stages"].items():
+        metrics[f"{stage}_lambda"] = v["lambda"]
+        for split in SPLITS:
+            for part in ("knn", "interp", "oracle"):
+                metrics[f"{stage}_{split}_{'alone' if part == 'knn' else part}_ppl_word"] = v[split][part]["ppl_word"]
+    if "history" in result:
+        h = result["history"]
+        step = {"train_loss": [(s, l) for s, l in h["train"]], "valid_nll": [(e, l) for e, l in h["valid"]]}
+        metrics.update(epochs=h["epochs"], best_epoch=h["best_epoch"], train_seconds=h["seconds"],
+                       train_tokens_per_second=h["tokens_per_second"])
+    return {"metrics": metrics, "step_metrics": step, "artifacts": [job.path("result")], "params": {"info": result["info"]}}
+
+
+def word_stats(job: Job) -> dict:
+    """Per word: training frequency and total base-LM training loss (from the ffn keys and W_sm), for the
+    adaptive counts of Table 6."""
+    keys, vals, man = open_datastore(job)
+    t0 = time.time()
+    st = compute_word_stats(keys, vals, output_matrix(job.path("checkpoint")), bf16=job.cfg["parametric"]["bf16"])
+    with atomic_path(job.path("out")) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **st)
+    return {"metrics": {"seconds": time.time() - t0, "train_nll_per_token": float(st["loss"].sum() / st["freq"].sum())}}
 
 
 def _rows(result: dict, stage: str, label: str, base: dict, knn_best: dict) -> list[dict]:
-    v = result["stages"][stage]
+    """Rows (test, valid) of one trained variant at one stage, with the share of the kNN-LM's gain it recovers."""
     out = []
     for split in ("test", "valid"):
-        r = v[split]
-        gain = (base[split]["ppl_word"] - r["interp"]["ppl_word"]) / (base[split]["ppl_word"] - knn_best[split])
-        out.append({"split": split, "model": label, "h_ds": result["key_type"], "PPL (word)": r["knn"]["ppl_word"],
-                    "λ": v["lambda"], "interp PPL (word)": r["interp"]["ppl_word"],
-                    "oracle PPL (word)": r["oracle"]["ppl_word"], "PPL (token)": r["knn"]["ppl_token"],
-                    "interp PPL (token)": r["interp"]["ppl_token"], "oracle PPL (token)": r["oracle"]["ppl_token"],
-                    "kNN-LM gain recovered": gain,
+        row = result_row(split, {"model": label, "h_ds": result["key_type"]}, result["stages"][stage])
+        out.append({**row, "kNN-LM gain recovered": _gain(row, base, knn_best, split),
                     "epochs": 0 if stage == "before" else result.get("history", {}).get("epochs")})
     return out
+
+
+def _gain(row: dict, base: dict, knn_best: dict, split: str) -> float:
+    """(base − interp) / (base − best kNN-LM interp), per-word perplexities of `split`."""
+    return (base[split]["ppl_word"] - row["interp PPL (word)"]) / (base[split]["ppl_word"] - knn_best[split])
 
 
 def _label(result: dict) -> tuple[str, str]:
@@ -216,22 +236,27 @@ def _label(result: dict) -> tuple[str, str]:
     return ("clustered", f"clustered datastore {s['m']}V")
 
 
-def write_tables(results: list[dict], scores: list[dict], base: dict, cfg: dict, tables_dir: Path, fig_dir: Path) -> list[str]:
+TABLE_COLUMNS = ["split", "model", "h_ds", "PPL (word)", "PPL (token)", "λ", "interp PPL (word)", "oracle PPL (word)",
+                 "interp PPL (token)", "oracle PPL (token)", "kNN-LM gain recovered", "epochs"]
+
+
+def tables(job: Job) -> dict:
     """Tables 2, 5, 6, 7 and the clustered-datastore table (CSV + Markdown) and Figure 3 (PNG + PDF).
 
-    results: result.json of every variant; scores: Table 1's score JSONs (the kNN-LM rows and the best
-    kNN-LM, chosen by valid interpolated perplexity, whose gain over the base LM each alternative is
-    compared with); base: {split: {'ppl_word', 'ppl_token'}} of the base LM on the full splits.
+    Inputs: 'results' (result.json of every variant), 'scores' (Table 1's score JSONs: the kNN-LM rows and the
+    best kNN-LM, chosen by valid interpolated perplexity, whose gain over the base LM each alternative is
+    compared with), the base LM's log-probs and word counts (whole valid and test).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import pandas as pd
 
-    from .figures import _save
-    from .tables import METRIC_NAME, write_table
+    from ..figures import pyplot, save_figure
+    from ..tables import write_table
 
+    plt = pyplot()
+    cfg = job.cfg
+    results = [read_json(p) for p in job.paths("results")]
+    scores = [read_json(p) for p in job.paths("scores")]
+    base = base_summary(lm_log_probs(job), words_per_split(job))
     best = min(scores, key=lambda s: s["valid"]["interp"]["ppl_word"])
     knn_best = {s: best[s]["interp"]["ppl_word"] for s in ("valid", "test")}
     p = cfg["parametric"]
@@ -244,19 +269,12 @@ def write_tables(results: list[dict], scores: list[dict], base: dict, cfg: dict,
               f"kNN-LM = {best['key_type']}/{METRIC_NAME[best['metric']]} (Table 1). All tokens of valid and test. {note}")
     tables: dict[str, list] = {"table2": [], "table5": [], "table6": [], "table7": [], "clustered": []}
     for split in ("test", "valid"):
-        b = {"split": split, "model": "Base LM", "h_ds": "-", "PPL (word)": base[split]["ppl_word"],
-             "PPL (token)": base[split]["ppl_token"]}
+        b = result_row(split, {"model": "Base LM", "h_ds": "-"}, base=base)
         for t in tables:
             tables[t].append(dict(b))
         for s in scores:
-            r = s[split]
-            tables["table2"].append({"split": split, "model": f"kNN-LM ({METRIC_NAME[s['metric']]})", "h_ds": s["key_type"],
-                                     "PPL (word)": r["knn"]["ppl_word"], "λ": s["lambda"],
-                                     "interp PPL (word)": r["interp"]["ppl_word"], "oracle PPL (word)": r["oracle"]["ppl_word"],
-                                     "PPL (token)": r["knn"]["ppl_token"], "interp PPL (token)": r["interp"]["ppl_token"],
-                                     "oracle PPL (token)": r["oracle"]["ppl_token"],
-                                     "kNN-LM gain recovered": (base[split]["ppl_word"] - r["interp"]["ppl_word"])
-                                     / (base[split]["ppl_word"] - knn_best[split])})
+            row = result_row(split, {"model": f"kNN-LM ({METRIC_NAME[s['metric']]})", "h_ds": s["key_type"]}, s)
+            tables["table2"].append({**row, "kNN-LM gain recovered": _gain(row, base, knn_best, split)})
     for res in results:
         table, label = _label(res)
         for stage in res["stages"]:
@@ -272,12 +290,14 @@ def write_tables(results: list[dict], scores: list[dict], base: dict, cfg: dict,
               "table6": f"Table 6: adaptive vs equal counts at {p['adaptive']['total_n']}V rows",
               "table7": "Table 7: mixture of softmaxes", "clustered": "Appendix C.3: clustered datastore"}
     written = []
-    for t, rows in tables.items():
-        if len(rows) <= 2:
-            continue
-        df = pd.DataFrame(rows).sort_values("split", ascending=True, kind="stable")
-        write_table(df, tables_dir / f"{t}.csv", tables_dir / f"{t}.md", titles[t], f"{titles[t]} ({cfg['name']}). {common}")
-        written += [str(tables_dir / f"{t}.csv"), str(tables_dir / f"{t}.md")]
+    for csv, md in zip(job.paths("csv"), job.paths("md")):
+        t = md.name.rsplit(".", 1)[0]
+        if len(tables[t]) <= 2:
+            raise ValueError(f"rule {job.rule}: table {t} has no trained variant; check config section 'parametric'")
+        df = pd.DataFrame(tables[t]).sort_values("split", ascending=True, kind="stable")
+        df = df[[c for c in TABLE_COLUMNS if c in df]]
+        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}")
+        written += [str(csv), str(md)]
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     nv = sorted((r for r in results if r["spec"]["kind"] == "nv"), key=lambda r: r["spec"]["n"])
@@ -296,6 +316,6 @@ def write_tables(results: list[dict], scores: list[dict], base: dict, cfg: dict,
     ax.set_ylabel("test interp. perplexity (per word)")
     ax.set_title(f"Fig. 3 ({cfg['name']}): nV softmax vs kNN-LM", fontsize=10)
     ax.legend(fontsize=7)
-    written += _save(fig, fig_dir / "fig3_nv")
+    written += save_figure(fig, job.paths("fig3"))
     plt.close(fig)
-    return written
+    return {"artifacts": written}

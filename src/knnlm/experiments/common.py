@@ -1,0 +1,53 @@
+"""Opening a job's inputs by their rule names (the names every rule of workflow/rules uses).
+
+Datastore: 'manifest' (datastore manifest.json), 'vals', 'key_file'. Queries, one file per split or a list in
+the order of SPLITS: 'targets', 'lm_logprobs', 'queries', 'queries_manifest'. Corpus: 'wordcounts'.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import Job
+from ..io import read_json
+
+SPLITS = ("valid", "test")
+
+
+def by_split(job: Job, name: str) -> dict[str, Path]:
+    """{split: path} of a per-split input list given in the order of SPLITS."""
+    paths = job.paths(name)
+    if len(paths) != len(SPLITS):
+        raise ValueError(f"rule {job.rule}: input {name!r} must list one file per split {SPLITS}, found {len(paths)}")
+    return dict(zip(SPLITS, paths))
+
+
+def open_datastore(job: Job, with_keys: bool = True):
+    """(keys [N, D] float16 memmap or None, vals [N] int32 memmap, manifest) of the job's datastore inputs."""
+    from ..dump import open_datastore as open_ds
+
+    return open_ds(job.path("manifest"), job.path("vals"), job.path("key_file") if with_keys else None,
+                   job.wildcards.get("key"))
+
+
+def open_split(job: Job, split: str | None = None, with_queries: bool = False, checkpoint_sha256: str | None = None):
+    """The dumped queries of one split (knnlm.dump.open_queries) from per-split input lists (split given) or
+    single files (split None)."""
+    from ..dump import open_queries
+
+    def one(name):
+        return by_split(job, name)[split] if split else job.path(name)
+
+    return open_queries(one("queries_manifest"), one("targets"), one("lm_logprobs"),
+                        one("queries") if with_queries else None, checkpoint_sha256)
+
+
+def words_per_split(job: Job) -> dict[str, int]:
+    """{split: word count} of whole valid and test (WikiText convention) from input 'wordcounts'."""
+    return {s: read_json(job.path("wordcounts"))[s]["words"] for s in SPLITS}
+
+
+def lm_log_probs(job: Job) -> dict[str, np.ndarray]:
+    """{split: [T] float64 log p_LM(target)} of whole valid and test from input list 'lm_logprobs'."""
+    return {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}

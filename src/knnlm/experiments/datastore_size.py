@@ -1,0 +1,76 @@
+"""Datastore size (Xu et al. 2023, Sec. 5, Figures 2 and 4): the three mask/score settings on seeded random
+subsets of the datastore (stores 'r<ratio>', knnlm.stores) and the full one, from their settings JSONs.
+
+Figure 2: interpolated perplexity vs datastore size (FAISS mask + FAISS score, the usual kNN-LM).
+Figure 4: the three mask/score settings (Table 3) vs datastore size. Test and valid panels, per word.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..cli import Job
+from ..figures import STYLE, pyplot, save_figure, setting_label
+from ..io import read_json
+from ..results import METRIC_NAME
+from ..scope import scope_caption
+from ..tables import write_table
+from .retrieval import SETTING_LABEL, SETTINGS, settings_rows
+
+
+def size_table(sweeps: list[dict]) -> pd.DataFrame:
+    """One row per (split, key, metric, ratio, setting) from settings JSONs, sorted for plotting."""
+    rows = settings_rows(sweeps, lambda s: {"ratio": s["ratio"]})
+    return pd.DataFrame(rows).sort_values(["split", "h_ds", "⊗", "mask", "score", "ratio"], ascending=True, kind="stable")
+
+
+def figures(job: Job) -> dict:
+    """Table datastore_size (CSV + Markdown), Figures 2 and 4 (PNG + PDF)."""
+    plt = pyplot()
+    cfg = job.cfg
+    name, note = cfg["name"], cfg.get("profile", {}).get("caption", "")
+    sweeps = [read_json(p) for p in job.paths("settings")]
+    size = size_table(sweeps)
+    cap = (f"Datastore size ({name}; Xu et al. 2023, Sec. 5, Figures 2 and 4): seeded random subsets of the datastore "
+           f"(one IVFPQ per ratio), τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: "
+           f"{scope_caption(cfg)}. {note}")
+    write_table(size, job.path("csv"), job.path("md"), "Datastore size: interpolated perplexity vs fraction of the datastore",
+                cap)
+    written = [str(job.path("csv")), str(job.path("md"))]
+
+    pairs = sorted({(s["key_type"], s["metric"]) for s in sweeps})
+    splits = ("test", "valid")
+    fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6), squeeze=False, layout="constrained")
+    for ax, split in zip(axes[0], splits):
+        part = size[size["split"] == split]
+        for key, metric in pairs:
+            sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric]) & (part["mask"] == "FAISS")
+                       & (part["score"] == "FAISS")]
+            ax.plot(sub["ratio"], sub["interp PPL (word)"], "-o", label=f"kNN-LM {key}/{METRIC_NAME[metric]}")
+        ax.axhline(part["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction of the datastore")
+        ax.set_ylabel(f"{split} perplexity (per word)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Fig. 2 ({name}): datastore size (FAISS mask + FAISS score)", fontsize=10)
+    written += save_figure(fig, job.paths("fig2"))
+    plt.close(fig)
+
+    fig, axes = plt.subplots(2, len(pairs), figsize=(4.6 * len(pairs), 7.2), squeeze=False, layout="constrained")
+    for row, split in enumerate(splits):
+        part = size[size["split"] == split]
+        for ax, (key, metric) in zip(axes[row], pairs):
+            sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric])]
+            for setting in SETTINGS:
+                mask, score = SETTING_LABEL[setting]
+                ss = sub[(sub["mask"] == mask) & (sub["score"] == score)]
+                ax.plot(ss["ratio"], ss["interp PPL (word)"], STYLE[setting], label=setting_label(setting))
+            ax.axhline(sub["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
+            ax.set_xscale("log")
+            ax.set_xlabel("fraction of the datastore")
+            ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}", fontsize=10)
+        axes[row][0].set_ylabel(f"{split} perplexity (per word)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Fig. 4 ({name}): approximate vs exact retrieval by datastore size", fontsize=10)
+    written += save_figure(fig, job.paths("fig4"))
+    plt.close(fig)
+    return {"artifacts": written}

@@ -1,0 +1,240 @@
+"""Retrieval for every datastore variant ("store", knnlm.stores), and Table 3: FAISS vs real mask and score
+(Xu et al. 2023, Sec. 5).
+
+One family of jobs serves every store: prepare_store, build_index (IVFPQ), search (the FAISS mask and
+score), real_score (exact distances of the FAISS neighbours), exact_search (the real mask), and settings,
+which scores the three mask/score settings at the config τ on the retrieval scope:
+  faiss_mask_faiss_score -- IVFPQ neighbours, IVFPQ (approximate) distances      (the usual kNN-LM)
+  faiss_mask_real_score  -- IVFPQ neighbours, distances recomputed in fp32 from the keys
+  real_mask_real_score   -- exact top-k neighbours (knnlm.exact), exact distances
+λ is tuned on the valid scope. Table 3 is the full store's settings; Figures 2 and 4 are the subsets'.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from ..cli import Job
+from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
+from ..results import METRIC_NAME, SPLITS, evaluate, result_row
+from ..scoring import summarize
+from ..scope import count_words, scope, scope_caption, word_starts
+from .common import by_split, open_datastore, open_split
+
+log = logging.getLogger(__name__)
+SETTINGS = ("faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score")
+SETTING_LABEL = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
+                 "real_mask_real_score": ("real", "real")}
+
+
+def _store(job: Job):
+    """(store, datastore manifest) of the job's 'store' (prep dir) and datastore inputs."""
+    from ..stores import open_store
+
+    keys, _, man = open_datastore(job)
+    return open_store(job.path("store"), keys, man), man
+
+
+def _scoped(job: Job, man: dict, max_queries):
+    """(queries manifest, scoped queries [t, D] memmap, t) of the job's split."""
+    q = open_split(job, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"])
+    t = scope(q["manifest"]["T"], max_queries)
+    return q, q["queries"][:t], t
+
+
+def prepare_store(job: Job) -> dict:
+    """Prepare the store of wildcard 'store' for key type 'key' (knnlm.stores.prepare_store)."""
+    from ..stores import prepare_store as prepare
+
+    keys, _, man = open_datastore(job)
+    with atomic_path(job.path("store")) as tmp:
+        meta = prepare(job.wildcards["store"], job.wildcards["key"], keys, man, job.cfg, tmp)
+    return {"metrics": {"size": meta["size"], "dim": meta["dim"]}, "params": {"store_meta": meta}}
+
+
+def build_index(job: Job) -> dict:
+    """An IVFPQ index over the store's keys (trained on a seeded sample; ids = datastore rows)."""
+    from ..index import build_ivfpq, resolve_index_params
+
+    store, man = _store(job)
+    params = resolve_index_params(job.cfg["index"], store.size, store.meta["dim"])
+    t0 = time.time()
+    stats = build_ivfpq(store.keys, job.wildcards["metric"], params, job.path("index"), job.threads, rows=store.rows)
+    stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], store=job.wildcards["store"],
+                 build_seconds=time.time() - t0, datastore_checkpoint_sha256=man["checkpoint_sha256"], N=man["N"],
+                 D=store.meta["dim"], subset_size=store.size)
+    write_json(job.path("meta"), stats)
+    return {"metrics": {"ntotal": stats["ntotal"], "build_seconds": stats["build_seconds"]},
+            "params": {"resolved": params}, "artifacts": [job.path("meta")]}
+
+
+def search(job: Job) -> dict:
+    """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
+    job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
+    from ..index import search as faiss_search
+
+    store, man = _store(job)
+    idx_meta = read_json(job.path("index_meta"))
+    if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
+        raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
+    mq = None if job.wildcards["store"] == "full" else job.cfg["retrieval"]["max_queries"]
+    q, queries, t = _scoped(job, man, mq)
+    t0 = time.time()
+    stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
+                         job.cfg["index"]["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
+                         job.threads)
+    stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
+                 store=job.wildcards["store"], search_seconds=time.time() - t0,
+                 checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"])
+    write_json(job.path("meta"), stats)
+    return {"metrics": {"T": stats["T"], "missing_neighbours": stats["missing_neighbours"],
+                        "search_seconds": stats["search_seconds"]}}
+
+
+def real_score(job: Job) -> dict:
+    """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries."""
+    from ..exact import recompute_distances
+
+    store, man = _store(job)
+    q, queries, t = _scoped(job, man, job.cfg["retrieval"]["max_queries"])
+    meta = read_json(job.path("nb_meta"))
+    if meta["T"] < t:
+        raise ArtifactError(f"{job.path('nb_meta')}: neighbours of {meta['T']} queries, the scope needs {t}")
+    ids = open_npy(job.path("nb_ids"), (meta["T"], meta["k"]), np.int32)[:t]
+    t0 = time.time()
+    d = recompute_distances(store.keys, store.project(queries), ids, job.wildcards["metric"])
+    save_npy(job.path("dists"), d)
+    stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
+    write_json(job.path("meta"), stats)
+    return {"metrics": {"T": t, "seconds": stats["seconds"]}}
+
+
+def exact_search(job: Job) -> dict:
+    """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries."""
+    from ..exact import exact_topk
+
+    store, man = _store(job)
+    q, queries, t = _scoped(job, man, job.cfg["retrieval"]["max_queries"])
+    k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
+    t0 = time.time()
+    ids, d = exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
+                        r["exact_key_chunk"], r["exact_query_chunk"], r["exact_query_block"], rows=store.rows)
+    with create_npy(job.path("ids"), ids.shape, np.int32) as a:
+        a[:] = ids
+    with create_npy(job.path("dists"), d.shape, np.float32) as a:
+        a[:] = d
+    secs = time.time() - t0
+    gflops = 2.0 * t * store.size * store.keys.shape[1] / secs / 1e9
+    write_json(job.path("meta"), {"T": t, "k": k, "N": int(store.keys.shape[0]), "seconds": secs, "gflops": gflops,
+                                  "checkpoint_sha256": man["checkpoint_sha256"]})
+    return {"metrics": {"T": t, "seconds": secs, "gflops": gflops}}
+
+
+def load_settings(job: Job, raw: bool = False):
+    """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs.
+
+    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: [t] log p_kNN at the config τ}),
+    or with raw=True per setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
+    Raises ArtifactError when a cache covers fewer queries than the scope.
+    """
+    from ..scoring import knn_log_prob_from_cache, neighbour_hits, scores_from_distances
+
+    starts = word_starts(job.path("data_bin") / "dict.txt")
+    _, vals, man = open_datastore(job, with_keys=False)
+    metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
+    files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
+                                                     "exact_dists", "exact_meta")}
+    lp_lm, words, out = {}, {}, {s: {} for s in SETTINGS}
+    for split in SPLITS:
+        q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
+        t = scope(q["manifest"]["T"], job.cfg["retrieval"]["max_queries"])
+        tg = np.asarray(q["targets"][:t])
+        lp_lm[split] = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
+        words[split] = count_words(tg, starts)
+        f = {name: v[split] for name, v in files.items()}
+        meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
+        if meta["T"] < t or emeta["T"] != t:
+            raise ArtifactError(f"{f['nb_meta']}: neighbours cover {meta['T']} and exact search {emeta['T']} queries; "
+                                f"the scope 'retrieval.max_queries' needs {t}: rerun the search rules")
+        k = meta["k"]
+        f_ids = open_npy(f["nb_ids"], (meta["T"], k), np.int32)[:t]
+        caches = {"faiss_mask_faiss_score": (f_ids, open_npy(f["nb_dists"], (meta["T"], k), np.float32)[:t]),
+                  "faiss_mask_real_score": (f_ids, open_npy(f["real_dists"], (t, k), np.float32)),
+                  "real_mask_real_score": (open_npy(f["exact_ids"], (t, k), np.int32),
+                                           open_npy(f["exact_dists"], (t, k), np.float32))}
+        for setting, (ids, d) in caches.items():
+            if raw:
+                hit, valid = neighbour_hits(ids, vals, tg)
+                out[setting][split] = (scores_from_distances(np.asarray(d), metric), hit, valid)
+            else:
+                out[setting][split] = knn_log_prob_from_cache(ids, d, vals, tg, metric, tau)
+    return lp_lm, words, out
+
+
+def settings_result(job: Job, lp_lm, words, lp_knn) -> dict:
+    """The settings JSON of one (store, key, metric): base LM and the three settings (evaluate) on the scope."""
+    meta = read_json(job.path("store") / "store.json")
+    return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
+            "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
+            "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
+            "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
+            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm},
+            "settings": {st: evaluate(lp_lm, by, words, job.cfg["knn"]["lambda_steps"]) for st, by in lp_knn.items()}}
+
+
+def settings(job: Job) -> dict:
+    """The three mask/score settings of one (store, key, metric) at the config τ, λ tuned on the valid scope."""
+    t0 = time.time()
+    out = settings_result(job, *load_settings(job))
+    out["seconds"] = time.time() - t0
+    write_json(job.path("out"), out)
+    return {"metrics": {f"test_{st}_interp_ppl_word": v["test"]["interp"]["ppl_word"] for st, v in out["settings"].items()},
+            "artifacts": [job.path("out")]}
+
+
+def settings_rows(settings_jsons: list[dict], labels=lambda s: {}) -> list[dict]:
+    """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
+    base PPL (word)) of every mask/score setting in settings JSONs: the tables that compare stores."""
+    keep = ("λ", "interp PPL (word)", "interp PPL (token)", "oracle PPL (word)")
+    rows = []
+    for s in settings_jsons:
+        for split in ("test", "valid"):
+            for setting in SETTINGS:
+                mask, score = SETTING_LABEL[setting]
+                lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]], **labels(s), "mask": mask, "score": score}
+                r = result_row(split, lab, s["settings"][setting])
+                rows.append({"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"]})
+    return rows
+
+
+def table3(job: Job) -> dict:
+    """Table 3: FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's settings."""
+    import pandas as pd
+
+    from ..tables import write_table
+
+    cfg = job.cfg
+    rows, metrics = [], {}
+    for s in map(read_json, job.paths("settings")):
+        key, metric = s["key_type"], s["metric"]
+        labels = {"h_ds": key, "⊗": METRIC_NAME[metric]}
+        for split in ("test", "valid"):
+            n = {"tokens": s["scope_tokens"][split], "words": s["words"][split]}
+            base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
+            base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})
+            rows.append({**base, **n})
+            for setting in SETTINGS:
+                mask, score = SETTING_LABEL[setting]
+                rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, s["settings"][setting]), **n})
+                metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
+    cols = ["split", "h_ds", "⊗", "mask", "score", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
+            "oracle PPL (token)", "tokens", "words"]
+    df = pd.DataFrame(rows)[cols]
+    cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5): FAISS (IVFPQ) vs real (exact) mask and score, "
+           f"τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: {scope_caption(cfg)} "
+           f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
+           f"('▁') plus <eos>. {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "Table 3: approximate vs exact retrieval", cap)
+    return {"metrics": metrics, "artifacts": [job.path("csv"), job.path("md")]}

@@ -1,0 +1,96 @@
+"""The spine every experiment reads: corpus → BPE → fairseq data → base LM → datastore (train keys + vals)
+and queries (valid/test: att/ffn queries, targets, the LM's log-probs). Xu et al. 2023, Sec. 2-3.
+
+Jobs (knnlm.cli.JOBS): download, prepare_data, bpe, preprocess, train_lm, dump_datastore, dump_queries.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..cli import Job
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "valid", "test")
+
+
+def download(job: Job) -> None:
+    """Fetch the corpus named by config 'data.url' into 'data.dir' (needs internet; no test runs it)."""
+    from ..data import download as fetch
+
+    fetch(job.cfg)
+
+
+def prepare_data(job: Job) -> dict:
+    """The (sliced) splits and their word counts (WikiText convention: whitespace words + one <eos> per line)."""
+    from ..data import prepare_splits
+
+    out = dict(zip(SPLITS, job.paths("splits")))
+    stats = prepare_splits(job.cfg, out, job.path("wordcounts"))
+    return {"metrics": {f"{s}_{k}": v[k] for s, v in stats.items() for k in ("lines", "words")},
+            "artifacts": [job.path("wordcounts")]}
+
+
+def bpe(job: Job) -> dict:
+    """A sentencepiece BPE model trained on train, and every split encoded with it."""
+    from ..data import encode_bpe, train_bpe
+    from ..io import write_json
+
+    b = job.cfg["bpe"]
+    model = job.path("model")
+    train_bpe(dict(zip(SPLITS, job.paths("splits")))["train"], model.with_suffix(""), b["vocab_size"],
+              b["character_coverage"], b["seed"], job.threads)
+    stats = {s: encode_bpe(model, src, dst) for s, src, dst in zip(SPLITS, job.paths("splits"), job.paths("bpe"))}
+    write_json(job.path("stats"), stats)
+    return {"metrics": {f"{s}_tokens": v["tokens"] for s, v in stats.items()}, "artifacts": [job.path("stats")]}
+
+
+def preprocess(job: Job) -> dict:
+    """fairseq-preprocess of the BPE splits (dictionary + binarised data)."""
+    from ..lm import preprocess as fairseq_preprocess
+
+    out = job.path("data_bin")
+    fairseq_preprocess(dict(zip(SPLITS, job.paths("bpe"))), out, workers=job.threads)
+    return {"metrics": {"dict_size": sum(1 for _ in open(out / "dict.txt"))}}
+
+
+def train_lm(job: Job) -> dict:
+    """fairseq-train of the base LM (resumable from its work dir); the valid curve is logged per update."""
+    from ..lm import train
+
+    curves = train(job.cfg["lm"], job.path("data_bin"), job.extra["work_dir"], job.path("checkpoint"), job.threads,
+                   job.extra["fairseq_log"])
+    best = min(curves.get("valid_loss", [(0, float("nan"))]), key=lambda x: x[1])
+    return {"metrics": {"best_valid_loss_base2": best[1], "best_valid_update": best[0]}, "step_metrics": curves,
+            "artifacts": [job.extra["fairseq_log"]]}
+
+
+def dump_datastore(job: Job) -> dict:
+    """One pass of the frozen LM over train: att and ffn keys, vals, manifest."""
+    from ..dump import dump_datastore as dump
+
+    ev = job.cfg["eval"]
+    keys = {"att": job.path("keys_att"), "ffn": job.path("keys_ffn")}
+    man = dump(job.path("checkpoint"), job.path("data_bin"), keys, job.path("vals"), job.path("manifest"),
+               ev["context_window"], ev["max_tokens"], job.threads)
+    size = sum(p.stat().st_size for p in [*keys.values(), job.path("vals")])
+    return {"metrics": {"N": man["N"], "D": man["D"], "bytes_on_disk": size}, "artifacts": [job.path("manifest")]}
+
+
+def dump_queries(job: Job) -> dict:
+    """One pass over a valid/test split: targets, the LM's log-probs, att and ffn queries, manifest."""
+    from ..dump import dump_queries as dump
+    from ..io import read_json
+    from ..scoring import perplexity
+
+    ev = job.cfg["eval"]
+    split = job.wildcards["split"]
+    names = ("targets", "lm_logprobs", "queries_att", "queries_ffn", "manifest")
+    man = dump(job.path("checkpoint"), job.path("data_bin"), split, {n: job.path(n) for n in names},
+               ev["context_window"], ev["max_tokens"], job.threads)
+    words = read_json(job.path("wordcounts"))[split]["words"]
+    lp = np.load(job.path("lm_logprobs"))
+    m = {"T": man["T"], "lm_ppl_word": perplexity(lp, words), "lm_ppl_token": perplexity(lp, len(lp))}
+    log.info("base LM on %s: %s", split, m)
+    return {"metrics": m, "artifacts": [job.path("manifest")]}

@@ -1,0 +1,95 @@
+"""Table 1 (Xu et al. 2023, Sec. 3): the base LM and kNN-LMs with att/ffn keys and L2/IP, FAISS mask + FAISS
+score, on all of valid and test; λ tuned on valid.
+
+Jobs: score (one kNN-LM: p_kNN from the full store's neighbour cache, Eq. 5), table1.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import Job
+from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
+from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
+from .common import by_split, lm_log_probs, open_datastore, open_split, words_per_split
+
+log = logging.getLogger(__name__)
+
+
+def score(job: Job) -> dict:
+    """One kNN-LM (key, metric): log p_kNN per token at the config τ, λ tuned on valid, perplexities per split.
+
+    Writes the score JSON (an evaluate() result with 'lm' and 'target_absent_frac' per split) and the
+    per-token log p_kNN of valid and test (float32). Raises ArtifactError if the neighbours were searched in
+    another datastore.
+    """
+    from ..scoring import knn_log_prob_from_cache, lambda_grid, summarize
+
+    _, vals, dman = open_datastore(job, with_keys=False)
+    key, metric, tau = job.wildcards["key"], job.wildcards["metric"], job.cfg["knn"]["temperature"]
+    lp_lm, lp_knn = {}, {}
+    nb = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta")}
+    for split, out in zip(SPLITS, job.paths("knn")):
+        meta = read_json(nb["nb_meta"][split])
+        if meta["N"] != dman["N"] or meta["checkpoint_sha256"] != dman["checkpoint_sha256"]:
+            raise ArtifactError(f"{nb['nb_meta'][split]}: neighbours were searched in another datastore than "
+                                f"{job.path('manifest')}")
+        q = open_split(job, split, checkpoint_sha256=dman["checkpoint_sha256"])
+        t, k = q["manifest"]["T"], meta["k"]
+        ids = open_npy(nb["nb_ids"][split], (t, k), np.int32)
+        dists = open_npy(nb["nb_dists"][split], (t, k), np.float32)
+        lp_knn[split] = knn_log_prob_from_cache(ids, dists, vals, q["targets"], metric, tau)
+        save_npy(out, lp_knn[split].astype(np.float32))
+        lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)
+    words = words_per_split(job)
+    ev = evaluate(lp_lm, lp_knn, words, job.cfg["knn"]["lambda_steps"])
+    metrics = {"lambda": ev["lambda"]}
+    for split in SPLITS:
+        ev[split]["lm"] = summarize(lp_lm[split], words[split])
+        ev[split]["target_absent_frac"] = float(np.mean(np.isneginf(lp_knn[split])))
+        for part in ("lm", "knn", "interp", "oracle"):
+            for unit in ("ppl_word", "ppl_token"):
+                metrics[f"{split}_{part}_{unit}"] = ev[split][part][unit]
+        metrics[f"{split}_target_absent_frac"] = ev[split]["target_absent_frac"]
+    grid = lambda_grid(job.cfg["knn"]["lambda_steps"])
+    out = {"key_type": key, "metric": metric, "temperature": tau, "k": job.cfg["knn"]["k"], "lambda_grid": grid.tolist(),
+           **ev}
+    write_json(job.path("out"), out)
+    log.info("%s/%s: λ=%.2f test interp ppl/word %.3f (base %.3f)", key, metric, ev["lambda"],
+             ev["test"]["interp"]["ppl_word"], ev["test"]["lm"]["ppl_word"])
+    return {"metrics": metrics, "artifacts": [job.path("out")],
+            "step_metrics": {"valid_nll_vs_lambda_x100": [(int(round(l * 100)), v) for l, v in
+                                                          zip(grid, ev["valid_nll_per_lambda"]) if np.isfinite(v)]}}
+
+
+def table1(job: Job) -> dict:
+    """Table 1 from the score JSONs and the base LM's log-probs (CSV + Markdown)."""
+    import pandas as pd
+
+    from ..tables import write_table
+
+    cfg = job.cfg
+    base = base_summary(lm_log_probs(job), words_per_split(job))
+    scores = [read_json(p) for p in job.paths("scores")]
+    rows = []
+    for split in ("test", "valid"):
+        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-"}, base=base))
+        rows += [result_row(split, {"model": "kNN-LM", "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}, s)
+                 for s in scores]
+    df = pd.DataFrame(rows)
+    cap = (f"Table 1 ({cfg['name']}; Xu et al. 2023, Sec. 3): perplexity of the base LM and of kNN-LMs with att/ffn keys "
+           f"and L2/IP. 'PPL' of a kNN-LM row is kNN-only (inf when a target is absent from the k={cfg['knn']['k']} FAISS "
+           f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "
+           f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
+           f"+ one <eos> per line). {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap)
+    m = {}
+    for _, r in df.iterrows():
+        tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}"
+        m[f"{r['split']}_{tag}_ppl_word"] = r["PPL (word)"]
+        if r["model"] != "Base LM":
+            m[f"{r['split']}_{tag}_interp_ppl_word"] = r["interp PPL (word)"]
+    print(Path(job.path("md")).read_text())
+    return {"metrics": m, "artifacts": [job.path("csv"), job.path("md")]}

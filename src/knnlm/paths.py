@@ -1,0 +1,121 @@
+"""The artifact layout of a run: every file the pipeline writes, named in this one place (issue 8).
+
+Both sides use it: the Snakefile's helpers (workflow/rules/common.smk) turn the patterns into rule inputs
+and outputs with Snakemake wildcards left in (`Layout.pattern`), and Python code and tests resolve them
+to concrete paths (`Layout.path`). Jobs never rebuild a path: they receive every file they read and write
+from their rule's `input:` / `output:` (knnlm.cli).
+
+Levels (wildcards in braces):
+  <results_dir>/<name>/                    one config = one run
+    data/, bpe/, data-bin/                 the corpus, its BPE and its fairseq binarisation (shared by trained LMs)
+    lms/{lm}/                              one base LM: its checkpoint, datastore (keys + vals) and queries
+      stores/{store}/                      one datastore variant ('full', 'r0.05' subsets, 'pca64', ...):
+                                           its preparation, IVFPQ indexes, neighbour caches, evaluations
+      parametric/{variant}_{key}/          the parametric alternatives trained on the LM's keys
+      tables/, figures/                    the paper's tables and figures for this LM
+    logs/, benchmarks/                     one log and one Snakemake benchmark per job
+
+Wildcard values: lm = [A-Za-z0-9_.-]+, store = full | r<ratio> | ... (knnlm.stores kinds), key = att | ffn,
+metric = l2 | ip, split = valid | test (queries; the datastore is train).
+"""
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+# name -> pattern relative to the run root. Wildcards: lm, store, key, metric, split, variant, table, figure, ext.
+PATTERNS: dict[str, str] = {
+    # corpus
+    "split_tokens": "data/wiki.{split}.tokens",
+    "wordcounts": "data/wordcounts.json",
+    "bpe_model": "bpe/spm.model",
+    "bpe_vocab": "bpe/spm.vocab",
+    "bpe_split": "bpe/{split}.bpe",
+    "bpe_stats": "bpe/bpe_stats.json",
+    "data_bin": "data-bin",
+    # one base LM
+    "checkpoint": "lms/{lm}/checkpoint.pt",
+    "fairseq_dir": "lms/{lm}/fairseq",
+    "keys": "lms/{lm}/datastore/keys_{key}.npy",
+    "vals": "lms/{lm}/datastore/vals.npy",
+    "datastore_manifest": "lms/{lm}/datastore/manifest.json",
+    "targets": "lms/{lm}/queries/{split}/targets.npy",
+    "lm_logprobs": "lms/{lm}/queries/{split}/lm_logprobs.npy",
+    "queries": "lms/{lm}/queries/{split}/queries_{key}.npy",
+    "queries_manifest": "lms/{lm}/queries/{split}/manifest.json",
+    # one datastore variant (store) of that LM
+    "store_prep": "lms/{lm}/stores/{store}/prep_{key}",
+    "index": "lms/{lm}/stores/{store}/index/{key}_{metric}.faiss",
+    "index_meta": "lms/{lm}/stores/{store}/index/{key}_{metric}.json",
+    "nb_ids": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}_ids.npy",
+    "nb_dists": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}_dists.npy",
+    "nb_meta": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}.json",
+    "real_dists": "lms/{lm}/stores/{store}/real_score/{key}_{metric}_{split}_dists.npy",
+    "real_meta": "lms/{lm}/stores/{store}/real_score/{key}_{metric}_{split}.json",
+    "exact_ids": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_ids.npy",
+    "exact_dists": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_dists.npy",
+    "exact_meta": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}.json",
+    "score": "lms/{lm}/stores/{store}/scores/{key}_{metric}.json",
+    "knn_logprobs": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs.npy",
+    "settings": "lms/{lm}/stores/{store}/settings/{key}_{metric}.json",
+    "tau_sweep": "lms/{lm}/stores/{store}/tau_sweep/{key}_{metric}.json",
+    # parametric alternatives of that LM
+    "word_stats": "lms/{lm}/parametric/word_stats.npz",
+    "parametric_dir": "lms/{lm}/parametric/{variant}_{key}",
+    "parametric_result": "lms/{lm}/parametric/{variant}_{key}/result.json",
+    # outputs a reader looks at
+    "table": "lms/{lm}/tables/{table}.{ext}",
+    "figure": "lms/{lm}/figures/{figure}.{ext}",
+    "log": "logs/{job}.log",
+    "benchmark": "benchmarks/{job}.tsv",
+}
+
+# Wildcard constraints (regexes) shared by every rule (workflow/rules/common.smk); {store} is constrained to
+# the registered store kinds (knnlm.stores.store_wildcard).
+WILDCARDS: dict[str, str] = {
+    "lm": r"[A-Za-z0-9_.-]+",
+    "key": r"att|ffn",
+    "metric": r"l2|ip",
+    "split": r"valid|test",
+    "variant": r"nv\d+|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+",
+}
+
+
+class _Keep(dict):
+    """format_map helper: wildcards not given stay as '{name}' (Snakemake patterns)."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+class Layout:
+    """The files of one run, rooted at <results_dir>/<name>.
+
+    pattern(name, **fixed): the path with the given wildcards filled and the others left as '{wildcard}'
+    (a Snakemake pattern); path(name, **wildcards): a concrete Path, ValueError if a wildcard is missing.
+    Raises KeyError naming the known artifacts for an unknown name.
+    """
+
+    def __init__(self, results_dir: str | Path, name: str):
+        self.root = Path(results_dir) / name
+
+    @classmethod
+    def of(cls, cfg: dict) -> "Layout":
+        """The layout of a validated config (keys 'results_dir' and 'name')."""
+        return cls(cfg["results_dir"], cfg["name"])
+
+    def _rel(self, name: str) -> str:
+        try:
+            return PATTERNS[name]
+        except KeyError:
+            raise KeyError(f"unknown artifact {name!r}; known: {sorted(PATTERNS)}") from None
+
+    def pattern(self, name: str, **fixed) -> str:
+        return str(self.root / self._rel(name).format_map(_Keep(fixed)))
+
+    def path(self, name: str, **wildcards) -> Path:
+        rel = self._rel(name)
+        missing = [f for _, f, _, _ in string.Formatter().parse(rel) if f and f not in wildcards]
+        if missing:
+            raise ValueError(f"artifact {name!r} ({rel}) needs wildcard(s) {missing}")
+        return self.root / rel.format(**wildcards)

@@ -1,0 +1,157 @@
+"""Datastore variants ("stores"): every ablation that changes what is searched is a store (issue 8).
+
+A store is named by the value of the `{store}` wildcard and prepared once per key type into a directory
+(`Layout 'store_prep'`) holding `store.json` and whatever the kind needs. One family of rules then serves
+every store alike: IVFPQ index, FAISS search, real score, exact search, evaluations (knnlm.experiments.retrieval).
+
+Kinds (name regex -> prepare function, registered with @store_kind):
+  full        all datastore rows, keys as dumped
+  r<ratio>    a seeded random subset of round(ratio × N) rows, kept as a sorted row-id list, never a copy of
+              the keys (Xu et al. 2023, Sec. 5, Figures 2 and 4)
+
+A prepare function may write, next to store.json:
+  rows.npy            sorted int64 datastore row ids: the store holds only these rows (ids stay datastore rows)
+  keys.npy            [N, d] float16 keys replacing the datastore's (e.g. transformed keys)
+  query_transform     a faiss VectorTransform file, applied to every query before search / scoring
+and returns the metadata merged into store.json. open_store reads those files, whatever the kind.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .io import ArtifactError, open_npy, read_json, save_npy, write_json
+
+KINDS: list[tuple[re.Pattern, Callable]] = []
+
+
+def store_kind(pattern: str):
+    """Register `prepare(match, keys, manifest, cfg, out_dir) -> dict` for store names matching `pattern`."""
+    def register(fn):
+        KINDS.append((re.compile(f"^(?:{pattern})$"), fn))
+        return fn
+    return register
+
+
+def store_name(ratio: float) -> str:
+    """Name of a datastore subset: 'full' for ratio 1, else 'r<ratio>' (e.g. r0.05)."""
+    return "full" if float(ratio) == 1.0 else f"r{float(ratio):g}"
+
+
+def store_ratio(name: str) -> float:
+    """Inverse of store_name; ValueError for other names."""
+    if name == "full":
+        return 1.0
+    m = re.fullmatch(r"r([0-9.e-]+)", name)
+    if not m:
+        raise ValueError(f"datastore subset name must be 'full' or 'r<ratio>', found {name!r}")
+    return float(m.group(1))
+
+
+def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
+    """A seeded random subset of round(ratio × N) datastore rows, sorted int64 [n_sub].
+
+    An index list into the one datastore, never a copy of its keys. Subsets of different ratios with the
+    same seed are drawn independently. Raises ValueError unless 0 < ratio ≤ 1 and the subset is non-empty.
+    """
+    if not 0 < ratio <= 1:
+        raise ValueError(f"datastore ratio must be in (0, 1], found {ratio}")
+    size = int(round(ratio * n))
+    if size < 1:
+        raise ValueError(f"ratio {ratio} of a datastore of {n} keys is empty")
+    if size == n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False)).astype(np.int64)
+
+
+@store_kind("full")
+def _full(m, keys, man, cfg, out_dir: Path) -> dict:
+    return {}
+
+
+@store_kind(r"r(?P<ratio>[0-9.e-]+)")
+def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
+    ratio, seed = float(m["ratio"]), cfg["datastore_size"]["seed"]
+    rows = subsample_rows(man["N"], ratio, seed)
+    save_npy(out_dir / "rows.npy", rows)
+    return {"ratio": ratio, "seed": seed}
+
+
+def store_kind_of(name: str) -> tuple[re.Match, Callable]:
+    """(regex match, prepare function) of the kind store `name` belongs to; ValueError naming the kinds if none."""
+    for pattern, prepare in KINDS:
+        m = pattern.match(name)
+        if m:
+            return m, prepare
+    raise ValueError(f"unknown datastore variant {name!r}; known kinds (name regexes): "
+                     f"{[p.pattern[4:-2] for p, _ in KINDS]}")
+
+
+def store_wildcard() -> str:
+    """The regex of every store name (Snakemake wildcard constraint of {store})."""
+    return "|".join(re.sub(r"\(\?P<\w+>", "(?:", p.pattern[4:-2]) for p, _ in KINDS)
+
+
+def prepare_store(name: str, key: str, keys: np.ndarray, man: dict, cfg: dict, out_dir: str | Path) -> dict:
+    """Prepare store `name` for key type `key` into out_dir (created; the caller makes it atomic).
+
+    keys: the datastore's [N, D] float16 memmap; man: its manifest. Returns the store.json written.
+    Raises ValueError for a name no kind matches.
+    """
+    m, prepare = store_kind_of(name)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"store": name, "key_type": key, "N": man["N"], "D": man["D"], "checkpoint_sha256": man["checkpoint_sha256"],
+            **prepare(m, keys, man, cfg, out_dir)}
+    rows = out_dir / "rows.npy"
+    meta["size"] = int(np.load(rows, mmap_mode="r").shape[0]) if rows.exists() else man["N"]
+    own = out_dir / "keys.npy"
+    meta["dim"] = int(np.load(own, mmap_mode="r").shape[1]) if own.exists() else man["D"]
+    write_json(out_dir / "store.json", meta)
+    return meta
+
+
+@dataclass
+class Store:
+    """An opened store: keys [N, dim] float16 memmap (row ids = datastore rows), rows (sorted int64 [size] or
+    None for all rows), meta (store.json) and project(queries [T, D] float32) -> [T, dim] float32."""
+
+    keys: np.ndarray
+    rows: np.ndarray | None
+    meta: dict
+    transform: object | None = None
+
+    @property
+    def size(self) -> int:
+        return self.keys.shape[0] if self.rows is None else len(self.rows)
+
+    def project(self, queries: np.ndarray) -> np.ndarray:
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        return q if self.transform is None else self.transform.apply(q)
+
+
+def open_store(prep_dir: str | Path, keys: np.ndarray, man: dict) -> Store:
+    """Open a prepared store over the datastore keys ([N, D] memmap) with manifest `man`.
+
+    Raises ArtifactError naming the directory if the store was prepared from another datastore or a file is
+    missing or truncated.
+    """
+    prep_dir = Path(prep_dir)
+    meta = read_json(prep_dir / "store.json")
+    if meta["N"] != man["N"] or meta["checkpoint_sha256"] != man["checkpoint_sha256"]:
+        raise ArtifactError(f"{prep_dir}: store prepared from another datastore (N={meta['N']}, checkpoint "
+                            f"{meta['checkpoint_sha256'][:12]}) than this one (N={man['N']}, {man['checkpoint_sha256'][:12]})")
+    rows = open_npy(prep_dir / "rows.npy", (meta["size"],), np.int64) if (prep_dir / "rows.npy").exists() else None
+    own = prep_dir / "keys.npy"
+    if own.exists():
+        keys = open_npy(own, (man["N"], meta["dim"]), np.float16)
+    transform = None
+    if (prep_dir / "query_transform").exists():
+        import faiss
+
+        transform = faiss.read_VectorTransform(str(prep_dir / "query_transform"))
+    return Store(keys, None if rows is None else np.asarray(rows), meta, transform)

@@ -1,0 +1,122 @@
+# Shared by every rule: the validated config, the artifact layout (knnlm.paths, its one owner), the wildcard
+# constraints, and the helpers that turn a rule into a `python -m knnlm <job>` call.
+# Parsing the DAG imports no torch: only knnlm.config, knnlm.paths and knnlm.stores (numpy).
+import json
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
+from knnlm.config import (ConfigError, check_data, parametric_tables, parametric_variants, split_files,
+                          temperatures, validate_config)
+from knnlm.paths import WILDCARDS, Layout
+from knnlm.stores import store_name, store_wildcard
+
+if not config:
+    raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
+CFG = validate_config(config, source="snakemake config (--configfile / --config)")
+check_data(CFG)
+
+L = Layout.of(CFG)
+PY = shlex.quote(sys.executable)
+THREADS = CFG["threads"]
+SPLITS = ["train", "valid", "test"]
+EVAL_SPLITS = ["valid", "test"]  # the order of every per-split input list (knnlm.experiments.common.SPLITS)
+LMS = ["base"]  # the base LMs of this run: today the one trained from config section 'lm'
+KEYS = CFG["datastore"]["key_types"]
+METRICS = CFG["index"]["metrics"]
+DS = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
+RA = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'stores.extra'
+
+wildcard_constraints:
+    **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
+
+
+def P(name, **fixed):
+    """The layout's pattern of artifact `name`, with the given wildcards filled and the others left open."""
+    return L.pattern(name, **fixed)
+
+
+def per_split(name, **fixed):
+    """Pattern list of a per-split artifact over EVAL_SPLITS (the order jobs read per-split inputs in)."""
+    return [P(name, split=s, **fixed) for s in EVAL_SPLITS]
+
+
+def cfg_json(*sections):
+    """The config sections a rule depends on, as a shell-quoted JSON argument (params: changes rerun the rule)."""
+    keep = ("name", "results_dir", "threads") + sections
+    return shlex.quote(json.dumps({k: CFG[k] for k in keep if k in CFG}, sort_keys=True))
+
+
+def _named(files):
+    return {k: [str(f) for f in v] if isinstance(v, list) else str(v) for k, v in files.items()}
+
+
+def io(**extra):
+    """params function: the rule's named inputs and outputs, wildcards and `extra` named paths (patterns) as JSON.
+
+    Every input and output of a knnlm rule is named: the job finds its files by these names (knnlm.cli.Job).
+    """
+    def fn(wildcards, input, output):
+        wc = dict(wildcards.items())
+        return shlex.quote(json.dumps({"input": _named(input), "output": _named(output), "wildcards": wc,
+                                       "extra": {k: v.format(**wc) for k, v in extra.items()}}))
+    return fn
+
+
+def knnlm(job):
+    """Shell command of knnlm job `job` (knnlm.cli.JOBS); the rule gives params cfg and io, and a log."""
+    return (f"{PY} -m knnlm {job} --rule {{rule}} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}}"
+            " > {log} 2>&1")
+
+
+def log_of(rule, *wildcards):
+    """Log file pattern of a job: logs/<rule>_<wildcard values>.log."""
+    return P("log", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
+
+
+def bench_of(rule, *wildcards):
+    """Snakemake benchmark pattern of a job (wall time, peak RSS): benchmarks/<rule>_<wildcard values>.tsv."""
+    return P("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
+
+
+def datastore(key=None, lm="{lm}"):
+    """Named inputs of the datastore: manifest, vals and (for a key type or "{key}") key_file."""
+    out = {"manifest": P("datastore_manifest", lm=lm), "vals": P("vals", lm=lm)}
+    if key:
+        out["key_file"] = P("keys", lm=lm, key=key)
+    return out
+
+
+def queries(split=None, key=None, lm="{lm}"):
+    """Named inputs of the dumped queries of one split (or per-split lists when split is None)."""
+    get = (lambda n, **f: P(n, split=split, **f)) if split else per_split
+    out = {"queries_manifest": get("queries_manifest", lm=lm), "targets": get("targets", lm=lm),
+           "lm_logprobs": get("lm_logprobs", lm=lm)}
+    if key:
+        out["queries"] = get("queries", lm=lm, key=key)
+    return out
+
+
+# Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope
+# (rules settings and tau_sweep).
+SETTINGS_INPUTS = {
+    **datastore(), **queries(), "data_bin": P("data_bin"), "store": P("store_prep"),
+    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta")},
+}
+
+# Named targets, one per section of the paper: each rule file adds its own (TARGETS[name] = files); the
+# Snakefile makes one rule per entry (`snakemake <name>`) and `all` of them all.
+TARGETS = {}
+
+
+def tables(*names):
+    """The Markdown files of tables `names` for every base LM of the run."""
+    return expand(P("table", table="{t}", ext="md"), t=names, lm=LMS)
+
+
+def report_caption(name):
+    """The RST caption of a table or figure in `snakemake --report`: workflow/report/<name>.rst, or the
+    default caption (which points to the caption inside the table's Markdown) when there is none."""
+    path = Path(workflow.basedir) / "report" / f"{name}.rst"
+    return str(path if path.exists() else path.with_name("default.rst"))

@@ -1,0 +1,45 @@
+# Table 1 (Xu et al. 2023, Sec. 3): p_kNN from the full store's neighbour cache, λ tuned on valid, reported on
+# valid and test, for every (key type, metric).
+
+rule score:
+    input:
+        **datastore(),
+        **queries(),
+        wordcounts=P("wordcounts"),
+        nb_ids=per_split("nb_ids", store="full"),
+        nb_dists=per_split("nb_dists", store="full"),
+        nb_meta=per_split("nb_meta", store="full"),
+    output:
+        out=P("score", store="full"),
+        knn=per_split("knn_logprobs", store="full"),
+    params:
+        cfg=cfg_json("knn"),
+        io=io(),
+    log:
+        log_of("score", "lm", "key", "metric"),
+    benchmark:
+        bench_of("score", "lm", "key", "metric")
+    shell:
+        knnlm("table1.score")
+
+
+rule write_table1:
+    input:
+        scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
+        lm_logprobs=per_split("lm_logprobs"),
+        wordcounts=P("wordcounts"),
+    output:
+        csv=P("table", table="table1", ext="csv"),
+        md=report(P("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
+    params:
+        cfg=cfg_json("knn", "profile"),
+        io=io(),
+    log:
+        log_of("write_table1", "lm"),
+    benchmark:
+        bench_of("write_table1", "lm")
+    shell:
+        knnlm("table1.table1")
+
+
+TARGETS["table1"] = tables("table1")
