@@ -136,10 +136,10 @@ def test_index_search_recall_against_exact(tiny_run):
     q = qs(tiny_run, "valid", "ffn")
     ids = np.load(art(tiny_run, "nb_ids", store="full", key="ffn", metric="l2", split="valid"))
     x = np.asarray(keys, np.float32)
-    qs = np.asarray(q["queries"][:50])
-    d2 = ((qs[:, None, :] - x[None]) ** 2).sum(-1)
+    q50 = np.asarray(q["queries"][:50])
+    d2 = ((q50[:, None, :] - x[None]) ** 2).sum(-1)
     exact = np.argsort(d2, axis=1)[:, :10]
-    recall = np.mean([len(set(exact[i]) & set(ids[i, :50])) / 10 for i in range(len(qs))])
+    recall = np.mean([len(set(exact[i]) & set(ids[i, :50])) / 10 for i in range(len(q50))])
     assert recall > 0.5
     assert ids.shape[1] == TINY["knn"]["k"] and ids.dtype == np.int32
 
@@ -261,3 +261,4 @@ def test_parametric_alternatives(tiny_run):
     assert ada["info"]["rows"] == res["info"]["rows"]  # adaptive and equal counts at the same total
     cl = read_json(art(tiny_run, "parametric_result", variant="cluster1", key="att"))
     assert set(cl["stages"]) == {"before", "after"}
+

@@ -1,4 +1,4 @@
-"""Entry point of every Snakemake job: `python -m knnlm <module>.<job> --rule R --threads N --cfg JSON --io JSON`.
+"""Entry point of every Snakemake job: `python -m knnlm <module>.<job> --threads N --cfg JSON --io JSON`.
 
 A thin dispatcher. A job is a plain function `job(j: Job) -> dict | None` in an experiment module
 knnlm.experiments.<module> (spine, retrieval, table1, datastore_size, temperature, parametric, ...); adding
@@ -6,7 +6,8 @@ a module adds its jobs, with no registry to edit. --cfg carries the config secti
 `params.cfg`), --io the rule's named `input:` and `output:` files and its wildcards (built by
 workflow/rules/common.smk), so a job reads exactly the files Snakemake knows about and never rebuilds a path.
 What the job returns ({'metrics', 'step_metrics', 'artifacts', 'params'}) is logged as one MLflow run
-(knnlm.tracking.log_run), with the config sections as params and the rule and wildcards as tags.
+(knnlm.tracking.log_run), with the config sections as params and the job ('<module>.<job>', the tag 'rule')
+and wildcards as tags.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ log = logging.getLogger("knnlm")
 class Job:
     """One job: cfg (the config sections its rule passes), input / output ({name: path or [paths]}, as the
     rule's named `input:` / `output:`), wildcards, extra (named paths that are neither, e.g. a resumable work
-    dir), threads (as Snakemake schedules them), rule name."""
+    dir), threads (as Snakemake schedules them), rule (the job name, an MLflow tag)."""
 
     cfg: dict
     input: dict = field(default_factory=dict)
@@ -90,12 +91,11 @@ def main(argv=None) -> None:
     p.add_argument("job", help="<module>.<function> in knnlm.experiments, e.g. table1.score")
     p.add_argument("--cfg", required=True, help="JSON of the config sections the rule uses (validated by the Snakefile)")
     p.add_argument("--io", default="{}", help='JSON {"input": {...}, "output": {...}, "wildcards": {...}, "extra": {...}}')
-    p.add_argument("--rule", default="", help="Snakemake rule name (MLflow tag)")
     p.add_argument("--threads", type=int, default=1, help="threads Snakemake gave the job")
     args = p.parse_args(argv)
     io = json.loads(args.io)
     job = Job(cfg=json.loads(args.cfg), input=io.get("input", {}), output=io.get("output", {}),
-              wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.rule or args.job)
+              wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.job)
     run_job(args.job, job)
 
 

@@ -15,6 +15,7 @@ import yaml
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 SPLITS = ("train", "valid", "test")
+RAW_SPLIT_NAME = "wiki.{split}.tokens"  # the raw corpus files in config key 'data.dir' (WikiText layout)
 
 
 class ConfigError(ValueError):
@@ -145,7 +146,7 @@ def deep_merge(base: dict, extra: dict) -> dict:
 def split_files(cfg: dict) -> dict[str, Path]:
     """Paths of the raw WikiText split files named by config key 'data.dir'."""
     d = Path(cfg["data"]["dir"])
-    return {s: d / f"wiki.{s}.tokens" for s in SPLITS}
+    return {s: d / RAW_SPLIT_NAME.format(split=s) for s in SPLITS}
 
 
 def check_data(cfg: dict) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .config import SPLITS, ConfigError, split_files
+from .config import ConfigError, split_files
 from .io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def download(cfg: dict) -> None:
     with zipfile.ZipFile(zpath) as z:
         for member in z.namelist():
             name = Path(member).name
-            if name in {f"wiki.{s}.tokens" for s in SPLITS}:
+            if name in {p.name for p in split_files(cfg).values()}:
                 with atomic_path(dest / name) as tmp, z.open(member) as src, open(tmp, "wb") as dst:
                     shutil.copyfileobj(src, dst)
     zpath.unlink()

@@ -26,7 +26,7 @@ from pathlib import Path
 # name -> pattern relative to the run root. Wildcards: lm, store, key, metric, split, variant, table, figure, ext.
 PATTERNS: dict[str, str] = {
     # corpus
-    "split_tokens": "data/wiki.{split}.tokens",
+    "split_tokens": "data/{split}.tokens",
     "wordcounts": "data/wordcounts.json",
     "bpe_model": "bpe/spm.model",
     "bpe_vocab": "bpe/spm.vocab",

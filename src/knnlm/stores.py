@@ -155,3 +155,4 @@ def open_store(prep_dir: str | Path, keys: np.ndarray, man: dict) -> Store:
 
         transform = faiss.read_VectorTransform(str(prep_dir / "query_transform"))
     return Store(keys, None if rows is None else np.asarray(rows), meta, transform)
+

@@ -40,14 +40,16 @@ def write_table(df: pd.DataFrame, csv_path: str | Path, md_path: str | Path, tit
     parts = [f"# {title}\n", caption.strip() + "\n"]
     for split, sub in df.groupby("split", sort=False):
         parts.append(f"\n## {split}\n")
-        shown = sub.drop(columns=["split"]).apply(lambda col: col.map(lambda v: _fmt(col.name, v)))
+        shown = sub.drop(columns=["split"]).apply(
+            lambda col: col.map(lambda v: _fmt("tokens" if pd.api.types.is_integer_dtype(col) else col.name, v)))
         parts.append(shown.to_markdown(index=False, disable_numparse=True) + "\n")
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text("".join(parts))
 
 
 def _fmt(column: str, v) -> str:
-    """Markdown cell: '-' for missing, λ with 2 decimals, perplexities with 3."""
+    """Markdown cell: '-' for missing, integers (columns tokens, words or of integer dtype) as such, λ with 2
+    decimals, other numbers (perplexities) with 3."""
     if v is None or (isinstance(v, float) and v != v):
         return "-"
     if column in ("tokens", "words"):

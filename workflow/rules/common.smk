@@ -18,6 +18,9 @@ CFG = validate_config(config, source="snakemake config (--configfile / --config)
 check_data(CFG)
 
 L = Layout.of(CFG)
+# The software of every job (each rule's `conda:`): the project's pinned environment, used with --sdm conda;
+# by default jobs run in the environment snakemake itself runs in (.venv from scripts/setup.sh).
+ENV = str(Path(workflow.basedir).parent / "environment.yml")
 PY = shlex.quote(sys.executable)
 THREADS = CFG["threads"]
 SPLITS = ["train", "valid", "test"]
@@ -43,7 +46,7 @@ def per_split(name, **fixed):
 
 
 def cfg_json(*sections):
-    """The config sections a rule depends on, as a shell-quoted JSON argument (params: changes rerun the rule)."""
+    """The config sections a job depends on, as a shell-quoted JSON argument (in params, so a change reruns it)."""
     keep = ("name", "results_dir", "threads") + sections
     return shlex.quote(json.dumps({k: CFG[k] for k in keep if k in CFG}, sort_keys=True))
 
@@ -53,9 +56,9 @@ def _named(files):
 
 
 def io(**extra):
-    """params function: the rule's named inputs and outputs, wildcards and `extra` named paths (patterns) as JSON.
+    """params function: the named inputs and outputs, wildcards and `extra` named paths (patterns) as JSON.
 
-    Every input and output of a knnlm rule is named: the job finds its files by these names (knnlm.cli.Job).
+    Every input and output of a knnlm job is named, and the job finds its files by these names (knnlm.cli.Job).
     """
     def fn(wildcards, input, output):
         wc = dict(wildcards.items())
@@ -66,8 +69,7 @@ def io(**extra):
 
 def knnlm(job):
     """Shell command of knnlm job `job` (knnlm.cli.JOBS); the rule gives params cfg and io, and a log."""
-    return (f"{PY} -m knnlm {job} --rule {{rule}} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}}"
-            " > {log} 2>&1")
+    return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} > {{log}} 2>&1"
 
 
 def log_of(rule, *wildcards):
@@ -105,8 +107,8 @@ SETTINGS_INPUTS = {
     **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta")},
 }
 
-# Named targets, one per section of the paper: each rule file adds its own (TARGETS[name] = files); the
-# Snakefile makes one rule per entry (`snakemake <name>`) and `all` of them all.
+# Named targets, one per section of the paper: each file under rules/ adds its own (TARGETS[name] = files),
+# and the Snakefile turns every entry into a target (`snakemake <name>`) and `all` into all of them.
 TARGETS = {}
 
 

@@ -11,6 +11,8 @@ if CFG["data"]["download"]:
             io=io(),
         log:
             log_of("download"),
+        conda:
+            ENV
         shell:
             knnlm("spine.download")
 
@@ -30,6 +32,8 @@ rule prepare_data:
         log_of("prepare_data"),
     benchmark:
         bench_of("prepare_data")
+    conda:
+        ENV
     shell:
         knnlm("spine.prepare_data")
 
@@ -50,6 +54,8 @@ rule bpe:
         log_of("bpe"),
     benchmark:
         bench_of("bpe")
+    conda:
+        ENV
     shell:
         knnlm("spine.bpe")
 
@@ -67,5 +73,7 @@ rule preprocess:
         log_of("preprocess"),
     benchmark:
         bench_of("preprocess")
+    conda:
+        ENV
     shell:
         knnlm("spine.preprocess")

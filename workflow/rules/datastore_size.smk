@@ -21,6 +21,8 @@ rule write_datastore_size:
         log_of("write_datastore_size", "lm"),
     benchmark:
         bench_of("write_datastore_size", "lm")
+    conda:
+        ENV
     shell:
         knnlm("datastore_size.figures")
 

@@ -17,6 +17,8 @@ rule train_lm:
         log_of("train_lm", "lm"),
     benchmark:
         bench_of("train_lm", "lm")
+    conda:
+        ENV
     shell:
         knnlm("spine.train_lm")
 
@@ -40,6 +42,8 @@ rule dump_datastore:
         log_of("dump_datastore", "lm"),
     benchmark:
         bench_of("dump_datastore", "lm")
+    conda:
+        ENV
     shell:
         knnlm("spine.dump_datastore")
 
@@ -63,5 +67,7 @@ rule dump_queries:
         log_of("dump_queries", "lm", "split"),
     benchmark:
         bench_of("dump_queries", "lm", "split")
+    conda:
+        ENV
     shell:
         knnlm("spine.dump_queries")

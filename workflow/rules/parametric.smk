@@ -18,6 +18,8 @@ rule word_stats:
         log_of("word_stats", "lm"),
     benchmark:
         bench_of("word_stats", "lm")
+    conda:
+        ENV
     shell:
         knnlm("parametric.word_stats")
 
@@ -41,6 +43,8 @@ rule train_parametric:
         log_of("train_parametric", "lm", "variant", "key"),
     benchmark:
         bench_of("train_parametric", "lm", "variant", "key")
+    conda:
+        ENV
     shell:
         knnlm("parametric.train_parametric")
 
@@ -64,6 +68,8 @@ rule write_parametric:
         log_of("write_parametric", "lm"),
     benchmark:
         bench_of("write_parametric", "lm")
+    conda:
+        ENV
     shell:
         knnlm("parametric.tables")
 

@@ -15,6 +15,8 @@ rule prepare_store:
         log_of("prepare_store", "lm", "store", "key"),
     benchmark:
         bench_of("prepare_store", "lm", "store", "key")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.prepare_store")
 
@@ -36,6 +38,8 @@ rule build_index:
         log_of("build_index", "lm", "store", "key", "metric"),
     benchmark:
         bench_of("build_index", "lm", "store", "key", "metric")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.build_index")
 
@@ -59,6 +63,8 @@ rule search:
         log_of("search", "lm", "store", "key", "metric", "split"),
     benchmark:
         bench_of("search", "lm", "store", "key", "metric", "split")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.search")
 
@@ -81,6 +87,8 @@ rule real_score:
         log_of("real_score", "lm", "store", "key", "metric", "split"),
     benchmark:
         bench_of("real_score", "lm", "store", "key", "metric", "split")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.real_score")
 
@@ -104,6 +112,8 @@ rule exact_search:
         log_of("exact_search", "lm", "store", "key", "metric", "split"),
     benchmark:
         bench_of("exact_search", "lm", "store", "key", "metric", "split")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.exact_search")
 
@@ -120,6 +130,8 @@ rule settings:
         log_of("settings", "lm", "store", "key", "metric"),
     benchmark:
         bench_of("settings", "lm", "store", "key", "metric")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.settings")
 
@@ -137,6 +149,8 @@ rule write_table3:
         log_of("write_table3", "lm"),
     benchmark:
         bench_of("write_table3", "lm")
+    conda:
+        ENV
     shell:
         knnlm("retrieval.table3")
 

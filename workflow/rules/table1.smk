@@ -19,6 +19,8 @@ rule score:
         log_of("score", "lm", "key", "metric"),
     benchmark:
         bench_of("score", "lm", "key", "metric")
+    conda:
+        ENV
     shell:
         knnlm("table1.score")
 
@@ -38,6 +40,8 @@ rule write_table1:
         log_of("write_table1", "lm"),
     benchmark:
         bench_of("write_table1", "lm")
+    conda:
+        ENV
     shell:
         knnlm("table1.table1")
 

@@ -16,6 +16,8 @@ rule tau_sweep:
         log_of("tau_sweep", "lm", "store", "key", "metric"),
     benchmark:
         bench_of("tau_sweep", "lm", "store", "key", "metric")
+    conda:
+        ENV
     shell:
         knnlm("temperature.tau_sweep")
 
@@ -36,6 +38,8 @@ rule write_temperature:
         log_of("write_temperature", "lm"),
     benchmark:
         bench_of("write_temperature", "lm")
+    conda:
+        ENV
     shell:
         knnlm("temperature.figures")
 

@@ -118,7 +118,7 @@ def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample
 
 def train_parametric(job: Job) -> dict:
     """Train one variant (wildcards 'variant', 'key') on the dumped keys, resumable from its work dir
-    (job.extra['work_dir']: checkpoint.pt, kmeans.pt, per-stage log-probs), score it on valid and test,
+    (job.extra["work_dir"]: train_state.pt, kmeans.pt, per-stage log-probs), score it on valid and test,
     write result.json.
 
     The result: per stage ('trained', or 'before'/'after' fine-tuning for clusters) an evaluate() result (λ
@@ -179,7 +179,7 @@ def train_parametric(job: Job) -> dict:
         epochs = p["max_epochs"]
     result["info"] = info
     if epochs > 0:
-        hist = train(model, batches, valid, out_dir / "checkpoint.pt", p["lr"], epochs, p["patience"], p["bf16"])
+        hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, p["patience"], p["bf16"])
         result["history"] = hist
         score(model, "after" if spec["kind"] == "cluster" else "trained")
     write_json(job.path("result"), result)

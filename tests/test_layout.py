@@ -1,0 +1,96 @@
+"""The artifact layout has one owner (knnlm.paths), stores are prepared and opened by kind (knnlm.stores), jobs
+find their files by name (knnlm.cli)."""
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from knnlm.cli import Job, resolve
+from knnlm.config import PROJECT_ROOT, ConfigError, validate_config
+from knnlm.io import ArtifactError
+from knnlm.paths import PATTERNS, Layout
+from knnlm.stores import open_store, prepare_store, store_kind_of, store_wildcard
+
+
+def test_layout_patterns_and_paths(tmp_path):
+    L = Layout(tmp_path, "run")
+    assert L.pattern("keys", key="att") == str(tmp_path / "run" / "lms" / "{lm}" / "datastore" / "keys_att.npy")
+    assert L.path("nb_ids", lm="base", store="r0.05", key="ffn", metric="l2", split="test") == \
+        tmp_path / "run" / "lms/base/stores/r0.05/neighbours/ffn_l2_test_ids.npy"
+    with pytest.raises(ValueError, match=r"needs wildcard\(s\) \['split'\]"):
+        L.path("nb_ids", lm="base", store="full", key="ffn", metric="l2")
+    with pytest.raises(KeyError, match="unknown artifact 'nope'"):
+        L.path("nope")
+
+
+def test_no_path_pattern_outside_the_layout():
+    """File names of the layout appear in no other source file: paths are written once (knnlm.paths)."""
+    files, dirs = [], []
+    for pat in PATTERNS.values():
+        base = Path(pat).name
+        literal = re.sub(r"\{[^}]*\}", "", base)
+        if "." in base and len(literal) >= 5:  # a file: its name with every wildcard open, e.g. keys_\S+\.npy
+            files.append(re.compile("".join(r"[^/\s]+" if part.startswith("{") else re.escape(part)
+                                            for part in re.split(r"(\{[^}]*\})", base) if part)))
+        elif "{" not in base:  # a fixed directory name, e.g. data-bin, as a path component
+            dirs.append(base)
+    sources = [p for d in ("src", "workflow", "benchmarks") for p in (PROJECT_ROOT / d).rglob("*")
+               if p.suffix in (".py", ".smk") or p.name == "Snakefile"]
+    hits = []
+    for p in sources:
+        if p.name == "paths.py":
+            continue
+        for lit in re.findall(r"[\"']([^\"'\n]*)[\"']", p.read_text()):
+            if lit.startswith(("wiki.", "expected a directory with wiki.", " (a WikiText zip)")):
+                continue  # the raw corpus's own file names (config.RAW_SPLIT_NAME), an input, not an artifact
+            if any(f.search(lit) for f in files) or any(f"/{d}" in lit or f"{d}/" in lit for d in dirs):
+                hits.append(f"{p.relative_to(PROJECT_ROOT)}: {lit!r}")
+    assert not hits, hits
+
+
+def _datastore(n=3000, d=24, seed=0):
+    rng = np.random.default_rng(seed)
+    # anisotropic keys: a few directions carry most of the variance
+    keys = (rng.normal(size=(n, d)) * np.linspace(3, 0.1, d)).astype(np.float16)
+    return keys, {"N": n, "D": d, "checkpoint_sha256": "c" * 64}
+
+
+CFG = {"datastore_size": {"seed": 1}, "index": {"seed": 1}}
+
+
+def test_subset_store(tmp_path):
+    keys, man = _datastore()
+    meta = prepare_store("r0.1", "att", keys, man, CFG, tmp_path / "s")
+    st = open_store(tmp_path / "s", keys, man)
+    assert meta["size"] == 300 == st.size and st.rows is not None and np.all(np.diff(st.rows) > 0)
+    assert st.keys is keys and st.transform is None
+    with pytest.raises(ArtifactError, match="another datastore"):
+        open_store(tmp_path / "s", keys, {**man, "N": 10})
+
+
+def test_unknown_store_kind_is_a_config_error(tmp_path):
+    with pytest.raises(ValueError, match="known kinds"):
+        store_kind_of("half")
+    assert re.fullmatch(store_wildcard(), "r0.05") and re.fullmatch(store_wildcard(), "full")
+    assert not re.fullmatch(store_wildcard(), "half")
+    d = tmp_path / "data"
+    d.mkdir()
+    for s in ("train", "valid", "test"):
+        (d / f"wiki.{s}.tokens").write_text(" = A = \n")
+    with pytest.raises(ConfigError, match="'stores.extra'.*'half'"):
+        validate_config({"name": "t", "data": {"dir": str(d)}, "stores": {"extra": ["half"]}}, "my.yaml")
+
+
+def test_job_names_its_files_and_jobs_resolve():
+    j = Job(cfg={}, input={"a": "x", "l": ["p", "q"]}, output={"o": "y"}, rule="r")
+    assert j.path("a") == Path("x") and j.paths("l") == [Path("p"), Path("q")] and j.paths("o") == [Path("y")]
+    with pytest.raises(KeyError, match="rule r: no input or output named 'b'"):
+        j.path("b")
+    with pytest.raises(KeyError, match="list of 2 files"):
+        j.path("l")
+    assert resolve("table1.score").__name__ == "score"
+    with pytest.raises(ValueError, match="module one of"):
+        resolve("nomodule.x")
+    with pytest.raises(ValueError, match="no function 'nope'"):
+        resolve("retrieval.nope")
