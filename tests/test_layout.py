@@ -69,10 +69,32 @@ def test_subset_store(tmp_path):
         open_store(tmp_path / "s", keys, {**man, "N": 10})
 
 
+def test_pca_store_projects_keys_and_queries(tmp_path):
+    from knnlm.exact import exact_topk
+
+    keys, man = _datastore()
+    meta = prepare_store("pca6", "att", keys, man, CFG, tmp_path / "p")
+    st = open_store(tmp_path / "p", keys, man)
+    assert meta["dim"] == 6 == st.keys.shape[1] and st.rows is None and 0.5 < meta["explained_variance"] < 1
+    # the store's keys are the keys under the same projection as the queries
+    x = np.asarray(keys, np.float32)
+    np.testing.assert_allclose(np.asarray(st.keys, np.float32), st.project(x), atol=2e-2, rtol=1e-2)
+    # the projection is the top-6 principal subspace: it keeps most of the variance, and is orthonormal
+    y = st.project(x)
+    assert y.var(0).sum() / x.var(0).sum() == pytest.approx(meta["explained_variance"], rel=1e-2)
+    # exact search in the reduced space = brute force on the projected keys
+    q = np.random.default_rng(1).normal(size=(7, 24)).astype(np.float32)
+    ids, d = exact_topk(st.keys, st.project(q), 5, "l2", 512, 4, 8)
+    ref = ((st.project(q)[:, None, :] - np.asarray(st.keys, np.float32)[None]) ** 2).sum(-1)
+    np.testing.assert_allclose(d, np.sort(ref, 1)[:, :5], rtol=1e-4, atol=1e-3)
+    with pytest.raises(ValueError, match=r"PCA dimension must be in \[1, 23\]"):
+        prepare_store("pca24", "att", keys, man, CFG, tmp_path / "bad")
+
+
 def test_unknown_store_kind_is_a_config_error(tmp_path):
     with pytest.raises(ValueError, match="known kinds"):
         store_kind_of("half")
-    assert re.fullmatch(store_wildcard(), "r0.05") and re.fullmatch(store_wildcard(), "full")
+    assert re.fullmatch(store_wildcard(), "r0.05") and re.fullmatch(store_wildcard(), "pca128")
     assert not re.fullmatch(store_wildcard(), "half")
     d = tmp_path / "data"
     d.mkdir()

@@ -59,7 +59,9 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 13 for Figures 2, 4, 5 (one subset, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
     #   1 settings, 2 τ sweeps, 2 figure jobs
     # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
-    assert jobs == 63
+    # + 10 for the PCA table (store pca16, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
+    #   settings, table
+    assert jobs == 73
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -262,3 +264,17 @@ def test_parametric_alternatives(tiny_run):
     cl = read_json(art(tiny_run, "parametric_result", variant="cluster1", key="att"))
     assert set(cl["stages"]) == {"before", "after"}
 
+
+def test_pca_store(tiny_run):
+    """The store pca16 (He et al. 2021): its own keys and index, exact search and real score in 16 dims."""
+    df = pd.read_csv(art(tiny_run, "table", table="pca", ext="csv"))
+    assert set(df["store"]) == {"full", "pca16"} and set(df["dim"]) == {32, 16}
+    assert len(df) == 2 * 2 * 3  # stores x splits x mask/score settings (ffn/L2)
+    meta = read_json(art(tiny_run, "store_prep", store="pca16", key="ffn") / "store.json")
+    assert meta["dim"] == 16 and 0.5 < meta["explained_variance"] < 1
+    assert df[df["store"] == "pca16"]["explained variance"].eq(meta["explained_variance"]).all()
+    where = {"store": "pca16", "key": "ffn", "metric": "l2", "split": "valid"}
+    exact, real = np.load(art(tiny_run, "exact_dists", **where)), np.load(art(tiny_run, "real_dists", **where))
+    assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()  # exact top-1 in 16 dims beats every FAISS neighbour there
+    full = np.load(art(tiny_run, "exact_dists", **{**where, "store": "full"}))
+    assert (exact[:, 0] <= full[:, 0] * 1.01 + 1e-3).all()  # an orthogonal projection never increases a distance

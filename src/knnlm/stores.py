@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from .io import ArtifactError, open_npy, read_json, save_npy, write_json
+from .io import ArtifactError, create_npy, open_npy, read_json, save_npy, write_json
 
 KINDS: list[tuple[re.Pattern, Callable]] = []
 
@@ -156,3 +156,22 @@ def open_store(prep_dir: str | Path, keys: np.ndarray, man: dict) -> Store:
         transform = faiss.read_VectorTransform(str(prep_dir / "query_transform"))
     return Store(keys, None if rows is None else np.asarray(rows), meta, transform)
 
+
+@store_kind(r"pca(?P<dim>[0-9]+)")
+def _pca(m, keys, man, cfg, out_dir: Path) -> dict:
+    """Keys projected to d dims by a PCA (He et al. 2021, Sec. 4.1) trained on a seeded sample of min(N, 100,000)
+    keys (seed 'index.seed'); the queries get the same projection (query_transform)."""
+    import faiss
+
+    d, n = int(m["dim"]), man["N"]
+    if not 0 < d < man["D"]:
+        raise ValueError(f"store {m[0]}: the PCA dimension must be in [1, {man['D'] - 1}], found {d}")
+    sample = np.sort(np.random.default_rng(cfg["index"]["seed"]).choice(n, size=min(n, 100_000), replace=False))
+    pca = faiss.PCAMatrix(man["D"], d)
+    pca.train(np.ascontiguousarray(keys[sample], dtype=np.float32))
+    faiss.write_VectorTransform(pca, str(out_dir / "query_transform"))
+    with create_npy(out_dir / "keys.npy", (n, d), np.float16) as out:
+        for s in range(0, n, 65536):
+            out[s:s + 65536] = pca.apply(np.ascontiguousarray(keys[s:s + 65536], dtype=np.float32))
+    eig = faiss.vector_to_array(pca.eigenvalues)
+    return {"pca_train_size": len(sample), "explained_variance": float(eig[:d].sum() / eig.sum())}

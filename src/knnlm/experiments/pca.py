@@ -1,0 +1,25 @@
+"""PCA-reduced keys (He et al. 2021, "Efficient Nearest Neighbor Language Models", Sec. 4.1): the stores pca<d>
+(knnlm.stores) against the full datastore, with the three mask/score settings of Xu et al. 2023, Sec. 5."""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..cli import Job
+from ..io import read_json
+from ..scope import scope_caption
+from ..tables import write_table
+from .retrieval import settings_rows
+
+
+def table(job: Job) -> dict:
+    """Table 'pca': interpolated perplexity vs key dimension (CSV + Markdown)."""
+    cfg, sweeps = job.cfg, [read_json(p) for p in job.paths("settings")]
+    rows = settings_rows(sweeps, lambda s: {"store": s["store"], "dim": s["dim"],
+                                            "explained variance": s["store_meta"].get("explained_variance", 1.0)})
+    df = pd.DataFrame(rows).sort_values(["split", "h_ds", "⊗", "mask", "score", "dim"], kind="stable")
+    cap = (f"PCA-reduced keys ({cfg['name']}; He et al. 2021): keys and queries projected to d dims by a PCA trained on "
+           f"a seeded sample of keys, then IVFPQ (code size d/8 bytes when 'index.code_size' is auto), exact search and "
+           f"real score in the reduced space; τ = {cfg['knn']['temperature']}, λ tuned on valid; scope: "
+           f"{scope_caption(cfg)}. {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "PCA: interpolated perplexity vs key dimension", cap)
+    return {"artifacts": [job.path("csv"), job.path("md")]}
