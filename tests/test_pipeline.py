@@ -49,7 +49,16 @@ def test_table1_produced(tiny_run):
         assert r["interp PPL (word)"] > r["interp PPL (token)"]  # more tokens than words with a 400-piece BPE
     assert (base["PPL (word)"] > base["PPL (token)"]).all()
     md = art(tiny_run, "table", table="table1", ext="md").read_text()
-    assert "## test" in md and "## valid" in md and "Tiny CI config" in md
+    assert "## test" in md and "## valid" in md and "Tiny CI config" in md and "paired bootstrap over documents" in md
+    for _, r in df.iterrows():  # the CI brackets its point estimate (interp PPL for kNN-LM rows, PPL for the base)
+        v, lo, hi = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", r["95% CI (word)"]).groups())
+        want = r["PPL (word)"] if r["model"] == "Base LM" else r["interp PPL (word)"]
+        assert lo <= v <= hi and v == pytest.approx(want, rel=1e-3)
+    cmp = pd.read_csv(art(tiny_run, "table", table="table1_comparisons", ext="csv"))
+    # per split: 4 kNN-LMs vs base, att vs ffn for L2 and IP, IP vs L2 for att and ffn
+    assert len(cmp) == 2 * 8 and set(cmp["verdict"]) <= {"lower", "higher", "inconclusive"}
+    assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()
+    assert ((cmp["verdict"] == "inconclusive") == ((cmp["CI low"] <= 0) & (cmp["CI high"] >= 0))).all()
 
 
 def test_every_job_logged_to_mlflow(tiny_run):
@@ -61,7 +70,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
     # + 10 for the PCA table (store pca16, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
     #   settings, table
-    assert jobs == 73
+    # + 4 for the documents and the retrieval scope of valid and test (confidence intervals)
+    assert jobs == 77
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -194,12 +204,14 @@ def test_word_count_of_token_spans(tiny_run):
 def test_table3_exact_neighbours_are_closest(tiny_run):
     df = pd.read_csv(art(tiny_run, "table", table="table3", ext="csv"))
     assert set(zip(df["mask"], df["score"])) == {("-", "-"), ("FAISS", "FAISS"), ("FAISS", "real"), ("real", "real")}
-    assert (df["tokens"] == TINY["retrieval"]["max_queries"]).all()
+    for split in ("valid", "test"):
+        sc = np.load(art(tiny_run, "scope", split=split))
+        assert (df[df["split"] == split]["tokens"] == len(sc)).all() and len(sc) <= TINY["retrieval"]["max_queries"]
     for metric in ("l2", "ip"):
         where = {"store": "full", "key": "ffn", "metric": metric, "split": "valid"}
         exact = np.load(art(tiny_run, "exact_dists", **where))
         real = np.load(art(tiny_run, "real_dists", **where))
-        assert exact.shape == real.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
+        assert exact.shape == real.shape == (len(np.load(art(tiny_run, "scope", split="valid"))), TINY["knn"]["k"])
         if metric == "l2":  # exact top-1 is at least as close as any FAISS neighbour (exact distances)
             assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()
         else:
@@ -213,7 +225,7 @@ def test_datastore_subset_searches_only_its_rows(tiny_run):
     where = {"key": "ffn", "metric": "l2", "split": "test"}
     for kind in ("nb_ids", "exact_ids"):
         ids = np.load(art(tiny_run, kind, store="r0.2", **where))
-        assert ids.shape == (TINY["retrieval"]["max_queries"], TINY["knn"]["k"])
+        assert ids.shape == (len(np.load(art(tiny_run, "scope", split="test"))), TINY["knn"]["k"])
         assert np.isin(ids[ids >= 0], rows).all()
     # exact search in the subset: its k-th neighbour is no closer than the k-th in the full datastore
     full = np.load(art(tiny_run, "exact_dists", store="full", **where))
@@ -278,3 +290,18 @@ def test_pca_store(tiny_run):
     assert (exact[:, 0] <= real.min(axis=1) + 1e-3).all()  # exact top-1 in 16 dims beats every FAISS neighbour there
     full = np.load(art(tiny_run, "exact_dists", **{**where, "store": "full"}))
     assert (exact[:, 0] <= full[:, 0] * 1.01 + 1e-3).all()  # an orthogonal projection never increases a distance
+
+
+def test_scope_is_a_sample_of_whole_documents(tiny_run):
+    """The retrieval scope: whole documents (blocks of 200 tokens in the tiny config), not the first N tokens."""
+    for split in ("valid", "test"):
+        docs = np.load(art(tiny_run, "documents", split=split))
+        sc = np.load(art(tiny_run, "scope", split=split))
+        chosen = np.unique(docs["doc"][sc])
+        assert np.array_equal(sc, np.flatnonzero(np.isin(docs["doc"], chosen)))  # whole documents, in order
+        assert 1 < len(chosen) < len(docs["words"]) and not np.array_equal(chosen, np.arange(len(chosen)))
+        assert docs["tokens"].sum() == len(docs["doc"]) == len(np.load(art(tiny_run, "targets", split=split)))
+        assert docs["words"].sum() == read_json(art(tiny_run, "wordcounts"))[split]["words"]
+    cmp = pd.read_csv(art(tiny_run, "table", table="table3_comparisons", ext="csv"))
+    assert len(cmp) == 2 * 2 * 6  # splits x (L2, IP) x (3 settings vs base + 3 mask/score pairs)
+    assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()

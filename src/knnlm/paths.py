@@ -33,6 +33,8 @@ PATTERNS: dict[str, str] = {
     "bpe_split": "bpe/{split}.bpe",
     "bpe_stats": "bpe/bpe_stats.json",
     "data_bin": "data-bin",
+    "documents": "data/{split}.documents.npz",
+    "scope": "data/{split}.scope.npy",
     # one base LM
     "checkpoint": "lms/{lm}/checkpoint.pt",
     "fairseq_dir": "lms/{lm}/fairseq",

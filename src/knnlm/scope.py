@@ -1,7 +1,9 @@
-"""Which query tokens an experiment scores, and their word counts (Xu et al. 2023, Sec. 5 scope of Table 3).
+"""Which query tokens an experiment scores, and their word counts (the scope of Xu et al. 2023, Sec. 5).
 
-The retrieval experiments (Table 3, Figures 2, 4, 5) score the first `retrieval.max_queries` tokens of
-valid and of test (all when null); Table 1 and the parametric tables score whole splits.
+The retrieval experiments (Table 3, Figures 2, 4, 5, the store tables) score a seeded sample of whole
+documents of valid and of test spread over the split, at most `retrieval.max_queries` tokens each (all
+documents when null), the same tokens for every setting they compare; Table 1 and the parametric tables
+score whole splits. Documents: knnlm.stats.
 """
 from __future__ import annotations
 
@@ -10,15 +12,33 @@ from pathlib import Path
 import numpy as np
 
 
-def scope(t: int, max_queries: int | None) -> int:
-    """Number of leading query tokens in scope: min(T, max_queries), or T when max_queries is null."""
-    return t if not max_queries else min(t, int(max_queries))
+def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int) -> np.ndarray:
+    """The scope of a split: sorted int64 token indices of whole documents.
+
+    doc: [T] document id per target token (knnlm.stats.token_documents). Documents are visited in a seeded
+    random order and kept while the total stays ≤ max_tokens (null: all documents), so the sample spreads over
+    the split. Raises ValueError naming 'retrieval.max_queries' if no document fits.
+    """
+    doc = np.asarray(doc)
+    if not max_tokens:
+        return np.arange(len(doc), dtype=np.int64)
+    sizes = np.bincount(doc)
+    keep, total = [], 0
+    for d in np.random.default_rng(seed).permutation(len(sizes)):
+        if total + sizes[d] <= max_tokens:
+            keep.append(d)
+            total += sizes[d]
+    if not keep:
+        raise ValueError(f"config key 'retrieval.max_queries': {max_tokens} tokens hold no whole document "
+                         f"(the smallest has {sizes.min()} tokens)")
+    return np.flatnonzero(np.isin(doc, keep)).astype(np.int64)
 
 
 def scope_caption(cfg: dict) -> str:
     """The scope of config key 'retrieval.max_queries' in words, for captions."""
     mq = cfg["retrieval"]["max_queries"]
-    return "all tokens of valid and test" if not mq else f"the first {mq} tokens of valid and of test"
+    return ("all tokens of valid and test" if not mq else
+            f"a seeded sample of whole documents of valid and of test, at most {mq} tokens each")
 
 
 def word_starts(dict_txt: str | Path) -> np.ndarray:

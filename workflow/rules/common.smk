@@ -104,7 +104,8 @@ def queries(split=None, key=None, lm="{lm}"):
 # (rules settings and tau_sweep).
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "data_bin": P("data_bin"), "store": P("store_prep"),
-    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta")},
+    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta",
+                                 "scope", "documents")},
 }
 
 # Named targets, one per section of the paper: each file under rules/ adds its own (TARGETS[name] = files),

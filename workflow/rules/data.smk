@@ -77,3 +77,22 @@ rule preprocess:
         ENV
     shell:
         knnlm("spine.preprocess")
+
+
+rule documents:
+    input:
+        text=P("split_tokens"),
+        bpe=P("bpe_split"),
+    output:
+        out=P("documents"),
+    params:
+        cfg=cfg_json("stats"),
+        io=io(),
+    log:
+        log_of("documents", "split"),
+    benchmark:
+        bench_of("documents", "split")
+    conda:
+        ENV
+    shell:
+        knnlm("spine.documents")

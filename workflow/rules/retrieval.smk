@@ -2,6 +2,24 @@
 # rules serves them all. Then Table 3 (Xu et al. 2023, Sec. 5): FAISS vs real mask and score.
 
 
+rule scope:
+    input:
+        documents=P("documents"),
+    output:
+        out=P("scope"),
+    params:
+        cfg=cfg_json("retrieval"),
+        io=io(),
+    log:
+        log_of("scope", "split"),
+    benchmark:
+        bench_of("scope", "split")
+    conda:
+        ENV
+    shell:
+        knnlm("retrieval.scope")
+
+
 rule prepare_store:
     input:
         **datastore("{key}"),
@@ -51,6 +69,7 @@ rule search:
         store=P("store_prep"),
         index=P("index"),
         index_meta=P("index_meta"),
+        scope=lambda wc: [] if wc.store == "full" else P("scope", split=wc.split),
     output:
         ids=P("nb_ids"),
         dists=P("nb_dists"),
@@ -74,6 +93,7 @@ rule real_score:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
         store=P("store_prep"),
+        scope=P("scope"),
         nb_ids=P("nb_ids"),
         nb_meta=P("nb_meta"),
     output:
@@ -98,6 +118,7 @@ rule exact_search:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
         store=P("store_prep"),
+        scope=P("scope"),
     output:
         ids=P("exact_ids"),
         dists=P("exact_dists"),
@@ -124,7 +145,7 @@ rule settings:
     output:
         out=P("settings"),
     params:
-        cfg=cfg_json("knn", "retrieval"),
+        cfg=cfg_json("knn", "retrieval", "stats"),
         io=io(),
     log:
         log_of("settings", "lm", "store", "key", "metric"),
@@ -142,8 +163,11 @@ rule write_table3:
     output:
         csv=P("table", table="table3", ext="csv"),
         md=report(P("table", table="table3", ext="md"), caption=report_caption("table3"), category="Table 3"),
+        cmp_csv=P("table", table="table3_comparisons", ext="csv"),
+        cmp_md=report(P("table", table="table3_comparisons", ext="md"), caption=report_caption("table3"),
+                      category="Table 3"),
     params:
-        cfg=cfg_json("retrieval", "knn", "profile"),
+        cfg=cfg_json("retrieval", "knn", "stats", "profile"),
         io=io(),
     log:
         log_of("write_table3", "lm"),

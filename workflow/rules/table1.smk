@@ -28,13 +28,19 @@ rule score:
 rule write_table1:
     input:
         scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
+        knn_valid=expand(P("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
+        knn_test=expand(P("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
         wordcounts=P("wordcounts"),
+        documents=per_split("documents"),
     output:
         csv=P("table", table="table1", ext="csv"),
         md=report(P("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
+        cmp_csv=P("table", table="table1_comparisons", ext="csv"),
+        cmp_md=report(P("table", table="table1_comparisons", ext="md"), caption=report_caption("table1"),
+                      category="Table 1"),
     params:
-        cfg=cfg_json("knn", "profile"),
+        cfg=cfg_json("knn", "stats", "profile"),
         io=io(),
     log:
         log_of("write_table1", "lm"),

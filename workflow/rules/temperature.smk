@@ -9,7 +9,7 @@ rule tau_sweep:
     output:
         out=P("tau_sweep"),
     params:
-        cfg=cfg_json("knn", "retrieval", "temperature"),
+        cfg=cfg_json("knn", "retrieval", "temperature", "stats"),
         io=io(),
     threads: THREADS
     log:

@@ -20,7 +20,7 @@ from ..cli import Job
 from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
-from ..scope import count_words, scope, scope_caption, word_starts
+from ..scope import count_words, scope_caption, scope_tokens, word_starts
 from .common import by_split, open_datastore, open_split
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,32 @@ def _store(job: Job):
     return open_store(job.path("store"), keys, man), man
 
 
-def _scoped(job: Job, man: dict, max_queries):
-    """(queries manifest, scoped queries [t, D] memmap, t) of the job's split."""
+def _scoped(job: Job, man: dict, everything: bool = False):
+    """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the retrieval scope
+    (input 'scope'), or every token when `everything`."""
     q = open_split(job, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"])
-    t = scope(q["manifest"]["T"], max_queries)
-    return q, q["queries"][:t], t
+    sc = np.arange(q["manifest"]["T"]) if everything else np.load(job.path("scope"))
+    if len(sc) and sc[-1] >= q["manifest"]["T"]:
+        raise ArtifactError(f"{job.path('scope')}: token {sc[-1]} beyond the {q['manifest']['T']} queries of the split")
+    return q, np.asarray(q["queries"][sc] if not everything else q["queries"]), sc
+
+
+def scope(job: Job) -> dict:
+    """The retrieval scope of a split: whole documents in a seeded order up to 'retrieval.max_queries' tokens."""
+    docs = np.load(job.path("documents"))
+    sc = scope_tokens(docs["doc"], job.cfg["retrieval"]["max_queries"], job.cfg["retrieval"]["scope_seed"])
+    save_npy(job.path("out"), sc)
+    return {"metrics": {"tokens": len(sc), "documents": len(np.unique(docs["doc"][sc])),
+                        "split_tokens": len(docs["doc"]), "split_documents": len(docs["words"])}}
+
+
+def _rows_of(meta: dict, sc: np.ndarray, source) -> np.ndarray:
+    """Rows of a query cache (meta 'queries': 'all' tokens or the 'scope') for the scope's tokens."""
+    if meta.get("queries", "scope") == "all":
+        return sc
+    if meta["T"] != len(sc):
+        raise ArtifactError(f"{source}: cache of {meta['T']} scoped queries, the scope has {len(sc)}: rerun its rule")
+    return np.arange(len(sc))
 
 
 def prepare_store(job: Job) -> dict:
@@ -79,14 +100,14 @@ def search(job: Job) -> dict:
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
-    mq = None if job.wildcards["store"] == "full" else job.cfg["retrieval"]["max_queries"]
-    q, queries, t = _scoped(job, man, mq)
+    everything = job.wildcards["store"] == "full"
+    q, queries, sc = _scoped(job, man, everything)
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
                          job.cfg["index"]["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
                          job.threads)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
-                 store=job.wildcards["store"], search_seconds=time.time() - t0,
+                 store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
                  checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"])
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": stats["T"], "missing_neighbours": stats["missing_neighbours"],
@@ -98,11 +119,10 @@ def real_score(job: Job) -> dict:
     from ..exact import recompute_distances
 
     store, man = _store(job)
-    q, queries, t = _scoped(job, man, job.cfg["retrieval"]["max_queries"])
+    q, queries, sc = _scoped(job, man)
+    t = len(sc)
     meta = read_json(job.path("nb_meta"))
-    if meta["T"] < t:
-        raise ArtifactError(f"{job.path('nb_meta')}: neighbours of {meta['T']} queries, the scope needs {t}")
-    ids = open_npy(job.path("nb_ids"), (meta["T"], meta["k"]), np.int32)[:t]
+    ids = open_npy(job.path("nb_ids"), (meta["T"], meta["k"]), np.int32)[_rows_of(meta, sc, job.path("nb_meta"))]
     t0 = time.time()
     d = recompute_distances(store.keys, store.project(queries), ids, job.wildcards["metric"])
     save_npy(job.path("dists"), d)
@@ -116,7 +136,8 @@ def exact_search(job: Job) -> dict:
     from ..exact import exact_topk
 
     store, man = _store(job)
-    q, queries, t = _scoped(job, man, job.cfg["retrieval"]["max_queries"])
+    q, queries, sc = _scoped(job, man)
+    t = len(sc)
     k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
     t0 = time.time()
     ids, d = exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
@@ -135,9 +156,10 @@ def exact_search(job: Job) -> dict:
 def load_settings(job: Job, raw: bool = False):
     """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs.
 
-    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: [t] log p_kNN at the config τ}),
-    or with raw=True per setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
-    Raises ArtifactError when a cache covers fewer queries than the scope.
+    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: [t] log p_kNN at the config τ},
+    docs {split: (doc [t] int document index 0..D-1 of each scoped token, doc_words [D], doc_ids [D] ids in the
+    split)}), or with raw=True per setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
+    Raises ArtifactError when a cache does not cover the scope.
     """
     from ..scoring import knn_log_prob_from_cache, neighbour_hits, scores_from_distances
 
@@ -145,43 +167,68 @@ def load_settings(job: Job, raw: bool = False):
     _, vals, man = open_datastore(job, with_keys=False)
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
-                                                     "exact_dists", "exact_meta")}
-    lp_lm, words, out = {}, {}, {s: {} for s in SETTINGS}
+                                                     "exact_dists", "exact_meta", "scope", "documents")}
+    lp_lm, words, out, docs = {}, {}, {s: {} for s in SETTINGS}, {}
     for split in SPLITS:
-        q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
-        t = scope(q["manifest"]["T"], job.cfg["retrieval"]["max_queries"])
-        tg = np.asarray(q["targets"][:t])
-        lp_lm[split] = np.asarray(q["lm_logprobs"][:t], dtype=np.float64)
-        words[split] = count_words(tg, starts)
         f = {name: v[split] for name, v in files.items()}
+        q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
+        sc = np.load(f["scope"])
+        t = len(sc)
+        tg = np.asarray(q["targets"])[sc]
+        lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
+        words[split] = count_words(tg, starts)
+        dn = np.load(f["documents"])
+        ids, doc = np.unique(dn["doc"][sc], return_inverse=True)
+        docs[split] = (doc, dn["words"][ids], ids)
         meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
-        if meta["T"] < t or emeta["T"] != t:
-            raise ArtifactError(f"{f['nb_meta']}: neighbours cover {meta['T']} and exact search {emeta['T']} queries; "
-                                f"the scope 'retrieval.max_queries' needs {t}: rerun the search rules")
+        rows = _rows_of(meta, sc, f["nb_meta"])
+        if emeta["T"] != t:
+            raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: rerun it")
         k = meta["k"]
-        f_ids = open_npy(f["nb_ids"], (meta["T"], k), np.int32)[:t]
-        caches = {"faiss_mask_faiss_score": (f_ids, open_npy(f["nb_dists"], (meta["T"], k), np.float32)[:t]),
+        f_ids = open_npy(f["nb_ids"], (meta["T"], k), np.int32)[rows]
+        caches = {"faiss_mask_faiss_score": (f_ids, open_npy(f["nb_dists"], (meta["T"], k), np.float32)[rows]),
                   "faiss_mask_real_score": (f_ids, open_npy(f["real_dists"], (t, k), np.float32)),
                   "real_mask_real_score": (open_npy(f["exact_ids"], (t, k), np.int32),
                                            open_npy(f["exact_dists"], (t, k), np.float32))}
-        for setting, (ids, d) in caches.items():
+        for setting, (nb, d) in caches.items():
             if raw:
-                hit, valid = neighbour_hits(ids, vals, tg)
+                hit, valid = neighbour_hits(nb, vals, tg)
                 out[setting][split] = (scores_from_distances(np.asarray(d), metric), hit, valid)
             else:
-                out[setting][split] = knn_log_prob_from_cache(ids, d, vals, tg, metric, tau)
-    return lp_lm, words, out
+                out[setting][split] = knn_log_prob_from_cache(nb, d, vals, tg, metric, tau)
+    return lp_lm, words, out, docs
 
 
-def settings_result(job: Job, lp_lm, words, lp_knn) -> dict:
-    """The settings JSON of one (store, key, metric): base LM and the three settings (evaluate) on the scope."""
+# The comparisons of Sec. 5 within one store, as (a, b): a / b − 1 of interpolated per-word perplexity.
+SETTING_PAIRS = [(st, "base") for st in SETTINGS] + [
+    ("faiss_mask_real_score", "faiss_mask_faiss_score"),  # real vs FAISS score (same FAISS mask)
+    ("real_mask_real_score", "faiss_mask_real_score"),  # real vs FAISS mask (real score)
+    ("real_mask_real_score", "faiss_mask_faiss_score")]  # exact vs approximate retrieval
+
+
+def settings_result(job: Job, lp_lm, words, lp_knn, docs) -> dict:
+    """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings
+    (evaluate), per-document NLL (doc_nll, for paired comparisons across stores) and the bootstrap CIs of
+    each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
+    from ..scoring import interpolate
+    from ..stats import compare, per_document
+
+    st = job.cfg["stats"]
     meta = read_json(job.path("store") / "store.json")
+    ev = {name: evaluate(lp_lm, by, words, job.cfg["knn"]["lambda_steps"]) for name, by in lp_knn.items()}
+    doc_nll, ci = {}, {}
+    for split, (doc, doc_words, _) in docs.items():
+        lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
+        nll = per_document(-np.stack(list(lps.values())), doc, len(doc_words))
+        doc_nll[split] = dict(zip(lps, nll.tolist()))
+        ci[split] = compare(nll, doc_words, list(lps), SETTING_PAIRS, st["resamples"], st["seed"], st["level"])
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
-            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm},
-            "settings": {st: evaluate(lp_lm, by, words, job.cfg["knn"]["lambda_steps"]) for st, by in lp_knn.items()}}
+            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "ci": ci,
+            "doc_ids": {s: d[2].tolist() for s, d in docs.items()},
+            "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
 
 
 def settings(job: Job) -> dict:
@@ -210,31 +257,46 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}) -> list[dict]
 
 
 def table3(job: Job) -> dict:
-    """Table 3: FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's settings."""
+    """Table 3: FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's settings,
+    with 95 % CIs (paired bootstrap over the scope's documents), and the table of its comparisons."""
     import pandas as pd
 
+    from ..stats import fmt_ci
     from ..tables import write_table
 
     cfg = job.cfg
-    rows, metrics = [], {}
+    rows, metrics, comparisons = [], {}, []
     for s in map(read_json, job.paths("settings")):
         key, metric = s["key_type"], s["metric"]
         labels = {"h_ds": key, "⊗": METRIC_NAME[metric]}
         for split in ("test", "valid"):
-            n = {"tokens": s["scope_tokens"][split], "words": s["words"][split]}
+            n = {"tokens": s["scope_tokens"][split], "words": s["words"][split], "documents": len(s["doc_ids"][split])}
+            c = s["ci"][split]
             base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
             base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})
-            rows.append({**base, **n})
+            rows.append({**base, **n, "95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
             for setting in SETTINGS:
                 mask, score = SETTING_LABEL[setting]
-                rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, s["settings"][setting]), **n})
+                rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, s["settings"][setting]), **n,
+                             "95% CI (word)": fmt_ci(c["ppl"][setting]),
+                             "vs base (95% CI)": fmt_ci(c["diff"][f"{setting} vs base"], pct=True)})
                 metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
+            comparisons += [{"split": split, **labels, "comparison": k, "relative difference": v["value"],
+                             "CI low": v["lo"], "CI high": v["hi"], "verdict": v["verdict"]} for k, v in c["diff"].items()]
     cols = ["split", "h_ds", "⊗", "mask", "score", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
-            "oracle PPL (token)", "tokens", "words"]
+            "oracle PPL (token)", "tokens", "words", "documents", "95% CI (word)", "vs base (95% CI)"]
     df = pd.DataFrame(rows)[cols]
+    st = cfg["stats"]
+    boot = (f"95% CI: paired bootstrap over the scope's documents ({st['documents']}, {st['resamples']} resamples, seed "
+            f"{st['seed']}).")
     cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5): FAISS (IVFPQ) vs real (exact) mask and score, "
            f"τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: {scope_caption(cfg)} "
            f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
-           f"('▁') plus <eos>. {cfg.get('profile', {}).get('caption', '')}")
+           f"('▁') plus <eos>. {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 3: approximate vs exact retrieval", cap)
-    return {"metrics": metrics, "artifacts": [job.path("csv"), job.path("md")]}
+    cmp_cap = (f"Comparisons of Table 3 ({cfg['name']}): relative difference a / b − 1 of interpolated per-word "
+               f"perplexity on the same scope. {boot} Verdict: 'lower' / 'higher' when the CI excludes 0, else "
+               f"'inconclusive'.")
+    write_table(pd.DataFrame(comparisons).sort_values("split", kind="stable"), job.path("cmp_csv"), job.path("cmp_md"),
+                "Table 3 comparisons with 95% CIs", cmp_cap)
+    return {"metrics": metrics, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}

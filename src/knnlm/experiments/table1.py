@@ -65,31 +65,62 @@ def score(job: Job) -> dict:
 
 
 def table1(job: Job) -> dict:
-    """Table 1 from the score JSONs and the base LM's log-probs (CSV + Markdown)."""
+    """Table 1 from the score JSONs and the base LM's log-probs (CSV + Markdown), with 95 % CIs from a paired
+    bootstrap over documents (knnlm.stats), and the table of the paper's comparisons (kNN-LM vs base, att vs ffn,
+    L2 vs IP): relative difference of per-word perplexity with its CI and verdict."""
     import pandas as pd
 
+    from ..scoring import interpolate
+    from ..stats import compare, fmt_ci, per_document
     from ..tables import write_table
 
-    cfg = job.cfg
-    base = base_summary(lm_log_probs(job), words_per_split(job))
+    cfg, st = job.cfg, job.cfg["stats"]
+    lp_lm = lm_log_probs(job)
+    base = base_summary(lp_lm, words_per_split(job))
     scores = [read_json(p) for p in job.paths("scores")]
+    names = ["base"] + [f"{s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores]
+    pairs = [(n, "base") for n in names[1:]]
+    pairs += [(a, b) for a in names[1:] for b in names[1:] if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
+    ci, comparisons = {}, []
+    for split in SPLITS:
+        docs = np.load(by_split(job, "documents")[split])
+        lps = [lp_lm[split]] + [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["lambda"])
+                                for s, p in zip(scores, job.paths(f"knn_{split}"))]
+        doc_nll = per_document(-np.stack(lps), docs["doc"], len(docs["words"]))
+        ci[split] = compare(doc_nll, docs["words"], names, pairs, st["resamples"], st["seed"], st["level"])
+        comparisons += [{"split": split, "comparison": k, "relative difference": v["value"], "CI low": v["lo"],
+                         "CI high": v["hi"], "verdict": v["verdict"]} for k, v in ci[split]["diff"].items()]
     rows = []
     for split in ("test", "valid"):
-        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-"}, base=base))
-        rows += [result_row(split, {"model": "kNN-LM", "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}, s)
-                 for s in scores]
+        c = ci[split]
+        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-"}, base=base)
+                    | {"95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
+        for s, n in zip(scores, names[1:]):
+            rows.append(result_row(split, {"model": "kNN-LM", "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}, s)
+                        | {"95% CI (word)": fmt_ci(c["ppl"][n]), "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base"], pct=True)})
     df = pd.DataFrame(rows)
+    ndoc = {s: ci[s]["documents"] for s in SPLITS}
+    boot = (f"95% CI: paired bootstrap over documents ({st['documents']}; {ndoc['test']} test and {ndoc['valid']} valid "
+            f"documents, {st['resamples']} resamples, seed {st['seed']}); the CI of a kNN-LM row is of its interp PPL "
+            f"(word), 'vs base' its relative difference to the base LM on the same resamples.")
     cap = (f"Table 1 ({cfg['name']}; Xu et al. 2023, Sec. 3): perplexity of the base LM and of kNN-LMs with att/ffn keys "
            f"and L2/IP. 'PPL' of a kNN-LM row is kNN-only (inf when a target is absent from the k={cfg['knn']['k']} FAISS "
            f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "
            f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
-           f"+ one <eos> per line). {cfg.get('profile', {}).get('caption', '')}")
+           f"+ one <eos> per line). {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap)
+    cmp_cap = (f"Comparisons of Table 1 ({cfg['name']}): relative difference of interpolated per-word perplexity "
+               f"(a / b − 1; the base LM's plain PPL), {boot} Verdict: 'lower' / 'higher' when the CI excludes 0, "
+               f"else 'inconclusive'.")
+    write_table(pd.DataFrame(comparisons).sort_values("split", ascending=True, kind="stable"), job.path("cmp_csv"),
+                job.path("cmp_md"), "Table 1 comparisons with 95% CIs", cmp_cap)
     m = {}
     for _, r in df.iterrows():
         tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}"
         m[f"{r['split']}_{tag}_ppl_word"] = r["PPL (word)"]
         if r["model"] != "Base LM":
             m[f"{r['split']}_{tag}_interp_ppl_word"] = r["interp PPL (word)"]
+    for c in comparisons:
+        m[f"{c['split']}_{c['comparison'].replace(' ', '_').replace('/', '_')}_reldiff"] = c["relative difference"]
     print(Path(job.path("md")).read_text())
-    return {"metrics": m, "artifacts": [job.path("csv"), job.path("md")]}
+    return {"metrics": m, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}

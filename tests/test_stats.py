@@ -1,0 +1,84 @@
+"""Paired bootstrap over documents (knnlm.stats): calibration, shrinkage with more documents, pairing."""
+import numpy as np
+import pytest
+
+from knnlm.stats import (bootstrap_ppl, compare, interval, line_documents, per_document, resample_counts,
+                         token_documents)
+
+
+def synthetic(rng, n_docs, delta, doc_sd=0.5, noise_sd=0.05):
+    """Per-document NLL of a base setting B and of A = B + (delta + noise) per word, with strong document effects
+    (some articles are much harder than others); the true relative difference is exp(delta) − 1."""
+    words = rng.integers(200, 2000, size=n_docs).astype(float)
+    base = words * (5.0 + rng.normal(0, doc_sd, n_docs))
+    a = base + words * (delta + rng.normal(0, noise_sd, n_docs))
+    return np.stack([a, base]), words
+
+
+def test_interval_covers_the_true_difference_about_95_percent():
+    rng = np.random.default_rng(0)
+    delta, hits, reps = -0.05, 0, 300
+    for r in range(reps):
+        nll, words = synthetic(rng, 60, delta)
+        d = compare(nll, words, ["a", "b"], [("a", "b")], resamples=1000, seed=r)["diff"]["a vs b"]
+        hits += d["lo"] <= np.exp(delta) - 1 <= d["hi"]
+    assert 0.90 <= hits / reps <= 0.99
+
+
+def test_intervals_shrink_with_more_documents():
+    rng = np.random.default_rng(1)
+    widths = []
+    for n in (30, 480):
+        nll, words = synthetic(rng, n, -0.05)
+        d = compare(nll, words, ["a", "b"], [("a", "b")], resamples=2000, seed=0)["diff"]["a vs b"]
+        widths.append(d["hi"] - d["lo"])
+    assert widths[1] < 0.5 * widths[0]  # ~ 1/sqrt(16) = 0.25 expected
+
+
+def test_paired_intervals_are_narrower_than_unpaired():
+    rng = np.random.default_rng(2)
+    nll, words = synthetic(rng, 60, -0.02)
+    paired = compare(nll, words, ["a", "b"], [("a", "b")], resamples=2000, seed=0)["diff"]["a vs b"]
+    ca, cb = resample_counts(60, 2000, 1), resample_counts(60, 2000, 2)  # independent resamples of A and of B
+    unpaired = interval(bootstrap_ppl(nll[:1], words, ca)[:, 0] / bootstrap_ppl(nll[1:], words, cb)[:, 0] - 1)
+    assert (paired["hi"] - paired["lo"]) < 0.2 * (unpaired[1] - unpaired[0])
+    assert paired["verdict"] == "lower" and unpaired[0] < 0 < unpaired[1]  # pairing decides, unpaired cannot
+
+
+def test_no_difference_is_inconclusive_and_point_estimates_are_exact():
+    rng = np.random.default_rng(3)
+    nll, words = synthetic(rng, 40, 0.0, noise_sd=0.02)
+    res = compare(nll, words, ["a", "b"], [("a", "b")], resamples=1000, seed=0)
+    assert res["diff"]["a vs b"]["verdict"] == "inconclusive"
+    assert res["ppl"]["a"]["value"] == pytest.approx(np.exp(nll[0].sum() / words.sum()))
+    assert res["ppl"]["a"]["lo"] < res["ppl"]["a"]["value"] < res["ppl"]["a"]["hi"]
+    assert resample_counts(40, 5, 0).sum(1).tolist() == [40] * 5  # each resample draws D documents
+
+
+def test_documents_of_a_wikitext_split(tmp_path):
+    text = [" \n", " = A = \n", " \n", " x y \n", " = = Sec = = \n", " z \n", " = B = \n", " w \n"]
+    bpe = ["\n", "▁= ▁A ▁=\n", "\n", "▁x ▁y\n", "▁= ▁= ▁Sec ▁= ▁=\n", "▁z\n", "▁= ▁B ▁=\n", "▁w\n"]
+    (tmp_path / "t").write_text("".join(text))
+    (tmp_path / "b").write_text("".join(bpe))
+    assert line_documents(text, "wikitext").tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
+    docs = token_documents(tmp_path / "t", tmp_path / "b", "wikitext")
+    assert len(docs) == sum(len(b.split()) + 1 for b in bpe) and docs.tolist().count(1) == 4 + 2
+    assert per_document(np.ones(len(docs)), docs, 2).tolist() == [len(docs) - 6, 6]
+    assert token_documents(tmp_path / "t", tmp_path / "b", "blocks", block_tokens=10).max() == (len(docs) - 1) // 10
+    with pytest.raises(ValueError, match="stats.documents"):
+        line_documents(text, "chapters")
+
+
+def test_scope_is_whole_documents_up_to_the_budget():
+    from knnlm.scope import scope_tokens
+
+    sizes = np.array([5, 8, 3, 12, 7, 6, 9, 4, 10, 2])
+    doc = np.repeat(np.arange(10), sizes)
+    sc = scope_tokens(doc, 25, seed=3)
+    chosen = np.unique(doc[sc])
+    assert np.array_equal(sc, np.flatnonzero(np.isin(doc, chosen))) and sizes[chosen].sum() == len(sc) <= 25
+    assert len(sc) > 25 - sizes.max()  # greedy over a random order: no room left for most documents
+    assert np.array_equal(scope_tokens(doc, 25, seed=3), sc) and not np.array_equal(scope_tokens(doc, 25, seed=4), sc)
+    assert len(scope_tokens(doc, None, seed=3)) == len(doc)
+    with pytest.raises(ValueError, match="retrieval.max_queries.*smallest has 2 tokens"):
+        scope_tokens(doc, 1, seed=0)
