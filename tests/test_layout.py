@@ -59,6 +59,14 @@ def _datastore(n=3000, d=24, seed=0):
 CFG = {"datastore_size": {"seed": 1}, "index": {"seed": 1}}
 
 
+def test_subsets_are_nested():
+    from knnlm.stores import subsample_rows
+
+    small, large = subsample_rows(10_000, 0.05, 7), subsample_rows(10_000, 0.25, 7)
+    assert len(small) == 500 and len(large) == 2500 and np.isin(small, large).all()
+    assert not np.array_equal(subsample_rows(10_000, 0.05, 8), small)
+
+
 def test_subset_store(tmp_path):
     keys, man = _datastore()
     meta = prepare_store("r0.1", "att", keys, man, CFG, tmp_path / "s")
@@ -116,3 +124,15 @@ def test_job_names_its_files_and_jobs_resolve():
         resolve("nomodule.x")
     with pytest.raises(ValueError, match="no function 'nope'"):
         resolve("retrieval.nope")
+
+
+def test_recall_at_k_against_bruteforce():
+    from knnlm.experiments.retrieval import recall_at_k
+
+    rng = np.random.default_rng(0)
+    exact = np.stack([rng.permutation(50)[:8] for _ in range(20)])
+    approx = exact.copy()
+    approx[:, :3] = rng.integers(50, 60, size=(20, 3))  # 3 of 8 wrong in every row
+    approx[0, 3] = -1  # one missing neighbour
+    ref = np.mean([len(set(a[a >= 0]) & set(e)) / 8 for a, e in zip(approx, exact)])
+    assert recall_at_k(approx, exact) == pytest.approx(ref) and recall_at_k(exact, exact) == 1.0

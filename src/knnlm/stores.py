@@ -55,8 +55,10 @@ def store_ratio(name: str) -> float:
 def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
     """A seeded random subset of round(ratio × N) datastore rows, sorted int64 [n_sub].
 
-    An index list into the one datastore, never a copy of its keys. Subsets of different ratios with the
-    same seed are drawn independently. Raises ValueError unless 0 < ratio ≤ 1 and the subset is non-empty.
+    An index list into the one datastore, never a copy of its keys. Subsets of different ratios with the same
+    seed are nested (5 % ⊂ 10 % ⊂ … ⊂ full: prefixes of one seeded permutation), so a size curve compares
+    datastores that differ only in the rows added. Raises ValueError unless 0 < ratio ≤ 1 and the subset is
+    non-empty.
     """
     if not 0 < ratio <= 1:
         raise ValueError(f"datastore ratio must be in (0, 1], found {ratio}")
@@ -65,7 +67,8 @@ def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
         raise ValueError(f"ratio {ratio} of a datastore of {n} keys is empty")
     if size == n:
         return np.arange(n, dtype=np.int64)
-    return np.sort(np.random.default_rng(seed).choice(n, size=size, replace=False)).astype(np.int64)
+    perm = np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+    return np.sort(perm[:size]).astype(np.int64)
 
 
 @store_kind("full")

@@ -55,7 +55,7 @@ def figures(job: Job) -> dict:
     written += save_figure(fig, job.paths("fig2"))
     plt.close(fig)
 
-    fig, axes = plt.subplots(2, len(pairs), figsize=(4.6 * len(pairs), 7.2), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(3, len(pairs), figsize=(4.6 * len(pairs), 10.2), squeeze=False, layout="constrained")
     for row, split in enumerate(splits):
         part = size[size["split"] == split]
         for ax, (key, metric) in zip(axes[row], pairs):
@@ -69,6 +69,15 @@ def figures(job: Job) -> dict:
             ax.set_xlabel("fraction of the datastore")
             ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}", fontsize=10)
         axes[row][0].set_ylabel(f"{split} perplexity (per word)")
+    for ax, (key, metric) in zip(axes[2], pairs):  # how approximate the approximation was, per size
+        here = sorted((s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)), key=lambda s: s["ratio"])
+        for split in splits:
+            ax.plot([s["ratio"] for s in here], [s["recall"][split] for s in here], "-o", label=split)
+        ax.set_xscale("log")
+        ax.set_xlabel("fraction of the datastore")
+        ax.set_title(f"{key}/{METRIC_NAME[metric]}: FAISS recall@{cfg['knn']['k']} of the exact top-k", fontsize=10)
+        ax.legend(fontsize=7)
+    axes[2][0].set_ylabel("recall")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Fig. 4 ({name}): approximate vs exact retrieval by datastore size", fontsize=10)
     written += save_figure(fig, job.paths("fig4"))

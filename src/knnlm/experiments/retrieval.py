@@ -158,7 +158,8 @@ def load_settings(job: Job, raw: bool = False):
 
     Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: [t] log p_kNN at the config τ},
     docs {split: (doc [t] int document index 0..D-1 of each scoped token, doc_words [D], doc_ids [D] ids in the
-    split)}), or with raw=True per setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
+    split)}, recall {split: recall@k of the FAISS neighbours against the exact ones}), or with raw=True per
+    setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
     Raises ArtifactError when a cache does not cover the scope.
     """
     from ..scoring import knn_log_prob_from_cache, neighbour_hits, scores_from_distances
@@ -168,7 +169,7 @@ def load_settings(job: Job, raw: bool = False):
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
                                                      "exact_dists", "exact_meta", "scope", "documents")}
-    lp_lm, words, out, docs = {}, {}, {s: {} for s in SETTINGS}, {}
+    lp_lm, words, out, docs, recall = {}, {}, {s: {} for s in SETTINGS}, {}, {}
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
         q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
@@ -190,13 +191,25 @@ def load_settings(job: Job, raw: bool = False):
                   "faiss_mask_real_score": (f_ids, open_npy(f["real_dists"], (t, k), np.float32)),
                   "real_mask_real_score": (open_npy(f["exact_ids"], (t, k), np.int32),
                                            open_npy(f["exact_dists"], (t, k), np.float32))}
+        recall[split] = recall_at_k(caches["faiss_mask_faiss_score"][0], caches["real_mask_real_score"][0])
         for setting, (nb, d) in caches.items():
             if raw:
                 hit, valid = neighbour_hits(nb, vals, tg)
                 out[setting][split] = (scores_from_distances(np.asarray(d), metric), hit, valid)
             else:
                 out[setting][split] = knn_log_prob_from_cache(nb, d, vals, tg, metric, tau)
-    return lp_lm, words, out, docs
+    return lp_lm, words, out, docs, recall
+
+
+def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
+    """Mean over queries of |approx ∩ exact| / k: how many of the exact top-k neighbours ([t, k] ids, −1 = none)
+    the approximate search found, i.e. how approximate "approximate" was (Xu et al. 2023, Sec. 5)."""
+    a, e = np.asarray(approx, dtype=np.int64), np.asarray(exact, dtype=np.int64)
+    if a.size == 0:
+        return float("nan")
+    off = (np.arange(len(a), dtype=np.int64) * (int(max(a.max(), e.max())) + 2))[:, None]  # rows never collide
+    found = np.isin(np.where(a >= 0, a + off, -1), np.where(e >= 0, e + off, -2)).reshape(a.shape)
+    return float(found.sum(1).mean() / e.shape[1])
 
 
 # The comparisons of Sec. 5 within one store, as (a, b): a / b − 1 of interpolated per-word perplexity.
@@ -206,7 +219,7 @@ SETTING_PAIRS = [(st, "base") for st in SETTINGS] + [
     ("real_mask_real_score", "faiss_mask_faiss_score")]  # exact vs approximate retrieval
 
 
-def settings_result(job: Job, lp_lm, words, lp_knn, docs) -> dict:
+def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall) -> dict:
     """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings
     (evaluate), per-document NLL (doc_nll, for paired comparisons across stores) and the bootstrap CIs of
     each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
@@ -226,7 +239,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs) -> dict:
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
-            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "ci": ci,
+            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "ci": ci, "recall": recall,
             "doc_ids": {s: d[2].tolist() for s, d in docs.items()},
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
 
@@ -270,7 +283,8 @@ def table3(job: Job) -> dict:
         key, metric = s["key_type"], s["metric"]
         labels = {"h_ds": key, "⊗": METRIC_NAME[metric]}
         for split in ("test", "valid"):
-            n = {"tokens": s["scope_tokens"][split], "words": s["words"][split], "documents": len(s["doc_ids"][split])}
+            n = {"tokens": s["scope_tokens"][split], "words": s["words"][split], "documents": len(s["doc_ids"][split]),
+                 f"FAISS recall@{cfg['knn']['k']}": s["recall"][split]}
             c = s["ci"][split]
             base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
             base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})
@@ -284,7 +298,8 @@ def table3(job: Job) -> dict:
             comparisons += [{"split": split, **labels, "comparison": k, "relative difference": v["value"],
                              "CI low": v["lo"], "CI high": v["hi"], "verdict": v["verdict"]} for k, v in c["diff"].items()]
     cols = ["split", "h_ds", "⊗", "mask", "score", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
-            "oracle PPL (token)", "tokens", "words", "documents", "95% CI (word)", "vs base (95% CI)"]
+            "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}", "95% CI (word)",
+            "vs base (95% CI)"]
     df = pd.DataFrame(rows)[cols]
     st = cfg["stats"]
     boot = (f"95% CI: paired bootstrap over the scope's documents ({st['documents']}, {st['resamples']} resamples, seed "
@@ -292,7 +307,8 @@ def table3(job: Job) -> dict:
     cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5): FAISS (IVFPQ) vs real (exact) mask and score, "
            f"τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: {scope_caption(cfg)} "
            f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
-           f"('▁') plus <eos>. {boot} {cfg.get('profile', {}).get('caption', '')}")
+           f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found (how approximate "
+           f"the approximation was). {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 3: approximate vs exact retrieval", cap)
     cmp_cap = (f"Comparisons of Table 3 ({cfg['name']}): relative difference a / b − 1 of interpolated per-word "
                f"perplexity on the same scope. {boot} Verdict: 'lower' / 'higher' when the CI excludes 0, else "

@@ -54,10 +54,10 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tup
 def tau_sweep(job: Job) -> dict:
     """The settings at the config τ and the τ × λ sweep of one (store, key, metric), from one read of the caches."""
     t0 = time.time()
-    lp_lm, words, raw, docs = load_settings(job, raw=True)
+    lp_lm, words, raw, docs, recall = load_settings(job, raw=True)
     tau = job.cfg["knn"]["temperature"]
     lp_knn = {st: {sp: knn_log_prob_from_hits(*c, tau) for sp, c in by.items()} for st, by in raw.items()}
-    out = settings_result(job, lp_lm, words, lp_knn, docs)
+    out = settings_result(job, lp_lm, words, lp_knn, docs, recall)
     t1 = time.time()
     out["tau_sweep"] = temperature_sweep(lp_lm, raw, words, temperatures(job.cfg), job.cfg["temperature"]["lambda_steps"])
     out["tau_sweep_seconds"] = time.time() - t1
