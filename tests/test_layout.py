@@ -136,3 +136,17 @@ def test_recall_at_k_against_bruteforce():
     approx[0, 3] = -1  # one missing neighbour
     ref = np.mean([len(set(a[a >= 0]) & set(e)) / 8 for a, e in zip(approx, exact)])
     assert recall_at_k(approx, exact) == pytest.approx(ref) and recall_at_k(exact, exact) == 1.0
+
+
+def test_approximation_strength_is_held_constant_across_sizes():
+    """Index defaults: the paper's 1 byte per 16 dims and probed fraction 32/4096 at every datastore size."""
+    from knnlm.index import resolve_index_params
+
+    cfg = {"ncentroids": "auto", "code_size": "auto", "train_size": "auto", "nprobe": "auto",
+           "probe_fraction": 32 / 4096, "add_chunk": 65536, "seed": 1}
+    full, small = resolve_index_params(cfg, 2_642_889, 256), resolve_index_params(cfg, 132_144, 256)
+    assert full["code_size"] == small["code_size"] == 16 and full["bytes_per_dim"] == 1 / 16
+    assert full["ncentroids"] == 2048 and full["nprobe"] == 16 and small["ncentroids"] == 512 and small["nprobe"] == 4
+    assert full["probed_fraction"] == small["probed_fraction"] == 32 / 4096
+    paper = resolve_index_params({**cfg, "ncentroids": 4096, "nprobe": 32}, 153_000_000, 1024)
+    assert paper["code_size"] == 64 and paper["nprobe"] == 32

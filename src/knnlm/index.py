@@ -26,15 +26,24 @@ def auto_ncentroids(n: int) -> int:
 
 
 def auto_code_size(d: int) -> int:
-    """PQ bytes per vector: D/8 capped at 64 (the kNN-LM paper's 64 bytes for D=1024), lowered until it divides D."""
-    m = max(1, min(64, d // 8))
+    """PQ bytes per vector: D/16, the kNN-LM paper's 1 byte per 16 dimensions (64 B at D = 1024), at least 1,
+    lowered until it divides D."""
+    m = max(1, d // 16)
     while d % m:
         m -= 1
     return m
 
 
+PAPER_PROBE_FRACTION = 32 / 4096  # the kNN-LM paper: nprobe 32 of 4096 lists
+
+
 def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
-    """Turn config section 'index' ("auto" values) into concrete numbers for a datastore of N keys of dim D."""
+    """Turn config section 'index' ("auto" values) into concrete numbers for a store of N keys of dim D.
+
+    The approximation's strength is a controlled variable (Xu et al. 2023, Sec. 5): code size D/16 bytes and
+    nprobe = probe_fraction × lists (the paper's 32/4096) by default, so a smaller datastore (fewer lists) is
+    searched with the same probed fraction and the same bytes per dimension.
+    """
     nc = index_cfg["ncentroids"]
     nc = auto_ncentroids(n) if nc == "auto" else int(nc)
     cs = index_cfg["code_size"]
@@ -43,8 +52,10 @@ def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
         raise ValueError(f"config key 'index.code_size': must divide the key dimension {d}, found {cs}")
     ts = index_cfg["train_size"]
     ts = min(n, max(64 * nc, 65536)) if ts == "auto" else min(n, int(ts))
-    return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": int(index_cfg["nprobe"]),
-            "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
+    npr = index_cfg["nprobe"]
+    npr = max(1, round(index_cfg["probe_fraction"] * nc)) if npr == "auto" else min(int(npr), nc)
+    return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": npr, "probed_fraction": npr / nc,
+            "bytes_per_dim": cs / d, "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
 
 
 def faiss_metric(metric: str):

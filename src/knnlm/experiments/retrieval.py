@@ -87,7 +87,8 @@ def build_index(job: Job) -> dict:
                  build_seconds=time.time() - t0, datastore_checkpoint_sha256=man["checkpoint_sha256"], N=man["N"],
                  D=store.meta["dim"], subset_size=store.size)
     write_json(job.path("meta"), stats)
-    return {"metrics": {"ntotal": stats["ntotal"], "build_seconds": stats["build_seconds"]},
+    return {"metrics": {"ntotal": stats["ntotal"], "build_seconds": stats["build_seconds"], "nprobe": params["nprobe"],
+                        "probed_fraction": params["probed_fraction"], "code_size": params["code_size"]},
             "params": {"resolved": params}, "artifacts": [job.path("meta")]}
 
 
@@ -104,7 +105,7 @@ def search(job: Job) -> dict:
     q, queries, sc = _scoped(job, man, everything)
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
-                         job.cfg["index"]["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
+                         idx_meta["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
                          job.threads)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
                  store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
