@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import PROJECT_ROOT, run_snakemake
-from knnlm.config import load_config
+from knnlm.config import load_config, temperatures
 from knnlm.dump import load_lm, open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
 from knnlm.paths import Layout
@@ -55,8 +55,11 @@ def test_table1_produced(tiny_run):
         want = r["PPL (word)"] if r["model"] == "Base LM" else r["interp PPL (word)"]
         assert lo <= v <= hi and v == pytest.approx(want, rel=1e-3)
     cmp = pd.read_csv(art(tiny_run, "table", table="table1_comparisons", ext="csv"))
-    # per split: 4 kNN-LMs vs base, att vs ffn for L2 and IP, IP vs L2 for att and ffn
-    assert len(cmp) == 2 * 8 and set(cmp["verdict"]) <= {"lower", "higher", "inconclusive"}
+    # per split: 8 kNN-LMs (τ = 1 and τ tuned) vs base, 4 tuned vs τ = 1, and at each τ: att vs ffn for L2 and IP,
+    # IP vs L2 for att and ffn
+    assert len(cmp) == 2 * 20 and set(cmp["verdict"]) <= {"lower", "higher", "inconclusive"}
+    tuned = df[df["model"] == "kNN-LM (τ tuned)"]
+    assert len(tuned) == 8 and set(tuned["τ"]) <= set(temperatures(TINY))
     assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()
     assert ((cmp["verdict"] == "inconclusive") == ((cmp["CI low"] <= 0) & (cmp["CI high"] >= 0))).all()
 

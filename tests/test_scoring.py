@@ -156,3 +156,26 @@ def test_temperature_sweep_equals_per_tau_scoring():
         for j, lam in enumerate(lams):
             want = -np.sum(interpolate(lp_lm, sweep[1 + i], lam))
             assert grid[i, j] == pytest.approx(want, rel=1e-5) or (np.isinf(want) and np.isinf(grid[i, j]))
+
+
+def test_sweep_from_cache_in_chunks_equals_per_tau_scoring():
+    """The chunked τ sweep over a whole cache (Table 1's tuned τ) equals knn_log_prob_from_cache at each τ > 0."""
+    from knnlm.scoring import knn_log_prob_from_cache, sweep_temperature_from_cache, tune_temperature
+
+    rng = np.random.default_rng(0)
+    t, k, n = 300, 16, 500
+    ids = rng.integers(-1, n, size=(t, k)).astype(np.int32)
+    dists = rng.gamma(2.0, 20.0, size=(t, k)).astype(np.float32)
+    vals = rng.integers(0, 30, size=n).astype(np.int32)
+    targets = rng.integers(0, 30, size=t)
+    taus = [0.5, 1.0, 7.0, 30.0]
+    sw = sweep_temperature_from_cache(ids, dists, vals, targets, "l2", taus, chunk=64)
+    for i, tau in enumerate(taus):
+        np.testing.assert_allclose(sw[i], knn_log_prob_from_cache(ids, dists, vals, targets, "l2", tau), rtol=1e-5,
+                                   atol=1e-5)
+    from knnlm.scoring import interpolated_nll
+
+    lp_lm = np.log(rng.uniform(0.001, 0.05, size=t))  # a weak LM: the kNN term helps, differently per τ
+    best = tune_temperature(lp_lm, sw, taus, 51)
+    nll = [interpolated_nll(lp_lm, sw[i], np.linspace(0, 1, 51)).min() for i in range(len(taus))]
+    assert best == int(np.argmin(nll)) and nll[best] < min(nll[:2]) - 1  # a τ that helps, found

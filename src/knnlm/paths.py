@@ -59,6 +59,7 @@ PATTERNS: dict[str, str] = {
     "exact_meta": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}.json",
     "score": "lms/{lm}/stores/{store}/scores/{key}_{metric}.json",
     "knn_logprobs": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs.npy",
+    "knn_logprobs_tuned": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs_tuned_tau.npy",
     "settings": "lms/{lm}/stores/{store}/settings/{key}_{metric}.json",
     "tau_sweep": "lms/{lm}/stores/{store}/tau_sweep/{key}_{metric}.json",
     # parametric alternatives of that LM

@@ -216,3 +216,23 @@ def nll_grid(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray,
             mix = torch.addcmul(p_lm, lam, p_knn - p_lm).clamp_min_(0)  # (1−λ) p_LM + λ p_kNN
             out[i] -= mix.log_().sum(1, dtype=torch.float64).numpy()
     return out
+
+
+def sweep_temperature_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray, targets: np.ndarray, metric: str,
+                                 temperatures, chunk: int = 32768) -> np.ndarray:
+    """sweep_temperature over a whole neighbour cache, a chunk of queries at a time (the cache's memmaps are never
+    whole in RAM): [len(temperatures), T] float64 log p_kNN(target) for every τ (paper Sec. 5, Figure 5).
+
+    ids: [T, k] int (−1 = no neighbour), dists: [T, k] float32 faiss distances, vals: [N] int32, targets: [T].
+    """
+    out = np.empty((len(temperatures), ids.shape[0]))
+    for s, e in iter_chunks(ids.shape[0], chunk):
+        hit, valid = neighbour_hits(ids[s:e], vals, np.asarray(targets[s:e]))
+        out[:, s:e] = sweep_temperature(scores_from_distances(np.asarray(dists[s:e]), metric), hit, valid, temperatures)
+    return out
+
+
+def tune_temperature(lp_lm_valid: np.ndarray, sweep_valid: np.ndarray, temperatures, lambda_steps: int) -> int:
+    """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (nll_grid)."""
+    grid = nll_grid(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
+    return int(np.argmin(grid.min(1)))

@@ -12,8 +12,9 @@ rule score:
     output:
         out=P("score", store="full"),
         knn=per_split("knn_logprobs", store="full"),
+        knn_tuned=per_split("knn_logprobs_tuned", store="full"),
     params:
-        cfg=cfg_json("knn"),
+        cfg=cfg_json("knn", "temperature"),
         io=io(),
     log:
         log_of("score", "lm", "key", "metric"),
@@ -30,6 +31,10 @@ rule write_table1:
         scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         knn_valid=expand(P("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
         knn_test=expand(P("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),
+        tuned_valid=expand(P("knn_logprobs_tuned", store="full", split="valid"), key=KEYS, metric=METRICS,
+                           allow_missing=True),
+        tuned_test=expand(P("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS,
+                          allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
         wordcounts=P("wordcounts"),
         documents=per_split("documents"),
@@ -40,7 +45,7 @@ rule write_table1:
         cmp_md=report(P("table", table="table1_comparisons", ext="md"), caption=report_caption("table1"),
                       category="Table 1"),
     params:
-        cfg=cfg_json("knn", "stats", "profile"),
+        cfg=cfg_json("knn", "temperature", "stats", "profile"),
         io=io(),
     log:
         log_of("write_table1", "lm"),

@@ -6,6 +6,7 @@ Jobs: score (one kNN-LM: p_kNN from the full store's neighbour cache, Eq. 5), ta
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,14 @@ def score(job: Job) -> dict:
     per-token log p_kNN of valid and test (float32). Raises ArtifactError if the neighbours were searched in
     another datastore.
     """
-    from ..scoring import knn_log_prob_from_cache, lambda_grid, summarize
+    from ..config import temperatures
+    from ..scoring import (knn_log_prob_from_cache, lambda_grid, summarize, sweep_temperature_from_cache,
+                           tune_temperature)
 
     _, vals, dman = open_datastore(job, with_keys=False)
     key, metric, tau = job.wildcards["key"], job.wildcards["metric"], job.cfg["knn"]["temperature"]
-    lp_lm, lp_knn = {}, {}
+    taus = temperatures(job.cfg)
+    lp_lm, lp_knn, sweep = {}, {}, {}
     nb = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta")}
     for split, out in zip(SPLITS, job.paths("knn")):
         meta = read_json(nb["nb_meta"][split])
@@ -43,9 +47,17 @@ def score(job: Job) -> dict:
         lp_knn[split] = knn_log_prob_from_cache(ids, dists, vals, q["targets"], metric, tau)
         save_npy(out, lp_knn[split].astype(np.float32))
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)
+        sweep[split] = sweep_temperature_from_cache(ids, dists, vals, q["targets"], metric, taus)
     words = words_per_split(job)
     ev = evaluate(lp_lm, lp_knn, words, job.cfg["knn"]["lambda_steps"])
-    metrics = {"lambda": ev["lambda"]}
+    # τ tuned on valid (Xu et al. 2023, Sec. 5: tuning τ matters), λ re-tuned at that τ
+    i = tune_temperature(lp_lm["valid"], sweep["valid"], taus, job.cfg["temperature"]["lambda_steps"])
+    tuned = evaluate(lp_lm, {s: sweep[s][i] for s in SPLITS}, words, job.cfg["knn"]["lambda_steps"])
+    tuned["temperature"] = taus[i]
+    for split, out in zip(SPLITS, job.paths("knn_tuned")):
+        save_npy(out, sweep[split][i].astype(np.float32))
+    metrics = {"lambda": ev["lambda"], "tuned_temperature": taus[i], "tuned_lambda": tuned["lambda"],
+               **{f"{s}_tuned_interp_ppl_word": tuned[s]["interp"]["ppl_word"] for s in SPLITS}}
     for split in SPLITS:
         ev[split]["lm"] = summarize(lp_lm[split], words[split])
         ev[split]["target_absent_frac"] = float(np.mean(np.isneginf(lp_knn[split])))
@@ -55,7 +67,7 @@ def score(job: Job) -> dict:
         metrics[f"{split}_target_absent_frac"] = ev[split]["target_absent_frac"]
     grid = lambda_grid(job.cfg["knn"]["lambda_steps"])
     out = {"key_type": key, "metric": metric, "temperature": tau, "k": job.cfg["knn"]["k"], "lambda_grid": grid.tolist(),
-           **ev}
+           **ev, "tuned": tuned}
     write_json(job.path("out"), out)
     log.info("%s/%s: λ=%.2f test interp ppl/word %.3f (base %.3f)", key, metric, ev["lambda"],
              ev["test"]["interp"]["ppl_word"], ev["test"]["lm"]["ppl_word"])
@@ -78,14 +90,20 @@ def table1(job: Job) -> dict:
     lp_lm = lm_log_probs(job)
     base = base_summary(lp_lm, words_per_split(job))
     scores = [read_json(p) for p in job.paths("scores")]
-    names = ["base"] + [f"{s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores]
-    pairs = [(n, "base") for n in names[1:]]
-    pairs += [(a, b) for a in names[1:] for b in names[1:] if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
+    plain = [f"{s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores]
+    tuned = [f"{n} τ*" for n in plain]  # τ tuned on valid
+    names = ["base"] + plain + tuned
+    pairs = [(n, "base") for n in plain + tuned] + list(zip(tuned, plain))
+    for group in (plain, tuned):  # att vs ffn per metric, IP vs L2 per key type
+        pairs += [(a, b) for a in group for b in group if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
     ci, comparisons = {}, []
     for split in SPLITS:
         docs = np.load(by_split(job, "documents")[split])
-        lps = [lp_lm[split]] + [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["lambda"])
-                                for s, p in zip(scores, job.paths(f"knn_{split}"))]
+        lps = [lp_lm[split]]
+        lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["lambda"])
+                for s, p in zip(scores, job.paths(f"knn_{split}"))]
+        lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["tuned"]["lambda"])
+                for s, p in zip(scores, job.paths(f"tuned_{split}"))]
         doc_nll = per_document(-np.stack(lps), docs["doc"], len(docs["words"]))
         ci[split] = compare(doc_nll, docs["words"], names, pairs, st["resamples"], st["seed"], st["level"])
         comparisons += [{"split": split, "comparison": k, "relative difference": v["value"], "CI low": v["lo"],
@@ -93,14 +111,19 @@ def table1(job: Job) -> dict:
     rows = []
     for split in ("test", "valid"):
         c = ci[split]
-        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-"}, base=base)
+        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-", "τ": None}, base=base)
                     | {"95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
-        for s, n in zip(scores, names[1:]):
-            rows.append(result_row(split, {"model": "kNN-LM", "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}, s)
+        for s, n, nt in zip(scores, plain, tuned):
+            lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}
+            rows.append(result_row(split, {"model": "kNN-LM", **lab, "τ": s["temperature"]}, s)
                         | {"95% CI (word)": fmt_ci(c["ppl"][n]), "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base"], pct=True)})
+            rows.append(result_row(split, {"model": "kNN-LM (τ tuned)", **lab, "τ": s["tuned"]["temperature"]}, s["tuned"])
+                        | {"95% CI (word)": fmt_ci(c["ppl"][nt]), "vs base (95% CI)": fmt_ci(c["diff"][f"{nt} vs base"], pct=True)})
     df = pd.DataFrame(rows)
     ndoc = {s: ci[s]["documents"] for s in SPLITS}
-    boot = (f"95% CI: paired bootstrap over documents ({st['documents']}; {ndoc['test']} test and {ndoc['valid']} valid "
+    t = cfg["temperature"]
+    boot = (f"'τ tuned': τ chosen on valid over {t['start']:g} … {t['stop']:g} step {t['step']:g} (with λ re-tuned; "
+            f"comparisons name it τ*). 95% CI: paired bootstrap over documents ({st['documents']}; {ndoc['test']} test and {ndoc['valid']} valid "
             f"documents, {st['resamples']} resamples, seed {st['seed']}); the CI of a kNN-LM row is of its interp PPL "
             f"(word), 'vs base' its relative difference to the base LM on the same resamples.")
     cap = (f"Table 1 ({cfg['name']}; Xu et al. 2023, Sec. 3): perplexity of the base LM and of kNN-LMs with att/ffn keys "
@@ -116,11 +139,12 @@ def table1(job: Job) -> dict:
                 job.path("cmp_md"), "Table 1 comparisons with 95% CIs", cmp_cap)
     m = {}
     for _, r in df.iterrows():
-        tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}"
+        tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}" + ("_tau_tuned" if "tuned" in r["model"] else "")
         m[f"{r['split']}_{tag}_ppl_word"] = r["PPL (word)"]
         if r["model"] != "Base LM":
             m[f"{r['split']}_{tag}_interp_ppl_word"] = r["interp PPL (word)"]
     for c in comparisons:
-        m[f"{c['split']}_{c['comparison'].replace(' ', '_').replace('/', '_')}_reldiff"] = c["relative difference"]
+        name = re.sub(r"[^A-Za-z0-9]+", "_", c["comparison"].replace("τ*", "tau_tuned"))
+        m[f"{c['split']}_{name}_reldiff"] = c["relative difference"]
     print(Path(job.path("md")).read_text())
     return {"metrics": m, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}
