@@ -112,6 +112,12 @@ def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs:
     return out
 
 
+def comparison_rows(result: dict, **labels) -> list[dict]:
+    """Rows (labels, comparison, relative difference, CI low, CI high, verdict) of a compare() result."""
+    return [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
+             "verdict": v["verdict"]} for k, v in result["diff"].items()]
+
+
 def fmt_ci(v: dict, pct: bool = False) -> str:
     """'219.49 [217.10, 221.95]' or, for relative differences, '−7.9 % [−8.6, −7.2]'."""
     if pct:

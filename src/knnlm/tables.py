@@ -57,3 +57,12 @@ def _fmt(column: str, v) -> str:
     if isinstance(v, (int, float)):
         return f"{v:.2f}" if column == "λ" else f"{v:.3f}"
     return str(v)
+
+
+def write_comparisons(rows: list[dict], csv_path: str | Path, md_path: str | Path, title: str, what: str,
+                      method: str) -> None:
+    """A table of paired comparisons (knnlm.stats.comparison_rows), one section per split, with a caption that
+    says what is compared (`what`) and how the CIs were made (`method`)."""
+    cap = (f"{what}: relative difference a / b − 1 of per-word perplexity on the same tokens. {method} Verdict: "
+           f"'lower' / 'higher' when the CI excludes 0, else 'inconclusive'.")
+    write_table(pd.DataFrame(rows).sort_values("split", kind="stable"), csv_path, md_path, title, cap)

@@ -15,7 +15,7 @@ rule write_datastore_size:
         fig4=[report(P("figure", figure="fig4_mask_score_by_size", ext=e), caption=report_caption("fig4"),
                      category="Datastore size") for e in ("png", "pdf")],
     params:
-        cfg=cfg_json("knn", "retrieval", "datastore_size", "profile"),
+        cfg=cfg_json("knn", "retrieval", "datastore_size", "stats", "profile"),
         io=io(),
     log:
         log_of("write_datastore_size", "lm"),

@@ -10,7 +10,7 @@ rule write_pca:
         csv=P("table", table="pca", ext="csv"),
         md=report(P("table", table="pca", ext="md"), caption=report_caption("pca"), category="PCA"),
     params:
-        cfg=cfg_json("retrieval", "knn", "profile"),
+        cfg=cfg_json("retrieval", "knn", "stats", "profile"),
         io=io(),
     log:
         log_of("write_pca", "lm"),

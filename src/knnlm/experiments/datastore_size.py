@@ -17,10 +17,16 @@ from ..tables import write_table
 from .retrieval import SETTING_LABEL, SETTINGS, settings_rows
 
 
-def size_table(sweeps: list[dict]) -> pd.DataFrame:
-    """One row per (split, key, metric, ratio, setting) from settings JSONs, sorted for plotting."""
-    rows = settings_rows(sweeps, lambda s: {"ratio": s["ratio"]})
+def size_table(sweeps: list[dict], stats: dict) -> pd.DataFrame:
+    """One row per (split, key, metric, ratio, setting) from settings JSONs, sorted for plotting, with CIs and the
+    paired difference to the full datastore."""
+    rows = settings_rows(sweeps, lambda s: {"ratio": s["ratio"]}, reference="full", stats=stats)
     return pd.DataFrame(rows).sort_values(["split", "h_ds", "⊗", "mask", "score", "ratio"], ascending=True, kind="stable")
+
+
+def _err(rows: pd.DataFrame):
+    """Error bars [2, n] (below, above) of the 95 % CI of interp PPL (word)."""
+    return [rows["interp PPL (word)"] - rows["CI low"], rows["CI high"] - rows["interp PPL (word)"]]
 
 
 def figures(job: Job) -> dict:
@@ -29,10 +35,12 @@ def figures(job: Job) -> dict:
     cfg = job.cfg
     name, note = cfg["name"], cfg.get("profile", {}).get("caption", "")
     sweeps = [read_json(p) for p in job.paths("settings")]
-    size = size_table(sweeps)
+    size = size_table(sweeps, cfg["stats"])
     cap = (f"Datastore size ({name}; Xu et al. 2023, Sec. 5, Figures 2 and 4): seeded random subsets of the datastore "
-           f"(one IVFPQ per ratio), τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: "
-           f"{scope_caption(cfg)}. {note}")
+           f"(nested, one IVFPQ per ratio), τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; "
+           f"scope: {scope_caption(cfg)}. CI low/high: 95% CI of interp PPL (word); 'vs full': paired relative "
+           f"difference to the same setting on the full datastore (bootstrap over the scope's documents, "
+           f"{cfg['stats']['resamples']} resamples). {note}")
     write_table(size, job.path("csv"), job.path("md"), "Datastore size: interpolated perplexity vs fraction of the datastore",
                 cap)
     written = [str(job.path("csv")), str(job.path("md"))]
@@ -45,7 +53,8 @@ def figures(job: Job) -> dict:
         for key, metric in pairs:
             sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric]) & (part["mask"] == "FAISS")
                        & (part["score"] == "FAISS")]
-            ax.plot(sub["ratio"], sub["interp PPL (word)"], "-o", label=f"kNN-LM {key}/{METRIC_NAME[metric]}")
+            ax.errorbar(sub["ratio"], sub["interp PPL (word)"], yerr=_err(sub), fmt="-o", capsize=3,
+                        label=f"kNN-LM {key}/{METRIC_NAME[metric]}")
         ax.axhline(part["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
         ax.set_xscale("log")
         ax.set_xlabel("fraction of the datastore")
@@ -63,7 +72,8 @@ def figures(job: Job) -> dict:
             for setting in SETTINGS:
                 mask, score = SETTING_LABEL[setting]
                 ss = sub[(sub["mask"] == mask) & (sub["score"] == score)]
-                ax.plot(ss["ratio"], ss["interp PPL (word)"], STYLE[setting], label=setting_label(setting))
+                ax.errorbar(ss["ratio"], ss["interp PPL (word)"], yerr=_err(ss), fmt=STYLE[setting], capsize=3,
+                            label=setting_label(setting))
             ax.axhline(sub["base PPL (word)"].iloc[0], color="k", ls="--", label="base LM")
             ax.set_xscale("log")
             ax.set_xlabel("fraction of the datastore")

@@ -15,7 +15,8 @@ def table(job: Job) -> dict:
     """Table 'pca': interpolated perplexity vs key dimension (CSV + Markdown)."""
     cfg, sweeps = job.cfg, [read_json(p) for p in job.paths("settings")]
     rows = settings_rows(sweeps, lambda s: {"store": s["store"], "dim": s["dim"],
-                                            "explained variance": s["store_meta"].get("explained_variance", 1.0)})
+                                            "explained variance": s["store_meta"].get("explained_variance", 1.0)},
+                         reference="full", stats=cfg["stats"])
     df = pd.DataFrame(rows).sort_values(["split", "h_ds", "⊗", "mask", "score", "dim"], kind="stable")
     cap = (f"PCA-reduced keys ({cfg['name']}; He et al. 2021): keys and queries projected to d dims by a PCA trained on "
            f"a seeded sample of keys, then IVFPQ (code size d/8 bytes when 'index.code_size' is auto), exact search and "

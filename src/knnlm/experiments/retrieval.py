@@ -255,10 +255,18 @@ def settings(job: Job) -> dict:
             "artifacts": [job.path("out")]}
 
 
-def settings_rows(settings_jsons: list[dict], labels=lambda s: {}) -> list[dict]:
+def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
+                  stats: dict | None = None) -> list[dict]:
     """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
-    base PPL (word)) of every mask/score setting in settings JSONs: the tables that compare stores."""
+    base PPL (word), CI low, CI high) of every mask/score setting in settings JSONs: the tables that compare
+    stores. With `reference` (a store, e.g. 'full'): also each row's paired relative difference to the same
+    setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`), from the
+    per-document NLL of both stores on the same scope.
+    """
+    from ..stats import compare, fmt_ci
+
     keep = ("λ", "interp PPL (word)", "interp PPL (token)", "oracle PPL (word)")
+    ref = {(s["key_type"], s["metric"]): s for s in settings_jsons if s["store"] == reference}
     rows = []
     for s in settings_jsons:
         for split in ("test", "valid"):
@@ -266,7 +274,17 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}) -> list[dict]
                 mask, score = SETTING_LABEL[setting]
                 lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]], **labels(s), "mask": mask, "score": score}
                 r = result_row(split, lab, s["settings"][setting])
-                rows.append({"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"]})
+                ci = s["ci"][split]["ppl"][setting]
+                row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
+                       "CI low": ci["lo"], "CI high": ci["hi"]}
+                if reference:
+                    other = ref[(s["key_type"], s["metric"])]
+                    if other["doc_ids"][split] != s["doc_ids"][split]:
+                        raise ArtifactError(f"store {s['store']} and {reference} were scored on different documents")
+                    d = compare([s["doc_nll"][split][setting], other["doc_nll"][split][setting]], s["doc_words"][split],
+                                ["a", "b"], [("a", "b")], stats["resamples"], stats["seed"], stats["level"])["diff"]["a vs b"]
+                    row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
+                rows.append(row)
     return rows
 
 
@@ -275,8 +293,8 @@ def table3(job: Job) -> dict:
     with 95 % CIs (paired bootstrap over the scope's documents), and the table of its comparisons."""
     import pandas as pd
 
-    from ..stats import fmt_ci
-    from ..tables import write_table
+    from ..stats import comparison_rows, fmt_ci
+    from ..tables import write_comparisons, write_table
 
     cfg = job.cfg
     rows, metrics, comparisons = [], {}, []
@@ -296,8 +314,7 @@ def table3(job: Job) -> dict:
                              "95% CI (word)": fmt_ci(c["ppl"][setting]),
                              "vs base (95% CI)": fmt_ci(c["diff"][f"{setting} vs base"], pct=True)})
                 metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
-            comparisons += [{"split": split, **labels, "comparison": k, "relative difference": v["value"],
-                             "CI low": v["lo"], "CI high": v["hi"], "verdict": v["verdict"]} for k, v in c["diff"].items()]
+            comparisons += comparison_rows(c, split=split, **labels)
     cols = ["split", "h_ds", "⊗", "mask", "score", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
             "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}", "95% CI (word)",
             "vs base (95% CI)"]
@@ -311,9 +328,6 @@ def table3(job: Job) -> dict:
            f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found (how approximate "
            f"the approximation was). {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 3: approximate vs exact retrieval", cap)
-    cmp_cap = (f"Comparisons of Table 3 ({cfg['name']}): relative difference a / b − 1 of interpolated per-word "
-               f"perplexity on the same scope. {boot} Verdict: 'lower' / 'higher' when the CI excludes 0, else "
-               f"'inconclusive'.")
-    write_table(pd.DataFrame(comparisons).sort_values("split", kind="stable"), job.path("cmp_csv"), job.path("cmp_md"),
-                "Table 3 comparisons with 95% CIs", cmp_cap)
+    write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), "Table 3 comparisons with 95% CIs",
+                      f"Comparisons of Table 3 ({cfg['name']}; interpolated PPL on the scope)", boot)
     return {"metrics": metrics, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}

@@ -83,8 +83,8 @@ def table1(job: Job) -> dict:
     import pandas as pd
 
     from ..scoring import interpolate
-    from ..stats import compare, fmt_ci, per_document
-    from ..tables import write_table
+    from ..stats import compare, comparison_rows, fmt_ci, per_document
+    from ..tables import write_comparisons, write_table
 
     cfg, st = job.cfg, job.cfg["stats"]
     lp_lm = lm_log_probs(job)
@@ -106,8 +106,7 @@ def table1(job: Job) -> dict:
                 for s, p in zip(scores, job.paths(f"tuned_{split}"))]
         doc_nll = per_document(-np.stack(lps), docs["doc"], len(docs["words"]))
         ci[split] = compare(doc_nll, docs["words"], names, pairs, st["resamples"], st["seed"], st["level"])
-        comparisons += [{"split": split, "comparison": k, "relative difference": v["value"], "CI low": v["lo"],
-                         "CI high": v["hi"], "verdict": v["verdict"]} for k, v in ci[split]["diff"].items()]
+        comparisons += comparison_rows(ci[split], split=split)
     rows = []
     for split in ("test", "valid"):
         c = ci[split]
@@ -132,11 +131,8 @@ def table1(job: Job) -> dict:
            f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
            f"+ one <eos> per line). {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap)
-    cmp_cap = (f"Comparisons of Table 1 ({cfg['name']}): relative difference of interpolated per-word perplexity "
-               f"(a / b − 1; the base LM's plain PPL), {boot} Verdict: 'lower' / 'higher' when the CI excludes 0, "
-               f"else 'inconclusive'.")
-    write_table(pd.DataFrame(comparisons).sort_values("split", ascending=True, kind="stable"), job.path("cmp_csv"),
-                job.path("cmp_md"), "Table 1 comparisons with 95% CIs", cmp_cap)
+    write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), "Table 1 comparisons with 95% CIs",
+                      f"Comparisons of Table 1 ({cfg['name']}; interpolated PPL, the base LM's plain PPL)", boot)
     m = {}
     for _, r in df.iterrows():
         tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}" + ("_tau_tuned" if "tuned" in r["model"] else "")
