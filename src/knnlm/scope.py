@@ -58,3 +58,9 @@ def word_starts(dict_txt: str | Path) -> np.ndarray:
 def count_words(targets: np.ndarray, starts: np.ndarray) -> int:
     """Words covered by a span of target ids (see word_starts)."""
     return int(starts[np.asarray(targets)].sum())
+
+
+def words_per_document(doc: np.ndarray, targets: np.ndarray, starts: np.ndarray, n_docs: int) -> np.ndarray:
+    """[n_docs] int64 words of each document: its targets that start a word (word_starts), so that the words of
+    any set of documents add up to count_words of their tokens, whatever the document scheme."""
+    return np.bincount(np.asarray(doc), weights=starts[np.asarray(targets)], minlength=n_docs).astype(np.int64)

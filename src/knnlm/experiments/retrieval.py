@@ -20,7 +20,7 @@ from ..cli import Job
 from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
-from ..scope import count_words, scope_caption, scope_tokens, word_starts
+from ..scope import count_words, scope_caption, scope_tokens, word_starts, words_per_document
 from .common import by_split, open_datastore, open_split
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def scope(job: Job) -> dict:
     sc = scope_tokens(docs["doc"], job.cfg["retrieval"]["max_queries"], job.cfg["retrieval"]["scope_seed"])
     save_npy(job.path("out"), sc)
     return {"metrics": {"tokens": len(sc), "documents": len(np.unique(docs["doc"][sc])),
-                        "split_tokens": len(docs["doc"]), "split_documents": len(docs["words"])}}
+                        "split_tokens": len(docs["doc"]), "split_documents": len(docs["tokens"])}}
 
 
 def _rows_of(meta: dict, sc: np.ndarray, source) -> np.ndarray:
@@ -179,9 +179,8 @@ def load_settings(job: Job, raw: bool = False):
         tg = np.asarray(q["targets"])[sc]
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
         words[split] = count_words(tg, starts)
-        dn = np.load(f["documents"])
-        ids, doc = np.unique(dn["doc"][sc], return_inverse=True)
-        docs[split] = (doc, dn["words"][ids], ids)
+        ids, doc = np.unique(np.load(f["documents"])["doc"][sc], return_inverse=True)
+        docs[split] = (doc, words_per_document(doc, tg, starts, len(ids)), ids)
         meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
         rows = _rows_of(meta, sc, f["nb_meta"])
         if emeta["T"] != t:

@@ -98,22 +98,14 @@ def dump_queries(job: Job) -> dict:
 
 def documents(job: Job) -> dict:
     """The documents of a valid/test split (knnlm.stats, config 'stats'): 'doc' [T] int32 document id per target
-    token, 'words' [D] int64 words per document (WikiText convention), 'tokens' [D] int64."""
+    token, 'tokens' [D] int64 tokens per document. (Words per document come from the targets: scope.words_per_document.)"""
     from ..io import atomic_path
     from ..stats import token_documents
 
     st = job.cfg["stats"]
     doc = token_documents(job.path("text"), job.path("bpe"), st["documents"], st["block_tokens"])
-    with open(job.path("text"), encoding="utf-8") as f:
-        line_words = np.array([len(line.split()) + 1 for line in f], dtype=np.int64)
-    with open(job.path("bpe"), encoding="utf-8") as f:
-        line_tokens = np.array([len(line.split()) + 1 for line in f], dtype=np.int64)
-    # words of a line belong to the document of the line's last target (its <eos>)
-    line_doc = doc[np.cumsum(line_tokens) - 1]
-    n = int(doc.max()) + 1 if len(doc) else 0
-    words = np.bincount(line_doc, weights=line_words, minlength=n).astype(np.int64)
-    tokens = np.bincount(doc, minlength=n).astype(np.int64)
+    tokens = np.bincount(doc).astype(np.int64)
     with atomic_path(job.path("out")) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, doc=doc, words=words, tokens=tokens)
-    return {"metrics": {"documents": n, "median_words": float(np.median(words)) if n else 0.0}}
+            np.savez(f, doc=doc, tokens=tokens)
+    return {"metrics": {"documents": len(tokens), "median_tokens": float(np.median(tokens)) if len(tokens) else 0.0}}

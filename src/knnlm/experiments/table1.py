@@ -83,6 +83,7 @@ def table1(job: Job) -> dict:
     import pandas as pd
 
     from ..scoring import interpolate
+    from ..scope import word_starts, words_per_document
     from ..stats import compare, comparison_rows, fmt_ci, per_document
     from ..tables import write_comparisons, write_table
 
@@ -97,15 +98,18 @@ def table1(job: Job) -> dict:
     for group in (plain, tuned):  # att vs ffn per metric, IP vs L2 per key type
         pairs += [(a, b) for a in group for b in group if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
     ci, comparisons = {}, []
+    starts = word_starts(job.path("data_bin") / "dict.txt")
     for split in SPLITS:
-        docs = np.load(by_split(job, "documents")[split])
+        doc = np.load(by_split(job, "documents")[split])["doc"]
+        n_docs = int(doc.max()) + 1
+        doc_words = words_per_document(doc, np.load(by_split(job, "targets")[split]), starts, n_docs)
         lps = [lp_lm[split]]
         lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["lambda"])
                 for s, p in zip(scores, job.paths(f"knn_{split}"))]
         lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["tuned"]["lambda"])
                 for s, p in zip(scores, job.paths(f"tuned_{split}"))]
-        doc_nll = per_document(-np.stack(lps), docs["doc"], len(docs["words"]))
-        ci[split] = compare(doc_nll, docs["words"], names, pairs, st["resamples"], st["seed"], st["level"])
+        doc_nll = per_document(-np.stack(lps), doc, n_docs)
+        ci[split] = compare(doc_nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"])
         comparisons += comparison_rows(ci[split], split=split)
     rows = []
     for split in ("test", "valid"):
