@@ -73,8 +73,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
     # + 10 for the PCA table (store pca16, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
     #   settings, table
-    # + 4 for the documents and the retrieval scope of valid and test (confidence intervals)
-    assert jobs == 77
+    # + 4 for the documents and the retrieval scope of valid and test (confidence intervals), + 1 findings report
+    assert jobs == 78
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -311,3 +311,13 @@ def test_scope_is_a_sample_of_whole_documents(tiny_run):
     cmp = pd.read_csv(art(tiny_run, "table", table="table3_comparisons", ext="csv"))
     assert len(cmp) == 2 * 2 * 6  # splits x (L2, IP) x (3 settings vs base + 3 mask/score pairs)
     assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()
+
+
+def test_findings_report(tiny_run):
+    text = art(tiny_run, "findings").read_text()
+    assert "| claim" in text and "Summary:" in text
+    rows = [line for line in text.splitlines() if line.startswith("| Sec.")]
+    assert len(rows) == 9
+    # tiny: Table 3 has ffn keys only, so its att/L2 claims were not run; Table 1's were, each with a verdict
+    assert sum("not run" in r for r in rows) == 3
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in rows if "not run" not in r)

@@ -82,3 +82,10 @@ def test_scope_is_whole_documents_up_to_the_budget():
     assert len(scope_tokens(doc, None, seed=3)) == len(doc)
     with pytest.raises(ValueError, match="retrieval.max_queries.*smallest has 2 tokens"):
         scope_tokens(doc, 1, seed=0)
+
+
+def test_findings_verdicts():
+    from knnlm.experiments.findings import verdict
+
+    assert verdict("lower", -1) == "reproduced" and verdict("higher", -1) == "contradicted"
+    assert verdict("higher", 1) == "reproduced" and verdict("inconclusive", -1) == "inconclusive"

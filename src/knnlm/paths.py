@@ -69,6 +69,7 @@ PATTERNS: dict[str, str] = {
     # outputs a reader looks at
     "table": "lms/{lm}/tables/{table}.{ext}",
     "figure": "lms/{lm}/figures/{figure}.{ext}",
+    "findings": "lms/{lm}/findings.md",
     "log": "logs/{job}.log",
     "benchmark": "benchmarks/{job}.tsv",
 }
