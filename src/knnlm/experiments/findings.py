@@ -44,7 +44,7 @@ def verdict(ours: str, paper_sign: int) -> str:
 
 
 def findings(job: Job) -> dict:
-    """findings.md from the comparison tables of Table 1 and Table 3 (test split)."""
+    """The findings report (Markdown) from the comparison tables of Table 1 and Table 3 (test split)."""
     tables = {"table1": pd.read_csv(job.path("table1")), "table3": pd.read_csv(job.path("table3"))}
     rows, counts = [], {}
     for section, claim, table, comparison, where, a, b in CLAIMS:
