@@ -39,12 +39,12 @@ def _store(job: Job):
 
 def _scoped(job: Job, man: dict, everything: bool = False):
     """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the retrieval scope
-    (input 'scope'), or every token when `everything`."""
+    (input 'scope'), or every token when `everything` (then the queries stay a memmap)."""
     q = open_split(job, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"])
     sc = np.arange(q["manifest"]["T"]) if everything else np.load(job.path("scope"))
     if len(sc) and sc[-1] >= q["manifest"]["T"]:
         raise ArtifactError(f"{job.path('scope')}: token {sc[-1]} beyond the {q['manifest']['T']} queries of the split")
-    return q, np.asarray(q["queries"][sc] if not everything else q["queries"]), sc
+    return q, (q["queries"] if everything else np.asarray(q["queries"][sc])), sc  # all: the memmap, read in chunks
 
 
 def scope(job: Job) -> dict:
