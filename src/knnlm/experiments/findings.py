@@ -66,7 +66,7 @@ def findings(job: Job) -> dict:
                                             f"{100 * r['CI high']:+.1f}]", "verdict": v})
     cfg = job.cfg
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
-            f"{__doc__.split(chr(10), 1)[1].strip()}\n\n",
+            f"{__doc__.strip()}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}.\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n",
             "Not yet tested here: the share of the gain the learned W_ds recovers (its CI), the datastore-size trend "
