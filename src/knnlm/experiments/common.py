@@ -45,7 +45,8 @@ def open_split(job: Job, split: str | None = None, with_queries: bool = False, c
 
 def words_per_split(job: Job) -> dict[str, int]:
     """{split: word count} of whole valid and test (WikiText convention) from input 'wordcounts'."""
-    return {s: read_json(job.path("wordcounts"))[s]["words"] for s in SPLITS}
+    counts = read_json(job.path("wordcounts"))
+    return {s: counts[s]["words"] for s in SPLITS}
 
 
 def lm_log_probs(job: Job) -> dict[str, np.ndarray]:
