@@ -150,3 +150,18 @@ def test_approximation_strength_is_held_constant_across_sizes():
     assert full["probed_fraction"] == small["probed_fraction"] == 32 / 4096
     paper = resolve_index_params({**cfg, "ncentroids": 4096, "nprobe": 32}, 153_000_000, 1024)
     assert paper["code_size"] == 64 and paper["nprobe"] == 32
+
+
+def test_a_stale_index_is_refused_not_searched():
+    """An index built under other defaults (here 32 B codes, the old D/8) must not be searched silently when the
+    config now resolves to D/16: the search names the index and says how to rebuild it."""
+    from knnlm.index import check_index_matches, resolve_index_params
+    from knnlm.io import ArtifactError
+
+    cfg = {"ncentroids": "auto", "code_size": "auto", "train_size": "auto", "nprobe": "auto",
+           "probe_fraction": 32 / 4096, "add_chunk": 65536, "seed": 1, "dims_per_code_byte": 16}
+    params = resolve_index_params(cfg, 2_642_889, 256)
+    check_index_matches({"ncentroids": 2048, "code_size": 16, "seed": 1}, params, "att_l2.faiss")
+    with pytest.raises(ArtifactError, match=r"att_l2.faiss is stale \(code_size: built with 32, config resolves to 16\)"):
+        check_index_matches({"ncentroids": 2048, "code_size": 32, "seed": 1}, params, "att_l2.faiss")
+    assert resolve_index_params({**cfg, "dims_per_code_byte": 8}, 2_642_889, 256)["code_size"] == 32

@@ -25,10 +25,10 @@ def auto_ncentroids(n: int) -> int:
     return max(1, c)
 
 
-def auto_code_size(d: int) -> int:
-    """PQ bytes per vector: D/16, the kNN-LM paper's 1 byte per 16 dimensions (64 B at D = 1024), at least 1,
-    lowered until it divides D."""
-    m = max(1, d // 16)
+def auto_code_size(d: int, dims_per_byte: int = 16) -> int:
+    """PQ bytes per vector: D/dims_per_byte (the kNN-LM paper: 1 byte per 16 dimensions, 64 B at D = 1024), at
+    least 1, lowered until it divides D."""
+    m = max(1, d // dims_per_byte)
     while d % m:
         m -= 1
     return m
@@ -47,7 +47,7 @@ def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
     nc = index_cfg["ncentroids"]
     nc = auto_ncentroids(n) if nc == "auto" else int(nc)
     cs = index_cfg["code_size"]
-    cs = auto_code_size(d) if cs == "auto" else int(cs)
+    cs = auto_code_size(d, int(index_cfg.get("dims_per_code_byte", 16))) if cs == "auto" else int(cs)
     if d % cs:
         raise ValueError(f"config key 'index.code_size': must divide the key dimension {d}, found {cs}")
     ts = index_cfg["train_size"]
@@ -56,6 +56,18 @@ def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
     npr = max(1, round(index_cfg["probe_fraction"] * nc)) if npr == "auto" else min(int(npr), nc)
     return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": npr, "probed_fraction": npr / nc,
             "bytes_per_dim": cs / d, "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
+
+
+def check_index_matches(meta: dict, params: dict, index_path: str | Path) -> None:
+    """Raise ArtifactError when an index's recorded build (`meta`, from its .json) is not what the config now
+    resolves to (`params`, from resolve_index_params): a stale index must be rebuilt, never searched silently."""
+    from .io import ArtifactError
+
+    stale = {k: (meta.get(k), params[k]) for k in ("ncentroids", "code_size", "seed") if meta.get(k) != params[k]}
+    if stale:
+        found = ", ".join(f"{k}: built with {b}, config resolves to {c}" for k, (b, c) in stale.items())
+        raise ArtifactError(f"{index_path} is stale ({found}); delete it (or run snakemake with "
+                            f"--forcerun build_index) to rebuild it")
 
 
 def faiss_metric(metric: str):

@@ -95,17 +95,19 @@ def build_index(job: Job) -> dict:
 def search(job: Job) -> dict:
     """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
     job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
-    from ..index import search as faiss_search
+    from ..index import check_index_matches, resolve_index_params, search as faiss_search
 
     store, man = _store(job)
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
+    params = resolve_index_params(job.cfg["index"], store.size, store.meta["dim"])
+    check_index_matches(idx_meta, params, job.path("index"))
     everything = job.wildcards["store"] == "full"
     q, queries, sc = _scoped(job, man, everything)
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
-                         idx_meta["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
+                         params["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
                          job.threads)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
                  store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
