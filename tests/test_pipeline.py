@@ -237,25 +237,37 @@ def test_datastore_subset_searches_only_its_rows(tiny_run):
 
 
 def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
-    """At ratio 1 the sweep's settings are Table 3's numbers; the τ sweep at τ = knn.temperature equals them too."""
+    """At ratio 1 the settings are Table 3's numbers; the τ sweep at τ = knn.temperature equals them too; each
+    setting's tuned τ is the sweep's best, and Table 3's τ* rows are the tuned settings with their CIs."""
     t3 = pd.read_csv(art(tiny_run, "table", table="table3", ext="csv"))
-    s = read_json(art(tiny_run, "tau_sweep", store="full", key="ffn", metric="l2"))
+    s = read_json(art(tiny_run, "settings", store="full", key="ffn", metric="l2"))
     labels = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
               "real_mask_real_score": ("real", "real")}
     tau0 = TINY["knn"]["temperature"]
     for setting, (mask, score) in labels.items():
-        row = t3[(t3["split"] == "test") & (t3["⊗"] == "L2") & (t3["mask"] == mask) & (t3["score"] == score)].iloc[0]
+        rows = t3[(t3["split"] == "test") & (t3["h_ds"] == "ffn") & (t3["⊗"] == "L2") & (t3["mask"] == mask)
+                  & (t3["score"] == score)]
+        row, tuned_row = rows[~rows["τ"].str.endswith("*")].iloc[0], rows[rows["τ"].str.endswith("*")].iloc[0]
         got = s["settings"][setting]["test"]["interp"]["ppl_word"]
         assert got == pytest.approx(row["interp PPL (word)"], rel=1e-6)
         sw = s["tau_sweep"][setting]
         i = sw["tau"].index(tau0)  # same λ grid in the tiny config (21 steps), so the same λ is chosen
         assert sw["test_interp_ppl_word"][i] == pytest.approx(got, rel=1e-5)
         assert sw["best"]["valid_interp_ppl_word"] == pytest.approx(min(sw["valid_interp_ppl_word"]))
+        assert all(lo <= p <= hi for lo, p, hi in zip(sw["test_lo"], sw["test_interp_ppl_word"], sw["test_hi"]))
+        tuned = s["tuned"][setting]
+        assert tuned["tau"] == sw["best"]["tau"] and tuned_row["τ"] == f"{tuned['tau']:g}*"
+        # λ re-tuned on the full λ grid at the best τ: no worse on valid than the sweep's grid point
+        assert tuned["valid"]["interp"]["ppl_word"] <= sw["best"]["valid_interp_ppl_word"] * (1 + 1e-6)
+        assert tuned["test"]["interp"]["ppl_word"] == pytest.approx(tuned_row["interp PPL (word)"], rel=1e-6)
+        assert tuned["valid"]["interp"]["ppl_word"] <= s["settings"][setting]["valid"]["interp"]["ppl_word"] * (1 + 1e-6)
+        d = s["ci"]["test"]["diff"][f"{setting} τ* vs {setting}"]
+        assert d["lo"] <= d["value"] <= d["hi"] and d["verdict"] in ("lower", "higher", "inconclusive")
     for name in ("fig2_datastore_size", "fig4_mask_score_by_size", "fig5_temperature_full", "fig5_temperature_r0.2"):
         for ext in ("png", "pdf"):
             assert art(tiny_run, "figure", figure=name, ext=ext).stat().st_size > 1000
     tau = pd.read_csv(art(tiny_run, "table", table="temperature", ext="csv"))
-    assert len(tau) == 6 and set(tau["ratio"]) == {0.2, 1.0}
+    assert len(tau) == 9 and set(tau["ratio"]) == {0.2, 1.0}  # full: ffn/L2, ffn/IP; 20 %: ffn/L2; 3 settings each
 
 
 def test_parametric_alternatives(tiny_run):
@@ -317,7 +329,9 @@ def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text
     rows = [line for line in text.splitlines() if line.startswith("| Sec.")]
-    assert len(rows) == 9
-    # tiny: Table 3 has ffn keys only, so its att/L2 claims were not run; Table 1's were, each with a verdict
-    assert sum("not run" in r for r in rows) == 3
+    from knnlm.experiments.findings import CLAIMS
+
+    assert len(rows) == len(CLAIMS) == 17
+    # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
+    assert sum("not run" in r for r in rows) == 0 and sum("ffn/L2" in r for r in rows) == 11
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in rows if "not run" not in r)

@@ -61,7 +61,6 @@ PATTERNS: dict[str, str] = {
     "knn_logprobs": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs.npy",
     "knn_logprobs_tuned": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs_tuned_tau.npy",
     "settings": "lms/{lm}/stores/{store}/settings/{key}_{metric}.json",
-    "tau_sweep": "lms/{lm}/stores/{store}/tau_sweep/{key}_{metric}.json",
     # parametric alternatives of that LM
     "word_stats": "lms/{lm}/parametric/word_stats.npz",
     "parametric_dir": "lms/{lm}/parametric/{variant}_{key}",

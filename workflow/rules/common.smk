@@ -101,7 +101,7 @@ def queries(split=None, key=None, lm="{lm}"):
 
 
 # Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope
-# (rules settings and tau_sweep).
+# (rule settings).
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "data_bin": P("data_bin"), "store": P("store_prep"),
     **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta",

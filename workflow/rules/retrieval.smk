@@ -145,8 +145,9 @@ rule settings:
     output:
         out=P("settings"),
     params:
-        cfg=cfg_json("knn", "retrieval", "stats"),
+        cfg=cfg_json("knn", "retrieval", "temperature", "stats"),
         io=io(),
+    threads: THREADS
     log:
         log_of("settings", "lm", "store", "key", "metric"),
     benchmark:
@@ -167,7 +168,7 @@ rule write_table3:
         cmp_md=report(P("table", table="table3_comparisons", ext="md"), caption=report_caption("table3"),
                       category="Table 3"),
     params:
-        cfg=cfg_json("retrieval", "knn", "stats", "profile"),
+        cfg=cfg_json("retrieval", "knn", "temperature", "stats", "profile"),
         io=io(),
     log:
         log_of("write_table3", "lm"),

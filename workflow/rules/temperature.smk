@@ -1,30 +1,20 @@
-# Temperature (Xu et al. 2023, Sec. 5, Figure 5): the τ × λ sweep from a store's cached neighbours (no new
-# search), for the stores of config 'temperature.ratios' and the (key, metric) pairs of 'datastore_size'.
+# Temperature (Xu et al. 2023, Sec. 5.2, Figure 5): the τ × λ sweep is part of every store's settings (rule
+# settings); this draws Figure 5 for the stores of config 'temperature.ratios': the full store with the
+# (key, metric) pairs of 'retrieval', the subsets with those of 'datastore_size'.
 TAU_STORES = [store_name(r) for r in CFG["temperature"]["ratios"]]
 
 
-rule tau_sweep:
-    input:
-        **SETTINGS_INPUTS,
-    output:
-        out=P("tau_sweep"),
-    params:
-        cfg=cfg_json("knn", "retrieval", "temperature", "stats"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("tau_sweep", "lm", "store", "key", "metric"),
-    benchmark:
-        bench_of("tau_sweep", "lm", "store", "key", "metric")
-    conda:
-        ENV
-    shell:
-        knnlm("temperature.tau_sweep")
+def fig5_settings(wildcards):
+    out = []
+    for store in TAU_STORES:
+        sec = RA if store == "full" else DS
+        out += expand(P("settings", store=store, lm=wildcards.lm), key=sec["key_types"], metric=sec["metrics"])
+    return out
 
 
 rule write_temperature:
     input:
-        sweeps=expand(P("tau_sweep"), store=TAU_STORES, key=DS["key_types"], metric=DS["metrics"], allow_missing=True),
+        settings=fig5_settings,
     output:
         csv=P("table", table="temperature", ext="csv"),
         md=report(P("table", table="temperature", ext="md"), caption=report_caption("temperature"),
@@ -32,7 +22,7 @@ rule write_temperature:
         fig5=[report(P("figure", figure=f"fig5_temperature_{s}", ext=e), caption=report_caption("fig5"),
                      category="Temperature") for s in TAU_STORES for e in ("png", "pdf")],
     params:
-        cfg=cfg_json("knn", "retrieval", "temperature", "profile"),
+        cfg=cfg_json("knn", "retrieval", "temperature", "stats", "profile"),
         io=io(),
     log:
         log_of("write_temperature", "lm"),

@@ -214,46 +214,122 @@ def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
     return float(found.sum(1).mean() / e.shape[1])
 
 
-# The comparisons of Sec. 5 within one store, as (a, b): a / b − 1 of interpolated per-word perplexity.
-SETTING_PAIRS = [(st, "base") for st in SETTINGS] + [
-    ("faiss_mask_real_score", "faiss_mask_faiss_score"),  # real vs FAISS score (same FAISS mask)
-    ("real_mask_real_score", "faiss_mask_real_score"),  # real vs FAISS mask (real score)
-    ("real_mask_real_score", "faiss_mask_faiss_score")]  # exact vs approximate retrieval
+TUNED = " τ*"  # suffix of a setting at its τ tuned on valid (λ re-tuned), e.g. "real_mask_real_score τ*"
 
 
-def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall) -> dict:
-    """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings
-    (evaluate), per-document NLL (doc_nll, for paired comparisons across stores) and the bootstrap CIs of
-    each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
+def _pairs(suffix: str = "") -> list[tuple[str, str]]:
+    """The comparisons of Sec. 5 within one store at one temperature, as (a, b): a / b − 1 of per-word perplexity."""
+    return [(st + suffix, "base") for st in SETTINGS] + [
+        ("faiss_mask_real_score" + suffix, "faiss_mask_faiss_score" + suffix),  # real vs FAISS score (FAISS mask)
+        ("real_mask_real_score" + suffix, "faiss_mask_real_score" + suffix),  # real vs FAISS mask (real score)
+        ("real_mask_real_score" + suffix, "faiss_mask_faiss_score" + suffix)]  # exact vs approximate retrieval
+
+
+# Every comparison of a store's settings: at the config τ (the paper's Table 3, τ = 1), at each setting's tuned τ
+# (Sec. 5.2: "even at the optimal temperature ..."), and tuned τ vs the config τ per setting (Figure 5).
+SETTING_PAIRS = _pairs() + _pairs(TUNED) + [(st + TUNED, st) for st in SETTINGS]
+
+
+def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tuple]], words: dict[str, int],
+                      taus: list[float], lambda_steps: int, docs: dict | None = None, stats: dict | None = None) -> dict:
+    """The τ × λ sweep of Figure 5 (Xu et al. 2023, Sec. 5.2) from cached neighbours, per mask/score setting.
+
+    lp_lm: {split: [T_s] float64}; raw: {setting: {split: (scores [T_s, k] float32 (higher = closer), hit [T_s, k]
+    bool, valid [T_s, k] bool)}}; words: {split: int}; taus: τ grid (τ = 0: the limit τ → 0); λ grid =
+    linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (nll_grid); the interpolated perplexities of both
+    splits at that λ are recomputed exactly (interpolate). The best τ minimises the valid NLL. With `docs`
+    ({split: (doc [T_s], doc_words [D], ids)}) and `stats` (config 'stats'), each curve gets a 95 % bootstrap band
+    over documents ('{split}_lo', '{split}_hi'; one resample set for every τ). Returns per setting: {'tau',
+    'lambda', '{split}_interp_ppl_word', '{split}_interp_ppl_token', 'best': {'tau', 'lambda', ...}, 'lp_best':
+    {split: [T_s] log p_kNN at the best τ}}; the caller pops 'lp_best' (arrays) before writing JSON.
+    """
+    from ..scoring import interpolate, lambda_grid, nll_grid, sweep_temperature
+    from ..stats import bootstrap_ppl, interval, per_document, resample_counts
+
+    lams = lambda_grid(lambda_steps)
+    out = {}
+    for setting, by_split in raw.items():
+        sweep = {s: sweep_temperature(*by_split[s], taus) for s in SPLITS}
+        best_l = nll_grid(lp_lm["valid"], sweep["valid"], lams).argmin(1)  # [n_tau]
+        res = {"tau": list(taus), "lambda": [float(lams[j]) for j in best_l]}
+        for split in SPLITS:
+            lp = np.stack([interpolate(lp_lm[split], sweep[split][i], float(lams[j])) for i, j in enumerate(best_l)])
+            summ = [summarize(row, words[split]) for row in lp]
+            res[f"{split}_interp_ppl_word"] = [x["ppl_word"] for x in summ]
+            res[f"{split}_interp_ppl_token"] = [x["ppl_token"] for x in summ]
+            if docs is not None:
+                doc, doc_words, _ = docs[split]
+                nll = per_document(-lp, doc, len(doc_words))
+                boot = bootstrap_ppl(nll, doc_words, resample_counts(len(doc_words), stats["resamples"], stats["seed"]))
+                band = [interval(boot[:, i], stats["level"]) for i in range(len(taus))]
+                res[f"{split}_lo"], res[f"{split}_hi"] = [b[0] for b in band], [b[1] for b in band]
+        i = int(np.argmin(res["valid_interp_ppl_word"]))
+        res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
+                       "test_interp_ppl_word": res["test_interp_ppl_word"][i],
+                       "test_interp_ppl_token": res["test_interp_ppl_token"][i]}
+        res["lp_best"] = {s: sweep[s][i] for s in SPLITS}
+        out[setting] = res
+    return out
+
+
+def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | None = None) -> dict:
+    """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings at the
+    config τ (evaluate); with `sweep` (temperature_sweep) also each setting at its tuned τ ('tuned', λ re-tuned on
+    valid) and the sweep itself ('tau_sweep'); per-document NLL (doc_nll, for paired comparisons across stores)
+    and the bootstrap CIs of each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
     from ..scoring import interpolate
     from ..stats import compare, per_document
 
-    st = job.cfg["stats"]
+    st, steps = job.cfg["stats"], job.cfg["knn"]["lambda_steps"]
     meta = read_json(job.path("store") / "store.json")
-    ev = {name: evaluate(lp_lm, by, words, job.cfg["knn"]["lambda_steps"]) for name, by in lp_knn.items()}
+    ev = {name: evaluate(lp_lm, by, words, steps) for name, by in lp_knn.items()}
+    tuned, lp_tuned = {}, {}
+    for name, v in (sweep or {}).items():
+        lp_tuned[name] = v.pop("lp_best")
+        tuned[name] = {"tau": v["best"]["tau"], **evaluate(lp_lm, lp_tuned[name], words, steps)}
     doc_nll, ci = {}, {}
     for split, (doc, doc_words, _) in docs.items():
         lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
+        lps.update({n + TUNED: interpolate(lp_lm[split], lp_tuned[n][split], v["lambda"]) for n, v in tuned.items()})
         nll = per_document(-np.stack(list(lps.values())), doc, len(doc_words))
         doc_nll[split] = dict(zip(lps, nll.tolist()))
-        ci[split] = compare(nll, doc_words, list(lps), SETTING_PAIRS, st["resamples"], st["seed"], st["level"])
+        pairs = [(a, b) for a, b in SETTING_PAIRS if a in lps and b in lps]
+        ci[split] = compare(nll, doc_words, list(lps), pairs, st["resamples"], st["seed"], st["level"])
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
-            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "ci": ci, "recall": recall,
+            "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
+            "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
             "doc_ids": {s: d[2].tolist() for s, d in docs.items()},
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
 
 
 def settings(job: Job) -> dict:
-    """The three mask/score settings of one (store, key, metric) at the config τ, λ tuned on the valid scope."""
+    """The three mask/score settings of one (store, key, metric) on the retrieval scope, from one read of the
+    neighbour caches: at the config τ, the τ × λ sweep of Figure 5 (config 'temperature'), and at each setting's
+    tuned τ; λ tuned on the valid scope every time (Sec. 5, Table 3 and Figure 5)."""
+    from ..config import temperatures
+    from ..scoring import knn_log_prob_from_hits
+
     t0 = time.time()
-    out = settings_result(job, *load_settings(job))
-    out["seconds"] = time.time() - t0
+    lp_lm, words, raw, docs, recall = load_settings(job, raw=True)
+    tau = job.cfg["knn"]["temperature"]
+    lp_knn = {st: {sp: knn_log_prob_from_hits(*c, tau) for sp, c in by.items()} for st, by in raw.items()}
+    t1 = time.time()
+    sweep = temperature_sweep(lp_lm, raw, words, temperatures(job.cfg), job.cfg["temperature"]["lambda_steps"],
+                              docs, job.cfg["stats"])
+    sweep_seconds = time.time() - t1
+    out = settings_result(job, lp_lm, words, lp_knn, docs, recall, sweep)
+    out.update(tau_sweep_seconds=sweep_seconds, seconds=time.time() - t0)
     write_json(job.path("out"), out)
-    return {"metrics": {f"test_{st}_interp_ppl_word": v["test"]["interp"]["ppl_word"] for st, v in out["settings"].items()},
-            "artifacts": [job.path("out")]}
+    metrics = {f"test_{st}_interp_ppl_word": v["test"]["interp"]["ppl_word"] for st, v in out["settings"].items()}
+    for st, v in out["tuned"].items():
+        metrics[f"best_tau_{st}"] = v["tau"]
+        metrics[f"test_{st}_best_tau_interp_ppl_word"] = v["test"]["interp"]["ppl_word"]
+    step = {f"{st}_test_ppl_vs_tau_x10": [(int(round(t * 10)), p) for t, p in zip(v["tau"], v["test_interp_ppl_word"])
+                                          if np.isfinite(p)] for st, v in out["tau_sweep"].items()}
+    return {"metrics": metrics, "step_metrics": step, "artifacts": [job.path("out")]}
 
 
 def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
@@ -308,23 +384,31 @@ def table3(job: Job) -> dict:
             c = s["ci"][split]
             base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
             base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})
-            rows.append({**base, **n, "95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
-            for setting in SETTINGS:
-                mask, score = SETTING_LABEL[setting]
-                rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, s["settings"][setting]), **n,
-                             "95% CI (word)": fmt_ci(c["ppl"][setting]),
-                             "vs base (95% CI)": fmt_ci(c["diff"][f"{setting} vs base"], pct=True)})
-                metrics[f"{split}_{key}_{metric}_{setting}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
+            rows.append({**base, "τ": "-", **n, "95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
+            for suffix, evs in (("", s["settings"]), (TUNED, s.get("tuned", {}))):
+                for setting in (st for st in SETTINGS if st in evs):
+                    mask, score = SETTING_LABEL[setting]
+                    ev = evs[setting]
+                    tau = ev.get("tau", s["temperature"])
+                    rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, ev),
+                                 "τ": f"{tau:g}" + ("*" if suffix else ""), **n,
+                                 "95% CI (word)": fmt_ci(c["ppl"][setting + suffix]),
+                                 "vs base (95% CI)": fmt_ci(c["diff"][f"{setting}{suffix} vs base"], pct=True)})
+                    tag = "_tuned_tau" if suffix else ""
+                    metrics[f"{split}_{key}_{metric}_{setting}{tag}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
             comparisons += comparison_rows(c, split=split, **labels)
-    cols = ["split", "h_ds", "⊗", "mask", "score", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
+    cols = ["split", "h_ds", "⊗", "mask", "score", "τ", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
             "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}", "95% CI (word)",
             "vs base (95% CI)"]
     df = pd.DataFrame(rows)[cols]
     st = cfg["stats"]
     boot = (f"95% CI: paired bootstrap over the scope's documents ({st['documents']}, {st['resamples']} resamples, seed "
             f"{st['seed']}).")
+    t = cfg["temperature"]
     cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5): FAISS (IVFPQ) vs real (exact) mask and score, "
-           f"τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; scope: {scope_caption(cfg)} "
+           f"at τ = {cfg['knn']['temperature']:g} (the paper's table) and at each setting's τ tuned on valid (τ*, "
+           f"grid {t['start']:g} … {t['stop']:g} step {t['step']:g}; Sec. 5.2), k = {cfg['knn']['k']}, λ tuned on "
+           f"valid every time; scope: {scope_caption(cfg)} "
            f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
            f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found (how approximate "
            f"the approximation was). {boot} {cfg.get('profile', {}).get('caption', '')}")
