@@ -1,15 +1,22 @@
-"""Benchmark: exact search throughput vs plain torch.mm, and its memory scaling. Prints ratios.
+"""Benchmark: exact search (the "real mask") vs plain torch.mm and vs faiss brute force; memory scaling. Prints ratios.
 
-  python benchmarks/bench_exact.py [--n 1000000] [--d 256] [--t 4096] [--k 1024] [--key-chunk 32768] [--query-chunk 1024]
+  python benchmarks/bench_exact.py [--n 1000000] [--d 256] [--t 4096] [--k 1024] [--real results/wikitext2]
+                                   [--key-chunk 32768] [--query-chunk 1024] [--skip-rss]
 
-1. exact_topk GFLOP/s over torch.mm GFLOP/s on the same shapes (goal >= 0.8): the streaming, fp16->fp32
-   conversion and top-k merge should cost little next to the matmul itself.
-2. peak RSS of exact search at 4x the datastore size over 1x (goal <= 1.2): memory is bounded by chunks.
+Data: random normal keys and queries, and (with --real <run>) the first n att keys of a finished run's datastore
+with the first t of its valid att queries -- the threshold filter behaves differently on real data. For each:
+1. exact_topk GFLOP/s over torch.mm GFLOP/s on the same shapes, fp32 keys in RAM, output buffer reused (goal
+   >= 0.8): streaming, fp16->fp32 conversion and top-k selection should cost little next to the matmul.
+2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
+   goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
+   distances to 1e-4 relative).
+3. peak RSS of exact search at 4x the datastore size over 1x (goal <= 1.2): memory is bounded by chunks.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -41,6 +48,39 @@ def child(path: str, t: int, k: int) -> None:
     print(json.dumps({"max_rss_mb": hwm_kb / 1024}))
 
 
+def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
+    """Print exact_topk vs torch.mm and vs faiss.knn on one data set (keys: [n, d] fp16 memmap, q: [t, d] fp32)."""
+    import faiss
+
+    n, d, t = keys.shape[0], keys.shape[1], q.shape[0]
+    flops = 2.0 * t * n * d
+    t0 = time.perf_counter()
+    ids, dist = exact_topk(keys, q, a.k, "l2", key_chunk=a.key_chunk, query_chunk=a.query_chunk, progress=False)
+    t_exact = time.perf_counter() - t0
+    x = np.ascontiguousarray(keys, dtype=np.float32)  # the baselines get fp32 keys already in RAM
+    xt, qt = torch.from_numpy(x), torch.from_numpy(q)
+    buf = torch.empty(min(a.query_chunk, t), a.key_chunk)
+    t0 = time.perf_counter()
+    for s in range(0, n, a.key_chunk):
+        xs = xt[s:s + a.key_chunk]
+        for qs in range(0, t, a.query_chunk):
+            qq = qt[qs:qs + a.query_chunk]
+            torch.mm(qq, xs.T, out=buf[:len(qq), :len(xs)])
+    t_mm = time.perf_counter() - t0
+    del buf
+    faiss.omp_set_num_threads(torch.get_num_threads())
+    t0 = time.perf_counter()
+    f_dist, f_ids = faiss.knn(q, x, a.k, faiss.METRIC_L2)
+    t_faiss = time.perf_counter() - t0
+    same_ids = float(np.mean([len(np.intersect1d(i, j)) / a.k for i, j in zip(ids, f_ids)]))
+    rel = float(np.max(np.abs(dist - f_dist) / np.maximum(1.0, np.abs(f_dist))))
+    print(f"[{name}] n={n} d={d} t={t} k={a.k} threads={torch.get_num_threads()}")
+    print(f"[{name}] exact search {flops / t_exact / 1e9:.1f} GFLOP/s ({t_exact:.2f} s); torch.mm {flops / t_mm / 1e9:.1f} "
+          f"GFLOP/s; ratio {t_mm / t_exact:.2f} (goal >= 0.8)")
+    print(f"[{name}] faiss.knn (brute force) {t_faiss:.2f} s; exact search is {t_faiss / t_exact:.2f}x faster (goal > 1); "
+          f"same ids {100 * same_ids:.2f} %, max relative distance difference {rel:.1e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=1_000_000)
@@ -49,31 +89,29 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--key-chunk", type=int, default=32768)
     ap.add_argument("--query-chunk", type=int, default=1024)
+    ap.add_argument("--real", help="a finished run's results dir (results/<name>): its att keys and valid queries")
+    ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--child", nargs=3)
     a = ap.parse_args()
     if a.child:
         return child(a.child[0], int(a.child[1]), int(a.child[2]))
+    print(f"CPU: {platform.processor() or platform.machine()}; torch {torch.__version__}, threads {torch.get_num_threads()}")
     with tempfile.TemporaryDirectory() as tmp:
         keys = make_keys(Path(tmp) / "k1.npy", a.n, a.d)
         q = np.random.default_rng(1).normal(size=(a.t, a.d)).astype(np.float32)
-        flops = 2.0 * a.t * a.n * a.d
-        t0 = time.perf_counter()
-        exact_topk(keys, q, a.k, "l2", key_chunk=a.key_chunk, query_chunk=a.query_chunk, progress=False)
-        t_exact = time.perf_counter() - t0
-        # the baseline: torch.mm alone on fp32 keys already in RAM, same blocks, output buffer reused
-        x = torch.from_numpy(np.asarray(keys, dtype=np.float32))
-        qt = torch.from_numpy(q)
-        buf = torch.empty(min(a.query_chunk, a.t), a.key_chunk)
-        t0 = time.perf_counter()
-        for s in range(0, a.n, a.key_chunk):
-            xs = x[s:s + a.key_chunk]
-            for qs in range(0, a.t, a.query_chunk):
-                qq = qt[qs:qs + a.query_chunk]
-                torch.mm(qq, xs.T, out=buf[:len(qq), :len(xs)])
-        t_mm = time.perf_counter() - t0
-        del x, buf
-        print(f"exact search: {flops / t_exact / 1e9:.1f} GFLOP/s; torch.mm: {flops / t_mm / 1e9:.1f} GFLOP/s; "
-              f"ratio {t_mm / t_exact:.2f} (goal >= 0.8)")
+        compare("random", keys, q, a)
+        if a.real:
+            from knnlm.paths import Layout
+
+            root = Path(a.real)
+            lay = Layout(root.parent, root.name)
+            real = np.load(lay.path("keys", lm="base", key="att"), mmap_mode="r")[:a.n]
+            man = json.loads(lay.path("queries_manifest", lm="base", split="valid").read_text())
+            rq = np.load(lay.path("queries", lm="base", split="valid", key="att"), mmap_mode="r")
+            rq = np.ascontiguousarray(rq[:min(a.t, man["T"])], dtype=np.float32)
+            compare("real", real, rq, a)
+        if a.skip_rss:
+            return
         make_keys(Path(tmp) / "k4.npy", 4 * a.n, a.d)
         rss = {}
         for name in ("k1", "k4"):

@@ -102,7 +102,7 @@ def test_training_learns_and_resumes_identically(tmp_path):
     before = -np.mean(evaluate_log_probs(AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3),
                                          queries, qv, bf16=False))
     full, hist = run(tmp_path / "a.pt", 3)
-    assert hist["valid"][-1][1] < before - 0.5 and hist["epochs"] == 3
+    assert hist["valid"][-1][2] < before - 0.5 and hist["epochs"] == 3 and hist["steps"] == 3 * 10
     run(tmp_path / "b.pt", 1)  # "killed" after one epoch ...
     resumed, hist_b = run(tmp_path / "b.pt", 3)  # ... and resumed
     assert hist_b["valid"] == hist["valid"]
@@ -122,6 +122,53 @@ def test_clustered_training_skips_targets_without_rows(tmp_path):
     hist = train(model, KeyBatches(keys, np.where(np.arange(300) % 7 == 0, V - 1, vals), None, 50, seed=1),
                  (queries, qv), tmp_path / "c.pt", lr=0.01, max_epochs=2, patience=2, bf16=False)
     assert hist["epochs"] == 2 and np.isfinite(hist["best_nll"]) and torch.isfinite(model.weight).all()
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+class _DyingBatches(KeyBatches):
+    """Batches that 'kill the job' after `after` batches of this process."""
+
+    def __init__(self, *a, after: int, **kw):
+        super().__init__(*a, **kw)
+        self.after = after
+
+    def epoch(self, epoch, skip=0):
+        for i, b in enumerate(super().epoch(epoch, skip)):
+            if i == self.after:
+                raise _Killed
+            yield b
+
+
+def test_training_evaluates_within_epochs_stops_early_and_resumes_mid_epoch(tmp_path):
+    """evals_per_epoch > 1: valid NLL at fractions of an epoch, resumable between them with the same result; early
+    stopping counts evaluations and says whether training converged (issue 9: W_ds trained until valid stops
+    improving, with its curve)."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(V, D)) * 3
+    vals = rng.integers(0, V, 600).astype(np.int32)  # 10 batches of 64 per epoch
+    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
+    qv = rng.integers(0, V, 200)
+    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+
+    def run(ckpt, batches, **kw):
+        model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
+        args = dict(lr=0.05, max_epochs=2, patience=50, bf16=False, log_every=2, evals_per_epoch=3) | kw
+        return model, train(model, batches, (queries, qv), ckpt, **args)
+
+    full, hist = run(tmp_path / "a.pt", KeyBatches(keys, vals, None, 64, seed=1))
+    assert [round(e, 3) for _, e, _ in hist["valid"]] == [0.3, 0.7, 1.0, 1.3, 1.7, 2.0]
+    assert [s for s, _, _ in hist["valid"]] == [3, 7, 10, 13, 17, 20] and hist["converged"] is False
+    with pytest.raises(_Killed):  # killed in epoch 0 after batch 5: the state of batch 3 is on disk
+        run(tmp_path / "b.pt", _DyingBatches(keys, vals, None, 64, seed=1, after=5))
+    resumed, hist_b = run(tmp_path / "b.pt", KeyBatches(keys, vals, None, 64, seed=1))
+    assert hist_b["valid"] == hist["valid"]
+    torch.testing.assert_close(resumed.weight, full.weight)
+    # a learning rate that overshoots: the valid NLL stops improving and training stops after `patience` evals
+    _, h = run(tmp_path / "c.pt", KeyBatches(keys, vals, None, 64, seed=1), lr=30.0, patience=1, max_epochs=20)
+    assert h["converged"] is True and h["evals"] == h["best_eval"] + 2 and h["epochs"] < 20  # 1 eval without gain
 
 
 def test_reduced_precision_paths_against_fp32():

@@ -3,6 +3,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -68,13 +69,15 @@ def test_every_job_logged_to_mlflow(tiny_run):
     jobs = len(list((tiny_run["root"] / "benchmarks").glob("*.tsv")))
     # 26 for Table 1: data 3, LM 1, dumps 3, 2 stores (full att/ffn), 4 indexes, 8 searches, 4 scores, table
     # + 11 for Table 3 (tiny: ffn keys, L2 and IP): 4 real scores, 4 exact searches, 2 settings, table
-    # + 13 for Figures 2, 4, 5 (one subset, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
-    #   1 settings, 2 τ sweeps, 2 figure jobs
+    # + 11 for Figures 2, 4, 5 (one subset, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
+    #   1 settings (with its τ sweep), 2 figure jobs
     # + 13 for Tables 2, 5, 6, 7 and App. C.3: word stats, nv1/nv2 x att/ffn, 2 adaptive, 4 MoS, 1 clustered, tables
     # + 10 for the PCA table (store pca16, ffn/L2): store, index, 2 searches, 2 real scores, 2 exact searches,
     #   settings, table
     # + 4 for the documents and the retrieval scope of valid and test (confidence intervals), + 1 findings report
-    assert jobs == 78
+    # + 17 for the variance table: store full-ivf2 (store, index, 2 searches, 2 real scores, settings; the exact
+    #   search is full's), store r0.2-draw2 (the same + 2 exact searches), table
+    assert jobs == 93
     assert count_runs(tiny_run["results_dir"], "tiny") == jobs
 
 
@@ -281,7 +284,17 @@ def test_parametric_alternatives(tiny_run):
     res = read_json(art(tiny_run, "parametric_result", variant="nv2", key="att"))
     assert res["info"]["rows"] == 2 * len(np.load(art(tiny_run, "word_stats"))["freq"])
     h = res["history"]
-    assert h["epochs"] >= 1 and len(h["valid"]) == h["epochs"]
+    assert h["epochs"] == 2 and len(h["valid"]) == 2 and res["training"]["until_converged"] is False
+    # W_ds (nv1) is trained until the valid NLL stops improving (parametric.converge), with its curve
+    w = read_json(art(tiny_run, "parametric_result", variant="nv1", key="att"))
+    conv = TINY["parametric"]["converge"]
+    assert w["training"]["until_converged"] and w["training"]["evals_per_epoch"] == conv["evals_per_epoch"] == 2
+    hw = w["history"]
+    assert len(hw["valid"]) == hw["evals"] and hw["steps"] == hw["valid"][-1][0]
+    assert w["train_rows"] == read_json(art(tiny_run, "datastore_manifest"))["N"]  # all rows
+    for _, r in wds[wds["split"] == "test"].iterrows():
+        hist = read_json(art(tiny_run, "parametric_result", variant="nv1", key=r["h_ds"]))["history"]
+        assert r["converged"] == ("yes" if hist["converged"] else "no (under-trained)") and r["steps"] == hist["steps"]
     # the saved test log-probs reproduce the reported perplexity of the model alone
     lp = np.load(art(tiny_run, "parametric_dir", variant="nv2", key="att") / "trained_test_logprobs.npy").astype(np.float64)
     words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]
@@ -331,7 +344,26 @@ def test_findings_report(tiny_run):
     rows = [line for line in text.splitlines() if line.startswith("| Sec.")]
     from knnlm.experiments.findings import CLAIMS
 
-    assert len(rows) == len(CLAIMS) == 17
+    assert len(rows) == len(CLAIMS) == 20
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     assert sum("not run" in r for r in rows) == 0 and sum("ffn/L2" in r for r in rows) == 11
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in rows if "not run" not in r)
+
+
+def test_report_stage_shares_and_readme_block(tiny_run, tmp_path):
+    """`python -m knnlm.report <run> --readme` quotes the findings report and the stage shares into the README's
+    results block (no hand-typed numbers), and leaves the rest of the file alone."""
+    from knnlm.report import BEGIN, END, stage_shares, stage_table, update_readme
+
+    root = Path(tiny_run["results_dir"]) / "tiny"
+    shares = stage_shares(stage_table(root))
+    assert shares["stage"].iloc[-1] == "total" and "other" not in set(shares["stage"])
+    assert shares["wall (min)"].iloc[:-1].sum() == pytest.approx(shares["wall (min)"].iloc[-1])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nbefore\n{BEGIN}\nold numbers\n{END}\nafter\n")
+    update_readme(readme, root)
+    text = readme.read_text()
+    assert "old numbers" not in text and text.startswith("# title\n\nbefore\n") and text.endswith("\nafter\n")
+    findings = art(tiny_run, "findings").read_text()
+    rows = [line for line in findings.splitlines() if line.startswith("| Sec.")]
+    assert rows and all(r in text for r in rows) and "LM training" in text

@@ -95,3 +95,19 @@ def test_findings_verdicts():
     assert within_verdict(-0.004, 0.002, 0.01) == "reproduced"
     assert within_verdict(-0.05, -0.02, 0.01) == "contradicted"
     assert within_verdict(-0.02, 0.001, 0.01) == "inconclusive"
+
+
+def test_share_of_gain_point_and_interval():
+    """(ppl_base − ppl_a) / (ppl_base − ppl_b) with a bootstrap CI: the point value is the formula on the totals,
+    and a model built to recover half the gain gets an interval around 0.5 that excludes 0 and 1."""
+    rng = np.random.default_rng(4)
+    words = rng.integers(200, 2000, size=80).astype(float)
+    base = words * (5.0 + rng.normal(0, 0.5, 80))
+    knn = base - words * (0.10 + rng.normal(0, 0.01, 80))
+    half = base - words * (0.05 + rng.normal(0, 0.01, 80))  # log-gain halved: PPL gain share ~0.51
+    res = compare(np.stack([base, half, knn]), words, ["base", "alt", "knn"], [], resamples=1000, seed=0,
+                  shares=[("alt", "knn")])
+    sh = res["share"]["alt of knn"]
+    p = {n: np.exp(v.sum() / words.sum()) for n, v in zip(("base", "alt", "knn"), (base, half, knn))}
+    assert sh["value"] == pytest.approx((p["base"] - p["alt"]) / (p["base"] - p["knn"]))
+    assert 0.4 < sh["lo"] < sh["value"] < sh["hi"] < 0.6

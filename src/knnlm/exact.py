@@ -160,7 +160,7 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
     key_chunk = xbuf.shape[0]
     run = key_chunk // max(1, runs) // GROUP * GROUP
     k = tops[0].k
-    if runs <= 0 or run == 0 or runs * run // GROUP < k or reader.n < runs * run * 4:
+    if runs <= 0 or run == 0 or runs * run < k or reader.n < runs * run * 4:
         return
     for j, start in enumerate(np.linspace(0, reader.n - run, runs).astype(np.int64)):
         _load_keys(reader, int(start), int(start) + run, xbuf[j * run:(j + 1) * run], metric)  # fills xbuf in place
@@ -168,7 +168,7 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
     for top, qs in zip(tops, range(0, qa.shape[0], query_chunk)):
         sc = sbuf[:top.s.shape[0], :xa.shape[0]]
         torch.mm(qa[qs:qs + top.s.shape[0]], xa.T, out=sc)
-        top.raise_threshold(sc.view(sc.shape[0], GROUP, -1).amax(1))
+        top.thr = torch.maximum(top.thr, sc.topk(k, dim=1, sorted=False).values.amin(1))  # k-th best of the sample
 
 
 @torch.no_grad()

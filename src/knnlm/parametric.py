@@ -255,19 +255,25 @@ def _finite_nll(lp: np.ndarray) -> float:
 
 
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
-          patience: int, bf16: bool = True, log_every: int = 50) -> dict:
-    """Adam on −log p(val | key), one epoch at a time, early stopping on the valid NLL; resumable.
+          patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1) -> dict:
+    """Adam on −log p(val | key) with early stopping on the valid NLL, evaluated `evals_per_epoch` times per epoch;
+    resumable at every evaluation.
 
-    valid: (queries [T, D], targets [T]) for early stopping (mean NLL over the targets with p > 0). After every epoch the state (model,
-    optimiser, epoch, best state, history) is saved atomically to ckpt_path; a rerun resumes from it
-    (finished epochs are skipped). Stops after `patience` epochs without a better valid NLL, or at
-    max_epochs; the model is left at its best state. Returns the history: {'train': [(step, loss)],
-    'valid': [(epoch, nll per token)], 'best_epoch', 'epochs', 'seconds', 'tokens_per_second'}.
+    valid: (queries [T, D], targets [T]) for early stopping (mean NLL in nats/token over the targets with p > 0).
+    At every evaluation the state (model, optimiser, position in the epoch, best state, history) is saved
+    atomically to ckpt_path; a rerun resumes from it (the epoch's finished batches are skipped, the shuffle is
+    seeded per epoch). Stops after `patience` evaluations without a better valid NLL ('converged': True), or at
+    max_epochs ('converged': False: the model may be under-trained); the model is left at its best state.
+    Returns the history: {'train': [(step, loss)], 'valid': [(step, epoch (fractional), nll)], 'best_step',
+    'best_nll', 'steps', 'epochs' (fractional), 'evals', 'converged', 'seconds', 'tokens_per_second'}.
+    Raises ValueError for evals_per_epoch < 1.
     """
+    if evals_per_epoch < 1:
+        raise ValueError(f"evals_per_epoch must be >= 1, found {evals_per_epoch}")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
-    hist = {"train": [], "valid": [], "best_epoch": -1, "best_nll": math.inf, "epochs": 0, "seconds": 0.0,
-            "train_tokens": 0}
+    hist = {"train": [], "valid": [], "best_step": -1, "best_eval": -1, "best_nll": math.inf, "epoch": 0, "batch": 0,
+            "steps": 0, "evals": 0, "seconds": 0.0, "train_tokens": 0}
     best_state = None
     ckpt_path = Path(ckpt_path)
     if ckpt_path.exists():
@@ -275,13 +281,19 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         hist, best_state = st["history"], st["best_state"]
-        log.info("resumed from %s after epoch %d", ckpt_path, hist["epochs"])
-    step = len(hist["train"]) * log_every
-    while hist["epochs"] < max_epochs and hist["epochs"] - hist["best_epoch"] <= patience:
-        epoch = hist["epochs"]
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt_path, hist["steps"], hist["epoch"], hist["batch"])
+    n = len(batches)
+    eval_at = {max(1, round(n * (i + 1) / evals_per_epoch)) for i in range(evals_per_epoch)}
+
+    def waiting() -> bool:  # evaluations since the best one, within patience
+        return hist["evals"] - 1 - hist["best_eval"] < patience if hist["evals"] else True
+
+    while hist["epoch"] < max_epochs and waiting():
+        epoch, skip = hist["epoch"], hist["batch"]
         model.train()
         t0, run, n_run = time.time(), 0.0, 0
-        for h, y in tqdm(batches.epoch(epoch), total=len(batches), desc=f"epoch {epoch}", mininterval=30):
+        for i, (h, y) in enumerate(tqdm(batches.epoch(epoch, skip), total=n - skip, desc=f"epoch {epoch}",
+                                        mininterval=30), start=skip):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 lp = model.log_prob(h, y)
             # targets the model gives no row (a clustered datastore whose clusters never saw the word) have
@@ -290,26 +302,35 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            step += 1
+            hist["steps"] += 1
             run += float(loss.detach())
             n_run += 1
             hist["train_tokens"] += len(y)
-            if step % log_every == 0:
-                hist["train"].append((step, run / n_run))
+            if hist["steps"] % log_every == 0:
+                hist["train"].append((hist["steps"], run / n_run))
                 run, n_run = 0.0, 0
-        hist["seconds"] += time.time() - t0
-        nll = _finite_nll(evaluate_log_probs(model, *valid, bf16=bf16))
-        hist["valid"].append((epoch, nll))
-        hist["epochs"] = epoch + 1
-        log.info("epoch %d: valid NLL %.4f nats/token (best %.4f)", epoch, nll, hist["best_nll"])
-        if nll < hist["best_nll"]:
-            hist["best_nll"], hist["best_epoch"] = nll, epoch
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        with atomic_path(ckpt_path) as tmp:
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "history": hist,
-                        "best_state": best_state}, tmp)
+            if i + 1 not in eval_at:
+                continue
+            hist["seconds"] += time.time() - t0
+            nll = _finite_nll(evaluate_log_probs(model, *valid, bf16=bf16))
+            hist["valid"].append((hist["steps"], epoch + (i + 1) / n, nll))
+            hist["evals"] += 1
+            hist["epoch"], hist["batch"] = (epoch + 1, 0) if i + 1 == n else (epoch, i + 1)
+            log.info("step %d (epoch %.2f): valid NLL %.4f nats/token (best %.4f)", hist["steps"], epoch + (i + 1) / n,
+                     nll, hist["best_nll"])
+            if nll < hist["best_nll"]:
+                hist["best_nll"], hist["best_step"], hist["best_eval"] = nll, hist["steps"], hist["evals"] - 1
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            with atomic_path(ckpt_path) as tmp:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "history": hist,
+                            "best_state": best_state}, tmp)
+            t0 = time.time()
+            if not waiting():
+                break
     if best_state is None:
-        raise ArtifactError(f"{ckpt_path}: training produced no valid epoch")
+        raise ArtifactError(f"{ckpt_path}: training produced no valid evaluation")
     model.load_state_dict(best_state)
+    hist["converged"] = not waiting()
+    hist["epochs"] = hist["valid"][-1][1]
     hist["tokens_per_second"] = hist["train_tokens"] / max(hist["seconds"], 1e-9)
     return hist

@@ -65,6 +65,7 @@ PATTERNS: dict[str, str] = {
     "word_stats": "lms/{lm}/parametric/word_stats.npz",
     "parametric_dir": "lms/{lm}/parametric/{variant}_{key}",
     "parametric_result": "lms/{lm}/parametric/{variant}_{key}/result.json",
+    "parametric_logprobs": "lms/{lm}/parametric/{variant}_{key}/{split}_logprobs.npy",  # final stage, float32 [T]
     # outputs a reader looks at
     "table": "lms/{lm}/tables/{table}.{ext}",
     "figure": "lms/{lm}/figures/{figure}.{ext}",

@@ -1,5 +1,6 @@
-"""Summarise a finished run: per-stage wall time and peak memory (Snakemake benchmark files), artifact
-sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
+"""Summarise a finished run: per-job and per-stage wall time, each stage's share, peak memory (Snakemake
+benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
+[--readme README.md] (then: rewrite the README's results block from the run's findings report and stages)
 """
 from __future__ import annotations
 
@@ -20,17 +21,92 @@ def stage_table(root: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+# Stages of a run (issue 10: "each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
+STAGES = {
+    "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "documents",
+                                                       "scope"],
+    "LM training": ["train_lm"],
+    "dumps (datastore, queries)": ["dump_datastore", "dump_queries"],
+    "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
+    "exact search and real score": ["exact_search", "real_score"],
+    "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_datastore_size",
+                                            "write_temperature", "write_pca", "write_variance", "write_findings"],
+    "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
+}
+
+
+def rule_of(job: str) -> str:
+    """The rule of a benchmark file stem '<rule>_<wildcards>' (the longest known rule name it starts with)."""
+    rules = sorted((r for rs in STAGES.values() for r in rs), key=len, reverse=True)
+    return next((r for r in rules if job == r or job.startswith(r + "_")), job.split("_")[0])
+
+
+def stage_shares(df: pd.DataFrame) -> pd.DataFrame:
+    """Per stage: jobs, wall minutes, share of the total, slowest job and max peak RSS, from stage_table()."""
+    stage = {r: st for st, rs in STAGES.items() for r in rs}
+    d = df.assign(stage=[stage.get(rule_of(j), "other") for j in df["job"]])
+    total = d["wall_s"].sum()
+    rows = []
+    for st in list(STAGES) + ["other"]:
+        g = d[d["stage"] == st]
+        if len(g):
+            slow = g.loc[g["wall_s"].idxmax()]
+            rows.append({"stage": st, "jobs": len(g), "wall (min)": g["wall_s"].sum() / 60,
+                         "share": f"{100 * g['wall_s'].sum() / total:.1f} %",
+                         "slowest job": f"{slow['job']} ({slow['wall_s'] / 60:.1f} min)",
+                         "peak RSS (MB)": g["peak_rss_mb"].max()})
+    rows.append({"stage": "total", "jobs": len(d), "wall (min)": total / 60, "share": "100 %", "slowest job": "",
+                 "peak RSS (MB)": d["peak_rss_mb"].max()})
+    return pd.DataFrame(rows)
+
+
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+BEGIN, END = "<!-- results:begin (python -m knnlm.report <run> --readme README.md) -->", "<!-- results:end -->"
+
+
+def readme_block(root: Path, lm: str = "base") -> str:
+    """The README's results block of run `root`: its findings report (headings demoted) and the stage shares, quoted
+    from the files the run wrote; no number in it is typed by hand (issue 9)."""
+    layout = Layout(root.parent, root.name)
+    findings = layout.path("findings", lm=lm)
+    if not findings.exists():
+        raise FileNotFoundError(f"{findings}: no findings report; run `snakemake findings` first")
+    text = findings.read_text().replace("\n# ", "\n### ").replace("\n## ", "\n#### ")
+    text = "### " + text[2:] if text.startswith("# ") else text
+    stages = stage_shares(stage_table(root)).to_markdown(index=False, floatfmt=".1f")
+    return (f"{BEGIN}\n\nQuoted from `{findings.relative_to(root.parent)}` and the run's benchmark files.\n\n{text.strip()}\n\n"
+            f"#### Wall time per stage ({root.name}; sum of the jobs' wall times from `benchmarks/*.tsv`)\n\n{stages}\n\n{END}")
+
+
+def update_readme(readme: Path, root: Path) -> None:
+    """Replace the block between BEGIN and END in `readme` with readme_block(root) (atomic). Raises ValueError if
+    the markers are missing."""
+    from .io import atomic_path
+
+    s = readme.read_text()
+    if BEGIN not in s or END not in s:
+        raise ValueError(f"{readme}: no results block (lines {BEGIN!r} ... {END!r})")
+    new = s[:s.index(BEGIN)] + readme_block(root) + s[s.index(END) + len(END):]
+    with atomic_path(readme) as tmp:
+        tmp.write_text(new)
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0])
+    if "--readme" in argv:
+        update_readme(Path(argv[argv.index("--readme") + 1]), root)
+        print(f"updated the results block of {argv[argv.index('--readme') + 1]} from {root}")
+        return
     layout = Layout(root.parent, root.name)
     df = stage_table(root)
     print(df.to_markdown(index=False, floatfmt=".1f"))
     print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
+    print("\nStages (sum of job wall times; with 2+ cores some jobs overlap):\n")
+    print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
     for lm_dir in sorted((layout.root / "lms").glob("*")):
         for sub in sorted(p for p in lm_dir.iterdir() if p.is_dir()):
             print(f"{sub.relative_to(layout.root)}: {dir_size(sub) / 2**20:.1f} MiB on disk")

@@ -89,12 +89,15 @@ def verdict(lo: float, hi: float) -> str:
 
 
 def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs: list[tuple[str, str]],
-            resamples: int = 1000, seed: int = 1, level: float = 0.95) -> dict:
+            resamples: int = 1000, seed: int = 1, level: float = 0.95, shares: list[tuple[str, str]] = (),
+            base: str = "base") -> dict:
     """Perplexities with CIs and paired relative differences with CIs, from one set of bootstrap resamples.
 
     doc_nll: [S, D] per-document NLL of the S settings `names` (same documents); pairs: (a, b) to compare as
-    ppl_a / ppl_b − 1. Returns {'ppl': {name: {'value', 'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi',
-    'verdict'}}, 'documents': D, 'resamples': B, 'level': level}.
+    ppl_a / ppl_b − 1; shares: (a, b) whose share of b's gain over `base` a recovers, (ppl_base − ppl_a) /
+    (ppl_base − ppl_b) (Xu et al. 2023, Sec. 4: "W_ds recovers 55 % of the kNN-LM's gain"). Returns {'ppl': {name:
+    {'value', 'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi', 'verdict'}}, 'share': {'a of b': {'value',
+    'lo', 'hi'}}, 'documents': D, 'resamples': B, 'level': level}.
     """
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
     point = np.exp(doc_nll.sum(1) / np.sum(doc_words))
@@ -109,6 +112,15 @@ def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs:
         lo, hi = interval(rel, level)
         out["diff"][f"{a} vs {b}"] = {"value": float(point[idx[a]] / point[idx[b]] - 1), "lo": lo, "hi": hi,
                                       "verdict": verdict(lo, hi)}
+    out["share"] = {}
+    for a, b in shares:
+        z = idx[base]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sh = (boot[:, z] - boot[:, idx[a]]) / (boot[:, z] - boot[:, idx[b]])
+        sh = sh[np.isfinite(sh)]
+        lo, hi = interval(sh, level) if len(sh) else (float("nan"), float("nan"))
+        out["share"][f"{a} of {b}"] = {"value": float((point[z] - point[idx[a]]) / (point[z] - point[idx[b]])),
+                                       "lo": lo, "hi": hi}
     return out
 
 

@@ -7,7 +7,9 @@ every store alike: IVFPQ index, FAISS search, real score, exact search, evaluati
 Kinds (name regex -> prepare function, registered with @store_kind):
   full        all datastore rows, keys as dumped
   r<ratio>    a seeded random subset of round(ratio × N) rows, kept as a sorted row-id list, never a copy of
-              the keys (Xu et al. 2023, Sec. 5, Figures 2 and 4)
+              the keys (Xu et al. 2023, Sec. 5, Figures 2 and 4); r<ratio>-draw<k>: drawn with seed k
+  pca<d>      keys and queries projected to d dims (He et al. 2021)
+  <any>-ivf<k>  (full and subsets) the same store with its IVFPQ trained with seed k ('variance' table)
 
 A prepare function may write, next to store.json:
   rows.npy            sorted int64 datastore row ids: the store holds only these rows (ids stay datastore rows)
@@ -71,17 +73,35 @@ def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
     return np.sort(perm[:size]).astype(np.int64)
 
 
-@store_kind("full")
+IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
+
+
+def _seeds(m) -> dict:
+    return {} if not m["ivf"] else {"index_seed": int(m["ivf"])}
+
+
+@store_kind("full" + IVF_SUFFIX)
 def _full(m, keys, man, cfg, out_dir: Path) -> dict:
-    return {}
+    """All datastore rows; 'full-ivf<k>': the same keys with an IVFPQ trained with seed k (the spread of the FAISS
+    settings over index seeds)."""
+    return _seeds(m)
 
 
-@store_kind(r"r(?P<ratio>[0-9.e-]+)")
+@store_kind(r"r(?P<ratio>[0-9.e-]+)(?:-draw(?P<draw>[0-9]+))?" + IVF_SUFFIX)
 def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
-    ratio, seed = float(m["ratio"]), cfg["datastore_size"]["seed"]
+    """A seeded subset of round(ratio × N) rows (seed 'datastore_size.seed', or k for 'r<ratio>-draw<k>': the
+    spread over subset draws); '-ivf<k>': its IVFPQ trained with seed k."""
+    ratio = float(m["ratio"])
+    seed = int(m["draw"]) if m["draw"] else cfg["datastore_size"]["seed"]
     rows = subsample_rows(man["N"], ratio, seed)
     save_npy(out_dir / "rows.npy", rows)
-    return {"ratio": ratio, "seed": seed}
+    return {"ratio": ratio, "seed": seed, **_seeds(m)}
+
+
+def same_keys_store(name: str) -> str:
+    """The store whose keys (and so exact search) `name` shares: `name` without its '-ivf<k>' suffix (an index
+    seed changes the FAISS neighbours, never the exact ones)."""
+    return re.sub(r"-ivf[0-9]+$", "", name)
 
 
 def store_kind_of(name: str) -> tuple[re.Match, Callable]:

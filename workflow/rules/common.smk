@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
 from knnlm.config import (ConfigError, check_data, parametric_tables, parametric_variants, split_files,
                           temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
-from knnlm.stores import store_name, store_wildcard
+from knnlm.stores import same_keys_store, store_name, store_wildcard
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -100,12 +100,21 @@ def queries(split=None, key=None, lm="{lm}"):
     return out
 
 
+def exact_of(name):
+    """Input function: the exact search ('real mask') of the store with the same keys (an '-ivf<k>' store shares
+    its base store's exact search: knnlm.stores.same_keys_store)."""
+    def fn(wc):
+        return [P(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
+                for s in EVAL_SPLITS]
+    return fn
+
+
 # Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope
 # (rule settings).
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "data_bin": P("data_bin"), "store": P("store_prep"),
-    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids", "exact_dists", "exact_meta",
-                                 "scope", "documents")},
+    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "scope", "documents")},
+    **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
 
 # Named targets, one per section of the paper: each file under rules/ adds its own (TARGETS[name] = files),

@@ -33,6 +33,7 @@ rule train_parametric:
         word_stats=lambda wc: P("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
     output:
         result=P("parametric_result"),
+        logprobs=per_split("parametric_logprobs"),
     params:
         cfg=cfg_json("parametric", "knn"),
         io=io(work_dir=P("parametric_dir")),
@@ -55,14 +56,23 @@ rule write_parametric:
         scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
         wordcounts=P("wordcounts"),
+        knn_logprobs=[P("knn_logprobs", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
+                      for s in EVAL_SPLITS],
+        par_logprobs=[P("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
+        documents=per_split("documents"),
+        targets=per_split("targets"),
+        data_bin=P("data_bin"),
     output:
+        cmp_csv=P("table", table="parametric_comparisons", ext="csv"),
+        cmp_md=report(P("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),
+                      category="Parametric"),
         csv=[P("table", table=t, ext="csv") for t in PAR_TABLES],
         md=[report(P("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
             for t in PAR_TABLES],
         fig3=[report(P("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
               for e in ("png", "pdf")],
     params:
-        cfg=cfg_json("parametric", "knn", "profile"),
+        cfg=cfg_json("parametric", "knn", "stats", "profile"),
         io=io(),
     log:
         log_of("write_parametric", "lm"),

@@ -52,3 +52,14 @@ def words_per_split(job: Job) -> dict[str, int]:
 def lm_log_probs(job: Job) -> dict[str, np.ndarray]:
     """{split: [T] float64 log p_LM(target)} of whole valid and test from input list 'lm_logprobs'."""
     return {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
+
+
+def split_documents(job: Job, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(doc [T] int document id of every target of the whole split, doc_words [D] int64 words per document) from
+    the inputs 'documents', 'targets' (per-split lists) and 'data_bin' (its dict.txt: which pieces start a word)."""
+    from ..scope import word_starts, words_per_document
+
+    doc = np.load(by_split(job, "documents")[split])["doc"]
+    n_docs = int(doc.max()) + 1
+    starts = word_starts(job.path("data_bin") / "dict.txt")
+    return doc, words_per_document(doc, np.load(by_split(job, "targets")[split]), starts, n_docs)

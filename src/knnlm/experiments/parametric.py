@@ -26,8 +26,9 @@ from ..io import ArtifactError, atomic_path, read_json, save_npy, write_json
 from ..parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
                           cluster_aggregation, evaluate_log_probs, train)
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
+from ..stats import per_document
 from ..stores import subsample_rows
-from .common import lm_log_probs, open_datastore, open_split, words_per_split
+from .common import by_split, lm_log_probs, open_datastore, open_split, split_documents, words_per_split
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,14 @@ def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample
     return torch.from_numpy(km.centroids.copy()), assign
 
 
+def training_settings(p: dict, variant: str) -> dict:
+    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch'} of a variant: config 'parametric.converge' for
+    the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
+    keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch")
+    src = p["converge"] if variant in p["converge"]["variants"] else p
+    return {k: src[k] for k in keys} | {"until_converged": variant in p["converge"]["variants"]}
+
+
 def train_parametric(job: Job) -> dict:
     """Train one variant (wildcards 'variant', 'key') on the dumped keys, resumable from its work dir
     (job.extra["work_dir"]: train_state.pt, kmeans.pt, per-stage log-probs), score it on valid and test,
@@ -133,7 +142,8 @@ def train_parametric(job: Job) -> dict:
     w_sm = output_matrix(job.path("checkpoint"))
     stats_path = job.input.get("word_stats")
     vocab, dim = w_sm.shape[0], keys.shape[1]
-    rows = None if p["train_tokens"] is None else subsample_rows(man["N"], min(1.0, p["train_tokens"] / man["N"]), p["seed"])
+    tr = training_settings(p, variant)
+    rows = None if tr["train_tokens"] is None else subsample_rows(man["N"], min(1.0, tr["train_tokens"] / man["N"]), p["seed"])
     q = {s: open_split(job, s, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"]) for s in SPLITS}
     words = words_per_split(job)
     lp_lm = {s: np.asarray(q[s]["lm_logprobs"], dtype=np.float64) for s in q}
@@ -142,7 +152,8 @@ def train_parametric(job: Job) -> dict:
     batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"])
     out_dir = Path(job.extra["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "stages": {}}
+    result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "training": tr,
+              "stages": {}}
 
     def score(model, stage):
         t0 = time.time()
@@ -176,12 +187,17 @@ def train_parametric(job: Job) -> dict:
         epochs = p["clustered"]["finetune_epochs"]
     else:
         model, info = build_model(spec, cfg, vocab, dim, w_sm, stats_path)
-        epochs = p["max_epochs"]
+        epochs = tr["max_epochs"]
     result["info"] = info
     if epochs > 0:
-        hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, p["patience"], p["bf16"])
+        hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, tr["patience"], p["bf16"],
+                     evals_per_epoch=tr["evals_per_epoch"])
         result["history"] = hist
         score(model, "after" if spec["kind"] == "cluster" else "trained")
+    final = list(result["stages"])[-1]
+    for split, path in by_split(job, "logprobs").items():
+        save_npy(path, np.load(out_dir / f"{final}_{split}_logprobs.npy"))
+    result["final_stage"] = final
     write_json(job.path("result"), result)
     metrics, step = {}, {}
     for stage, v in result["stages"].items():
@@ -191,9 +207,9 @@ def train_parametric(job: Job) -> dict:
                 metrics[f"{stage}_{split}_{'alone' if part == 'knn' else part}_ppl_word"] = v[split][part]["ppl_word"]
     if "history" in result:
         h = result["history"]
-        step = {"train_loss": [(s, l) for s, l in h["train"]], "valid_nll": [(e, l) for e, l in h["valid"]]}
-        metrics.update(epochs=h["epochs"], best_epoch=h["best_epoch"], train_seconds=h["seconds"],
-                       train_tokens_per_second=h["tokens_per_second"])
+        step = {"train_loss": [(s, l) for s, l in h["train"]], "valid_nll": [(s, l) for s, _, l in h["valid"]]}
+        metrics.update(epochs=h["epochs"], steps=h["steps"], best_step=h["best_step"], converged=int(h["converged"]),
+                       train_seconds=h["seconds"], train_tokens_per_second=h["tokens_per_second"])
     return {"metrics": metrics, "step_metrics": step, "artifacts": [job.path("result")], "params": {"info": result["info"]}}
 
 
@@ -212,10 +228,12 @@ def word_stats(job: Job) -> dict:
 def _rows(result: dict, stage: str, label: str, base: dict, knn_best: dict) -> list[dict]:
     """Rows (test, valid) of one trained variant at one stage, with the share of the kNN-LM's gain it recovers."""
     out = []
+    h = {} if stage == "before" else result.get("history", {})
     for split in ("test", "valid"):
         row = result_row(split, {"model": label, "h_ds": result["key_type"]}, result["stages"][stage])
-        out.append({**row, "kNN-LM gain recovered": _gain(row, base, knn_best, split),
-                    "epochs": 0 if stage == "before" else result.get("history", {}).get("epochs")})
+        out.append({**row, "kNN-LM gain recovered": _gain(row, base, knn_best, split), "train rows": result["train_rows"],
+                    "epochs": round(h.get("epochs", 0), 2), "steps": h.get("steps", 0),
+                    "converged": "-" if not h else "yes" if h["converged"] else "no (under-trained)"})
     return out
 
 
@@ -237,7 +255,57 @@ def _label(result: dict) -> tuple[str, str]:
 
 
 TABLE_COLUMNS = ["split", "model", "h_ds", "PPL (word)", "PPL (token)", "λ", "interp PPL (word)", "oracle PPL (word)",
-                 "interp PPL (token)", "oracle PPL (token)", "kNN-LM gain recovered", "epochs"]
+                 "interp PPL (token)", "oracle PPL (token)", "kNN-LM gain recovered", "train rows", "epochs", "steps",
+                 "converged"]
+
+
+def _variant_name(result: dict) -> str:
+    """'<row label> <h_ds>' of a trained variant, e.g. 'W_ds (learned) att' (the comparisons' names)."""
+    return f"{_label(result)[1]} {result['key_type']}"
+
+
+def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) -> list[str]:
+    """Table 'parametric_comparisons': every variant's interpolated perplexity vs the base LM and vs the best
+    kNN-LM (Table 1, chosen on valid), and the share of that kNN-LM's gain it recovers (Sec. 4: the learned W_ds
+    recovers ~55 %), each with a 95 % CI from the paired bootstrap over documents (whole valid and test)."""
+    from ..scoring import interpolate
+    from ..stats import compare, comparison_rows
+    from ..tables import write_comparisons
+
+    st = job.cfg["stats"]
+    lp_lm = lm_log_probs(job)
+    knn_files, par_files = job.paths("knn_logprobs"), job.paths("par_logprobs")
+    if len(knn_files) != len(SPLITS) * len(scores) or len(par_files) != len(SPLITS) * len(results):
+        raise ValueError(f"rule {job.rule}: inputs knn_logprobs / par_logprobs must list one file per split of every "
+                         f"score / variant, found {len(knn_files)} / {len(par_files)}")
+    knn_name = {id(s): f"kNN-LM {s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores}
+    best_name = knn_name[id(best)]
+    par_names = [_variant_name(r) for r in results]
+    rows = []
+    for j, split in enumerate(SPLITS):
+        doc, doc_words = split_documents(job, split)
+        lps, names = [lp_lm[split]], ["base"]
+        for i, s in enumerate(scores):
+            lps.append(interpolate(lp_lm[split], np.load(knn_files[i * len(SPLITS) + j]).astype(np.float64), s["lambda"]))
+            names.append(knn_name[id(s)])
+        for i, r in enumerate(results):
+            lam = r["stages"][r.get("final_stage", list(r["stages"])[-1])]["lambda"]
+            lps.append(interpolate(lp_lm[split], np.load(par_files[i * len(SPLITS) + j]).astype(np.float64), lam))
+            names.append(par_names[i])
+        nll = per_document(-np.stack(lps), doc, len(doc_words))
+        pairs = [(n, "base") for n in par_names] + [(best_name, n) for n in par_names]
+        c = compare(nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"],
+                    shares=[(n, best_name) for n in par_names])
+        rows += comparison_rows(c, split=split)
+        rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
+                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-"} for k, v in c["share"].items()]
+    boot = (f"95% CI: paired bootstrap over documents ({st['documents']}, {st['resamples']} resamples, seed "
+            f"{st['seed']}); all tokens of valid and test.")
+    cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
+           f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid), and 'share of the gain: "
+           f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %).")
+    write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot)
+    return [str(job.path("cmp_csv")), str(job.path("cmp_md"))]
 
 
 def tables(job: Job) -> dict:
@@ -262,9 +330,15 @@ def tables(job: Job) -> dict:
     p = cfg["parametric"]
     note = cfg.get("profile", {}).get("caption", "")
     train_txt = "all datastore rows" if p["train_tokens"] is None else f"a seeded subset of {p['train_tokens']} datastore rows"
+    c = p["converge"]
+    conv_txt = "all datastore rows" if c["train_tokens"] is None else f"{c['train_tokens']} rows"
     common = (f"Trained on the dumped keys (LM frozen, clean features: the paper kept dropout in the frozen body) "
-              f"with Adam lr {p['lr']}, batch {p['batch_size']}, ≤ {p['max_epochs']} epochs with early stopping on "
-              f"valid (patience {p['patience']}), on {train_txt}; 'PPL' = the model alone, 'interp' = with the base "
+              f"with Adam lr {p['lr']}, batch {p['batch_size']}, valid NLL on {p['valid_tokens'] or 'all'} valid "
+              f"tokens. Variants {', '.join(c['variants']) or 'none'} (W_ds = nv1): trained until the valid NLL "
+              f"stops improving ({c['evals_per_epoch']} evaluations per epoch, patience {c['patience']} evaluations, "
+              f"≤ {c['max_epochs']} epochs) on {conv_txt}; the others: ≤ {p['max_epochs']} epochs, patience "
+              f"{p['patience']}, on {train_txt}. 'converged' = stopped by early stopping; 'no (under-trained)' = "
+              f"stopped at max_epochs while still improving. 'PPL' = the model alone, 'interp' = with the base "
               f"LM, λ tuned on valid; 'kNN-LM gain recovered' = (base − interp) / (base − best kNN-LM interp), best "
               f"kNN-LM = {best['key_type']}/{METRIC_NAME[best['metric']]} (Table 1). All tokens of valid and test. {note}")
     tables: dict[str, list] = {"table2": [], "table5": [], "table6": [], "table7": [], "clustered": []}
@@ -298,6 +372,8 @@ def tables(job: Job) -> dict:
         df = df[[c for c in TABLE_COLUMNS if c in df]]
         write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}")
         written += [str(csv), str(md)]
+
+    written += _comparisons(job, results, scores, best)
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     nv = sorted((r for r in results if r["spec"]["kind"] == "nv"), key=lambda r: r["spec"]["n"])

@@ -75,12 +75,21 @@ def prepare_store(job: Job) -> dict:
     return {"metrics": {"size": meta["size"], "dim": meta["dim"]}, "params": {"store_meta": meta}}
 
 
+def _index_params(job: Job, store) -> dict:
+    """The store's IVFPQ parameters (knnlm.index.resolve_index_params of config 'index'; a store named '-ivf<k>'
+    trains its index with seed k)."""
+    from ..index import resolve_index_params
+
+    cfg = dict(job.cfg["index"], seed=store.meta.get("index_seed", job.cfg["index"]["seed"]))
+    return resolve_index_params(cfg, store.size, store.meta["dim"])
+
+
 def build_index(job: Job) -> dict:
     """An IVFPQ index over the store's keys (trained on a seeded sample; ids = datastore rows)."""
-    from ..index import build_ivfpq, resolve_index_params
+    from ..index import build_ivfpq
 
     store, man = _store(job)
-    params = resolve_index_params(job.cfg["index"], store.size, store.meta["dim"])
+    params = _index_params(job, store)
     t0 = time.time()
     stats = build_ivfpq(store.keys, job.wildcards["metric"], params, job.path("index"), job.threads, rows=store.rows)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], store=job.wildcards["store"],
@@ -95,13 +104,13 @@ def build_index(job: Job) -> dict:
 def search(job: Job) -> dict:
     """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
     job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
-    from ..index import check_index_matches, resolve_index_params, search as faiss_search
+    from ..index import check_index_matches, search as faiss_search
 
     store, man = _store(job)
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
-    params = resolve_index_params(job.cfg["index"], store.size, store.meta["dim"])
+    params = _index_params(job, store)
     check_index_matches(idx_meta, params, job.path("index"))
     everything = job.wildcards["store"] == "full"
     q, queries, sc = _scoped(job, man, everything)
@@ -248,8 +257,8 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tup
 
     lams = lambda_grid(lambda_steps)
     out = {}
-    for setting, by_split in raw.items():
-        sweep = {s: sweep_temperature(*by_split[s], taus) for s in SPLITS}
+    for setting, cache in raw.items():
+        sweep = {s: sweep_temperature(*cache[s], taus) for s in SPLITS}
         best_l = nll_grid(lp_lm["valid"], sweep["valid"], lams).argmin(1)  # [n_tau]
         res = {"tau": list(taus), "lambda": [float(lams[j]) for j in best_l]}
         for split in SPLITS:

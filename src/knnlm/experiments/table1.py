@@ -14,7 +14,7 @@ import numpy as np
 from ..cli import Job
 from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
-from .common import by_split, lm_log_probs, open_datastore, open_split, words_per_split
+from .common import by_split, lm_log_probs, open_datastore, open_split, split_documents, words_per_split
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,6 @@ def table1(job: Job) -> dict:
     import pandas as pd
 
     from ..scoring import interpolate
-    from ..scope import word_starts, words_per_document
     from ..stats import compare, comparison_rows, fmt_ci, per_document
     from ..tables import write_comparisons, write_table
 
@@ -98,11 +97,9 @@ def table1(job: Job) -> dict:
     for group in (plain, tuned):  # att vs ffn per metric, IP vs L2 per key type
         pairs += [(a, b) for a in group for b in group if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
     ci, comparisons = {}, []
-    starts = word_starts(job.path("data_bin") / "dict.txt")
     for split in SPLITS:
-        doc = np.load(by_split(job, "documents")[split])["doc"]
-        n_docs = int(doc.max()) + 1
-        doc_words = words_per_document(doc, np.load(by_split(job, "targets")[split]), starts, n_docs)
+        doc, doc_words = split_documents(job, split)
+        n_docs = len(doc_words)
         lps = [lp_lm[split]]
         lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["lambda"])
                 for s, p in zip(scores, job.paths(f"knn_{split}"))]

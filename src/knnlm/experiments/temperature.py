@@ -6,7 +6,6 @@ setting at its tuned τ); this module draws Figure 5 and the table 'temperature'
 """
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from ..cli import Job
