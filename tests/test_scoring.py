@@ -179,3 +179,25 @@ def test_sweep_from_cache_in_chunks_equals_per_tau_scoring():
     best = tune_temperature(lp_lm, sw, taus, 51)
     nll = [interpolated_nll(lp_lm, sw[i], np.linspace(0, 1, 51)).min() for i in range(len(taus))]
     assert best == int(np.argmin(nll)) and nll[best] < min(nll[:2]) - 1  # a τ that helps, found
+
+
+def test_temperature_sweep_with_l2_scale_scores_and_unsorted_columns():
+    """Squared-L2 scores in the hundreds (wikitext2 keys), columns in no particular order (the real score of FAISS
+    neighbours): the sweep's truncated denominators (terms below e^−30 left out) match direct scoring."""
+    from knnlm.scoring import neighbour_hits, sweep_temperature
+
+    rng = np.random.default_rng(7)
+    N, T, k = 500, 64, 256
+    vals = rng.integers(0, 20, N).astype(np.int32)
+    ids = rng.integers(0, N, (T, k))
+    ids[5, 100:] = -1
+    scores = -rng.uniform(150, 900, (T, k)).astype(np.float32)  # −squared distances, unsorted
+    targets = rng.integers(0, 20, T)
+    hit, valid = neighbour_hits(ids, vals, targets)
+    taus = [0.1, 0.5, 1.0, 3.0, 10.0, 30.0]
+    sweep = sweep_temperature(scores, hit, valid, taus, chunk=32)
+    for i, tau in enumerate(taus):
+        direct = knn_log_prob(scores.astype(np.float64), vals[np.maximum(ids, 0)], targets, tau, ids >= 0)
+        assert np.array_equal(np.isneginf(sweep[i]), np.isneginf(direct))
+        fin = np.isfinite(direct)
+        np.testing.assert_allclose(sweep[i][fin], direct[fin], rtol=1e-5, atol=1e-5)
