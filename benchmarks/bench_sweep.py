@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--key", default="att")
     ap.add_argument("--metric", default="l2")
     ap.add_argument("--t", type=int, default=8192)
-    ap.add_argument("--nprobe", type=int, default=32)
+    ap.add_argument("--nprobe", type=int, default=None, help="default: the run's (from the index's .json)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--exact", action="store_true")
     a = ap.parse_args()
@@ -53,6 +53,7 @@ def main() -> None:
     k = meta["k"]
 
     index = faiss.read_index(str(L.path("index", **at)))
+    a.nprobe = a.nprobe or read_json(L.path("index_meta", **at))["nprobe"]
     faiss.extract_index_ivf(index).nprobe = a.nprobe
     t0 = time.perf_counter()
     for s in range(0, t, 8192):

@@ -344,6 +344,9 @@ def test_findings_report(tiny_run):
     rows = [line for line in text.splitlines() if line.startswith("| Sec.")]
     from knnlm.experiments.findings import CLAIMS
 
+    assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "
+                     r"half-width", text)
+
     assert len(rows) == len(CLAIMS) == 20
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     assert sum("not run" in r for r in rows) == 0 and sum("ffn/L2" in r for r in rows) == 11

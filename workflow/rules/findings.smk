@@ -12,6 +12,7 @@ rule write_findings:
     input:
         table1=P("table", table="table1_comparisons", ext="csv"),
         table3=P("table", table="table3_comparisons", ext="csv"),
+        table3_table=P("table", table="table3", ext="csv"),
         parametric=P("table", table="parametric_comparisons", ext="csv"),
         **SMALL_SETTINGS,
     output:

@@ -108,6 +108,24 @@ def _sources(job: Job) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
+def scope_power(job: Job, target: float = 0.01) -> str:
+    """What the retrieval scope can decide: the median 95 % CI half-width of Table 3's test comparisons, and the
+    scope (documents, tokens) that would bring it under `target` if it shrinks as 1/sqrt(documents) (issue 9)."""
+    t3, cmp = pd.read_csv(job.path("table3_table")), pd.read_csv(job.path("table3"))
+    test = t3[t3["split"] == "test"]
+    cmp = cmp[cmp["split"] == "test"]
+    if test.empty or cmp.empty:
+        return "Scope: Table 3 has no test rows."
+    docs, tokens = int(test["documents"].iloc[0]), int(test["tokens"].iloc[0])
+    half = float(((cmp["CI high"] - cmp["CI low"]) / 2).median())
+    need = docs * (half / target) ** 2
+    verdict = (f"already under {100 * target:.0f} %" if half < target else
+               f"about {need:,.0f} documents (~{need * tokens / docs:,.0f} tokens per split) would bring it under "
+               f"{100 * target:.0f} %, if it shrinks as 1/sqrt(documents)")
+    return (f"Scope of Table 3 and the store claims: {docs} test documents, {tokens:,} tokens. The median 95 % CI "
+            f"half-width of Table 3's test comparisons is {100 * half:.2f} % of perplexity; {verdict}.")
+
+
 def findings(job: Job) -> dict:
     """The findings report (Markdown): every claim of CLAIMS with the paper's number, ours (test split) with its
     95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
@@ -142,7 +160,7 @@ def findings(job: Job) -> dict:
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}.\n\n",
-            pd.DataFrame(rows).to_markdown(index=False) + "\n\n",
+            pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
             "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows use all tokens of "
