@@ -20,12 +20,14 @@ def run_snakemake(*args, check=True):
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """The whole DAG on configs/tiny.yaml, once per test session, into a temporary results_dir."""
-    results = tmp_path_factory.mktemp("results")
+    """The whole DAG on configs/tiny.yaml, once per test session, into a temporary results_dir, or (for quick
+    iterations while developing) into $KNNLM_TINY_RESULTS, where only what changed is rerun."""
+    reused = bool(os.environ.get("KNNLM_TINY_RESULTS"))
+    results = Path(os.environ["KNNLM_TINY_RESULTS"]) if reused else tmp_path_factory.mktemp("results")
     env_uri = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         r = run_snakemake("--configfile", "configs/tiny.yaml", "--config", f"results_dir={results}", "--cores", "2")
     finally:
         if env_uri is not None:
             os.environ["MLFLOW_TRACKING_URI"] = env_uri
-    return {"results_dir": results, "root": results / "tiny", "log": r.stdout}
+    return {"results_dir": results, "root": results / "tiny", "log": r.stdout, "reused": reused}

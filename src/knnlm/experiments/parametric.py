@@ -159,7 +159,7 @@ def train_parametric(job: Job) -> dict:
         t0 = time.time()
         lp = {s: evaluate_log_probs(model, q[s]["queries"], q[s]["targets"], p["batch_size"], p["bf16"]) for s in q}
         for s, v in lp.items():
-            save_npy(out_dir / f"{stage}_{s}_logprobs.npy", v.astype(np.float32))
+            save_npy(out_dir / f"{stage}_{s}_lp.npy", v.astype(np.float32))  # per stage (clusters: before/after)
         res = evaluate(lp_lm, lp, words, cfg["knn"]["lambda_steps"])
         res["eval_seconds"] = time.time() - t0
         result["stages"][stage] = res
@@ -196,7 +196,7 @@ def train_parametric(job: Job) -> dict:
         score(model, "after" if spec["kind"] == "cluster" else "trained")
     final = list(result["stages"])[-1]
     for split, path in by_split(job, "logprobs").items():
-        save_npy(path, np.load(out_dir / f"{final}_{split}_logprobs.npy"))
+        save_npy(path, np.load(out_dir / f"{final}_{split}_lp.npy"))
     result["final_stage"] = final
     write_json(job.path("result"), result)
     metrics, step = {}, {}
