@@ -97,7 +97,8 @@ class _RunningTopK:
             cat_i.append(extra_i)
         self.s, p = torch.cat(cat_s, 1).topk(self.k, dim=1, sorted=False)
         self.i = torch.cat(cat_i, 1).gather(1, p)
-        self.thr = self.s.amin(1)
+        # the k-th best so far; a row whose top-k is not full yet (−inf) keeps its seeded lower bound
+        self.thr = torch.maximum(self.thr, self.s.amin(1))
         self.buf_s.fill_(-torch.inf)
         self.fill.zero_()
 
