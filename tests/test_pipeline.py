@@ -79,7 +79,16 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   search is full's), store r0.2-draw2 (the same + 2 exact searches), table
     assert jobs == 93
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
-        assert count_runs(tiny_run["results_dir"], "tiny") == jobs
+        assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
+        from mlflow.tracking import MlflowClient
+
+        from knnlm.tracking import tracking_uri
+
+        client = MlflowClient(tracking_uri(tiny_run["results_dir"]))
+        runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id], max_results=1000)
+        parent = [r for r in runs if r.data.tags.get("rule") == "snakemake"]
+        assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+        assert all(r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id for r in runs if r not in parent)
 
 
 def test_scores_consistent_with_base(tiny_run):

@@ -78,8 +78,16 @@ def run_job(name: str, job: Job) -> dict:
 
     fn = resolve(name)
     start = time.time()
-    out = fn(job) or {}
     params = {k: v for k, v in job.cfg.items() if k not in ("name", "results_dir", "threads")}
+    try:
+        out = fn(job) or {}
+    except BaseException as e:  # the job failed (or was interrupted): a FAILED run says so, then re-raise
+        try:
+            log_run(job.cfg, job.rule or name, job.wildcards, params=params, start_time=start, status="FAILED",
+                    error=f"{type(e).__name__}: {e}")
+        except Exception as log_err:  # noqa: BLE001 - never hide the job's own error behind a logging one
+            logging.getLogger(__name__).warning("MLflow: could not log the FAILED run: %s", log_err)
+        raise
     params.update(out.get("params", {}))
     log_run(job.cfg, job.rule or name, job.wildcards, params=params, metrics=out.get("metrics"),
             step_metrics=out.get("step_metrics"), artifacts=out.get("artifacts", ()), start_time=start)

@@ -52,6 +52,46 @@ def _lock(results_dir: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+PARENT_ENV = "KNNLM_MLFLOW_PARENT_RUN"  # set by the Snakefile's onstart: the run of this Snakemake invocation
+
+
+def _experiment(client, cfg: dict, uri: str, results_dir: Path) -> str:
+    """Id of experiment cfg['name'], created (artifacts under results_dir/mlartifacts for sqlite) if missing."""
+    exp = client.get_experiment_by_name(cfg["name"])
+    if exp is not None:
+        return exp.experiment_id
+    kw = {}
+    if uri.startswith("sqlite:"):
+        kw["artifact_location"] = (results_dir.resolve() / "mlartifacts" / cfg["name"]).as_uri()
+    return client.create_experiment(cfg["name"], **kw)
+
+
+def start_parent_run(cfg: dict, targets: Iterable[str] = ()) -> str:
+    """Create the parent run of one Snakemake invocation (status RUNNING) and return its id; every job's run
+    becomes its child (tag mlflow.parentRunId, read from the environment variable PARENT_ENV), so the MLflow UI
+    groups a whole run of the DAG."""
+    from mlflow.tracking import MlflowClient
+
+    results_dir = Path(cfg["results_dir"])
+    uri = tracking_uri(results_dir)
+    with _lock(results_dir):
+        client = MlflowClient(uri)
+        exp_id = _experiment(client, cfg, uri, results_dir)
+        run = client.create_run(exp_id, run_name=f"snakemake {time.strftime('%Y-%m-%d %H:%M:%S')}",
+                                tags={"rule": "snakemake", "config": cfg["name"], "git_commit": git_commit(),
+                                      "targets": " ".join(targets)[:5000]})
+    return run.info.run_id
+
+
+def end_parent_run(cfg: dict, run_id: str, ok: bool) -> None:
+    """Mark the parent run FINISHED (the DAG succeeded) or FAILED."""
+    from mlflow.tracking import MlflowClient
+
+    results_dir = Path(cfg["results_dir"])
+    with _lock(results_dir):
+        MlflowClient(tracking_uri(results_dir)).set_terminated(run_id, "FINISHED" if ok else "FAILED")
+
+
 def log_run(
     cfg: dict,
     rule: str,
@@ -61,12 +101,16 @@ def log_run(
     step_metrics: dict[str, Iterable[tuple[int, float]]] | None = None,
     artifacts: Iterable[str | Path] = (),
     start_time: float | None = None,
+    status: str = "FINISHED",
+    error: str | None = None,
 ) -> str:
-    """Log one finished job as an MLflow run in experiment cfg['name']; return the run id.
+    """Log one job as an MLflow run in experiment cfg['name']; return the run id.
 
     params: flattened into 'a.b' keys (config values and wildcards); metrics: name -> float
     (non-finite values are logged as-is, MLflow stores inf/nan); step_metrics: name -> [(step, value)];
-    artifacts: files (tables, manifests) copied into the run. Tags: rule, wildcards, git commit, config.
+    artifacts: files (tables, manifests) copied into the run. Tags: rule, wildcards, git commit, config, the
+    parent run of the Snakemake invocation (PARENT_ENV) when set. status: 'FINISHED', or 'FAILED' for a job that
+    raised (`error`: its message, tag 'error').
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -77,17 +121,14 @@ def log_run(
     with _lock(results_dir):
         mlflow.set_tracking_uri(uri)
         client = MlflowClient(uri)
-        exp = client.get_experiment_by_name(cfg["name"])
-        if exp is None:
-            kw = {}
-            if uri.startswith("sqlite:"):
-                kw["artifact_location"] = (results_dir.resolve() / "mlartifacts" / cfg["name"]).as_uri()
-            exp_id = client.create_experiment(cfg["name"], **kw)
-        else:
-            exp_id = exp.experiment_id
+        exp_id = _experiment(client, cfg, uri, results_dir)
         name = rule + "".join(f"_{k}={v}" for k, v in sorted(wildcards.items()))
         tags = {"rule": rule, "config": cfg["name"], "git_commit": git_commit(),
                 **{f"wildcard.{k}": str(v) for k, v in wildcards.items()}}
+        if os.environ.get(PARENT_ENV):
+            tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        if error:
+            tags["error"] = error[:5000]
         run = client.create_run(exp_id, run_name=name, tags=tags,
                                 start_time=int((start_time or time.time()) * 1000))
         rid = run.info.run_id
@@ -105,8 +146,8 @@ def log_run(
         for a in artifacts:
             if Path(a).exists():
                 client.log_artifact(rid, str(a))
-        client.set_terminated(rid, "FINISHED")
-    log.info("MLflow: logged run %s (%s) to %s", rid, name, uri)
+        client.set_terminated(rid, status)
+    log.info("MLflow: logged %s run %s (%s) to %s", status, rid, name, uri)
     return rid
 
 
