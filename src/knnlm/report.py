@@ -30,7 +30,7 @@ STAGES = {
     "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
     "exact search and real score": ["exact_search", "real_score"],
     "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_datastore_size",
-                                            "write_temperature", "write_pca", "write_variance", "write_findings"],
+                                            "write_temperature", "write_store_table", "write_pca", "write_variance", "write_findings"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
 }
 

@@ -121,6 +121,10 @@ SETTINGS_INPUTS = {
 # and the Snakefile turns every entry into a target (`snakemake <name>`) and `all` into all of them.
 TARGETS = {}
 
+# Tables that compare stores, all written by write_store_table in the Snakefile. A file under rules/ registers
+# STORE_TABLES[name] = the settings files the table reads; knnlm.experiments.<name>.table writes it.
+STORE_TABLES = {}
+
 
 def tables(*names):
     """The Markdown files of tables `names` for every base LM of the run."""

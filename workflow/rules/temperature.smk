@@ -4,17 +4,14 @@
 TAU_STORES = [store_name(r) for r in CFG["temperature"]["ratios"]]
 
 
-def fig5_settings(wildcards):
-    out = []
-    for store in TAU_STORES:
-        sec = RA if store == "full" else DS
-        out += expand(P("settings", store=store, lm=wildcards.lm), key=sec["key_types"], metric=sec["metrics"])
-    return out
+FIG5_SETTINGS = [f for store in TAU_STORES for f in expand(
+    P("settings", store=store), key=(RA if store == "full" else DS)["key_types"],
+    metric=(RA if store == "full" else DS)["metrics"], allow_missing=True)]
 
 
 rule write_temperature:
     input:
-        settings=fig5_settings,
+        settings=FIG5_SETTINGS,
     output:
         csv=P("table", table="temperature", ext="csv"),
         md=report(P("table", table="temperature", ext="md"), caption=report_caption("temperature"),
