@@ -201,3 +201,22 @@ def test_temperature_sweep_with_l2_scale_scores_and_unsorted_columns():
         assert np.array_equal(np.isneginf(sweep[i]), np.isneginf(direct))
         fin = np.isfinite(direct)
         np.testing.assert_allclose(sweep[i][fin], direct[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_best_lambda_per_tau_is_the_grid_argmin():
+    """The binary search over λ (the NLL is convex in λ) finds nll_grid's first minimum for every τ, including
+    τ rows where p_kNN = 0 for some tokens (λ = 1 costs inf) and flat rows (p_kNN = p_LM: every λ ties)."""
+    from knnlm.scoring import best_lambda_per_tau, lambda_grid, nll_grid
+
+    rng = np.random.default_rng(11)
+    T, n_tau = 3000, 12
+    lp_lm = np.log(rng.uniform(1e-4, 1, T))
+    lp_knn = np.log(rng.uniform(1e-6, 1, (n_tau, T))) * rng.uniform(0.1, 4, (n_tau, 1))
+    lp_knn[2, :50] = -np.inf
+    lp_knn[5] = lp_lm
+    lp_knn[7] = lp_lm + 0.5 * rng.normal(size=T)  # sometimes better, sometimes worse
+    for steps in (2, 21, 200):
+        grid = nll_grid(lp_lm, lp_knn, lambda_grid(steps))
+        idx, nll = best_lambda_per_tau(lp_lm, lp_knn, lambda_grid(steps))
+        np.testing.assert_array_equal(idx, grid.argmin(1))
+        np.testing.assert_array_equal(nll, grid.min(1))

@@ -241,6 +241,54 @@ def sweep_temperature_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.nd
 
 
 def tune_temperature(lp_lm_valid: np.ndarray, sweep_valid: np.ndarray, temperatures, lambda_steps: int) -> int:
-    """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (nll_grid)."""
-    grid = nll_grid(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
-    return int(np.argmin(grid.min(1)))
+    """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (the minimum of
+    nll_grid, found by best_lambda_per_tau)."""
+    _, nll = best_lambda_per_tau(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
+    return int(np.argmin(nll))
+
+
+def best_lambda_per_tau(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every τ, the grid λ minimising the interpolated NLL, and that NLL: (idx [n_tau] int, nll [n_tau] float64).
+
+    The NLL −Σ log((1−λ) p_LM + λ p_kNN) is convex in λ (a sum of −log of affine functions), so on a sorted grid
+    its values are discretely convex and the first index whose forward difference is ≥ 0 is the grid's argmin
+    (nll_grid(...).argmin(1), the same first minimum): a binary search evaluates ~2 log2(n_lambda) grid points
+    instead of all of them (the τ × λ sweep of Figure 5). lambdas: sorted [n_lambda] in [0, 1].
+    """
+    lams = np.asarray(lambdas, dtype=np.float64)
+    n_tau, n = lp_knn_per_tau.shape[0], len(lams)
+    lo, hi = np.zeros(n_tau, dtype=np.int64), np.full(n_tau, n - 1, dtype=np.int64)
+    cache: dict[tuple[int, int], float] = {}
+
+    def f(rows: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        need = [(int(r), int(i)) for r, i in zip(rows, idx) if (int(r), int(i)) not in cache]
+        if need:
+            for (r, i), v in zip(need, _nll_points(lp_lm, lp_knn_per_tau, need, lams)):
+                cache[(r, i)] = v
+        return np.array([cache[(int(r), int(i))] for r, i in zip(rows, idx)])
+
+    rows = np.arange(n_tau)
+    while (lo < hi).any():  # invariant: the first i with f(i+1) − f(i) ≥ 0 (or i = n − 1) lies in [lo, hi]
+        act = rows[lo < hi]
+        mid = (lo[act] + hi[act]) // 2
+        up = f(act, mid + 1) - f(act, mid) >= 0  # inf − inf (NaN) never happens: f(mid) < inf below λ = 1
+        hi[act[up]] = mid[up]
+        lo[act[~up]] = mid[~up] + 1
+    return lo, f(rows, lo)
+
+
+def _nll_points(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, points: list[tuple[int, int]], lams: np.ndarray,
+                chunk: int = 8192) -> np.ndarray:
+    """Total interpolated NLL (nats) at the (τ row, λ index) points, evaluated like nll_grid (float32 in probability
+    space, float64 sums), so the two agree on every grid point."""
+    import torch
+
+    r = np.array([p[0] for p in points])
+    lam = torch.as_tensor(lams[[p[1] for p in points]].astype(np.float32))[:, None]
+    out = np.zeros(len(points))
+    for s0, s1 in iter_chunks(len(lp_lm), chunk):
+        p_lm = torch.as_tensor(np.asarray(lp_lm[s0:s1], dtype=np.float64)).exp().float()[None]
+        p_knn = torch.as_tensor(np.asarray(lp_knn_per_tau[r, s0:s1], dtype=np.float64)).exp().float()
+        mix = torch.addcmul(p_lm, lam, p_knn - p_lm).clamp_min_(0)
+        out -= mix.log_().sum(1, dtype=torch.float64).numpy()
+    return out

@@ -245,21 +245,22 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tup
 
     lp_lm: {split: [T_s] float64}; raw: {setting: {split: (scores [T_s, k] float32 (higher = closer), hit [T_s, k]
     bool, valid [T_s, k] bool)}}; words: {split: int}; taus: τ grid (τ = 0: the limit τ → 0); λ grid =
-    linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (nll_grid); the interpolated perplexities of both
+    linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (best_lambda_per_tau, the argmin of nll_grid); the
+    interpolated perplexities of both
     splits at that λ are recomputed exactly (interpolate). The best τ minimises the valid NLL. With `docs`
     ({split: (doc [T_s], doc_words [D], ids)}) and `stats` (config 'stats'), each curve gets a 95 % bootstrap band
     over documents ('{split}_lo', '{split}_hi'; one resample set for every τ). Returns per setting: {'tau',
     'lambda', '{split}_interp_ppl_word', '{split}_interp_ppl_token', 'best': {'tau', 'lambda', ...}, 'lp_best':
     {split: [T_s] log p_kNN at the best τ}}; the caller pops 'lp_best' (arrays) before writing JSON.
     """
-    from ..scoring import interpolate, lambda_grid, nll_grid, sweep_temperature
+    from ..scoring import best_lambda_per_tau, interpolate, lambda_grid, sweep_temperature
     from ..stats import bootstrap_ppl, interval, per_document, resample_counts
 
     lams = lambda_grid(lambda_steps)
     out = {}
     for setting, cache in raw.items():
         sweep = {s: sweep_temperature(*cache[s], taus) for s in SPLITS}
-        best_l = nll_grid(lp_lm["valid"], sweep["valid"], lams).argmin(1)  # [n_tau]
+        best_l, _ = best_lambda_per_tau(lp_lm["valid"], sweep["valid"], lams)  # [n_tau], = nll_grid's argmin
         res = {"tau": list(taus), "lambda": [float(lams[j]) for j in best_l]}
         for split in SPLITS:
             lp = np.stack([interpolate(lp_lm[split], sweep[split][i], float(lams[j])) for i, j in enumerate(best_l)])
