@@ -48,6 +48,15 @@ def test_defaults_filled(tmp_path):
     ({"temperature": {"ratios": [0.3]}}, "temperature.ratios", "datastore_size.ratios"),
     ({"datastore_size": {"ratios": [0]}}, "datastore_size.ratios.0", "0"),
     ({"parametric": {"mos": {"mixtures": [1]}}}, "parametric.mos.mixtures.0", "2"),
+    # a key type or metric the artifacts do not have (issue 13): named before any job runs
+    ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["att"]}}, "retrieval.key_types", "dumps ['ffn']"),
+    ({"index": {"metrics": ["l2"]}, "retrieval": {"metrics": ["ip"]}}, "retrieval.metrics", "builds ['l2']"),
+    ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["ffn"]}, "datastore_size": {"key_types": ["ffn"]},
+      "parametric": {"key_types": ["ffn"], "mos": {"key_types": ["ffn"]}, "adaptive": {"key_types": ["ffn"]},
+                     "clustered": {"key_types": ["ffn"]}}, "variance": {"index_seeds": [2]}},
+     "variance.key_type", "dumps ['ffn']"),
+    ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["ffn"]}, "datastore_size": {"key_types": ["ffn"]},
+      "parametric": {"key_types": ["ffn"]}}, "parametric.adaptive.key_types", "dumps ['ffn']"),
 ])
 def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
     cfg = base_cfg(tmp_path)

@@ -51,6 +51,29 @@ def _describe(err: jsonschema.ValidationError) -> str:
     return f"config key '{key}': expected {expected}, found {err.instance!r}"
 
 
+def _check_keys_and_metrics(cfg: dict, source: str) -> None:
+    """Every section that names key types or metrics names only those the datastore dumps ('datastore.key_types')
+    and the index builds ('index.metrics'); ConfigError naming the key otherwise, before any job runs."""
+    keys, metrics = cfg["datastore"]["key_types"], cfg["index"]["metrics"]
+    named = {"retrieval.key_types": cfg["retrieval"]["key_types"], "datastore_size.key_types": cfg["datastore_size"]["key_types"],
+             "parametric.key_types": cfg["parametric"]["key_types"], "variance.key_type": [cfg["variance"]["key_type"]],
+             **{f"parametric.{p}.key_types": cfg["parametric"][p]["key_types"] for p in ("adaptive", "mos", "clustered")}}
+    for k, v in named.items():
+        if k == "variance.key_type" and not (cfg["variance"]["index_seeds"] or cfg["variance"]["draw_seeds"]):
+            continue
+        if set(v) - set(keys):
+            raise ConfigError(f"{source}: config key '{k}' names key types {sorted(set(v) - set(keys))} that "
+                              f"'datastore.key_types' does not dump (it dumps {keys})")
+    named = {"retrieval.metrics": cfg["retrieval"]["metrics"], "datastore_size.metrics": cfg["datastore_size"]["metrics"],
+             "variance.metric": [cfg["variance"]["metric"]]}
+    for k, v in named.items():
+        if k == "variance.metric" and not (cfg["variance"]["index_seeds"] or cfg["variance"]["draw_seeds"]):
+            continue
+        if set(v) - set(metrics):
+            raise ConfigError(f"{source}: config key '{k}' names metrics {sorted(set(v) - set(metrics))} that "
+                              f"'index.metrics' does not build (it builds {metrics})")
+
+
 def validate_config(config: dict, source: str = "<config>") -> dict:
     """Validate `config` against the schema and return a deep copy with defaults filled in.
 
@@ -83,6 +106,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
             store_kind_of(name)
         except ValueError as e:
             raise ConfigError(f"{source}: config key 'stores.extra': {e}") from None
+    _check_keys_and_metrics(cfg, source)
     t = cfg["temperature"]
     if t["stop"] < t["start"]:
         raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
