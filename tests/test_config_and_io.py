@@ -1,5 +1,6 @@
 """Bad input: config schema, data paths, truncated / mismatched artifacts, atomic writes."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,3 +152,19 @@ def test_manifest_mismatch(tmp_path):
     check_manifest({"checkpoint_sha256": "a", "N": 3}, {"checkpoint_sha256": "a"}, "ds")
     with pytest.raises(ArtifactError, match=r"(?s)another checkpoint.*checkpoint_sha256: manifest has .a., expected .b."):
         check_manifest({"checkpoint_sha256": "a"}, {"checkpoint_sha256": "b"}, "datastore x")
+
+
+@pytest.mark.parametrize("writer", ["save_npy", "create_npy", "write_json"])
+def test_a_full_disk_leaves_no_artifact(tmp_path, writer):
+    """A job that hits the file-size limit (EFBIG; a full disk gives ENOSPC the same way) fails, and nothing is
+    left under the artifact's final name or its temporary name (ulimit -f in a child shell; issue 13)."""
+    out = tmp_path / ("a.json" if writer == "write_json" else "a.npy")
+    body = {"save_npy": f"save_npy({str(out)!r}, np.ones((512, 512)))",
+            "create_npy": f"with create_npy({str(out)!r}, (512, 512), np.float64) as a:\n    a[:] = 1",
+            "write_json": f"write_json({str(out)!r}, {{'x': list(range(200000))}})"}[writer]
+    code = ("import signal\nimport numpy as np\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "from knnlm.io import create_npy, save_npy, write_json\n" + body)
+    r = subprocess.run(["bash", "-c", f"ulimit -f 64 && {sys.executable} -c \"$0\"", code], capture_output=True,
+                       text=True, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})
+    assert r.returncode != 0 and "OSError" in r.stderr, r.stderr[-2000:]  # EFBIG, or numpy: "n requested and m written"
+    assert list(tmp_path.iterdir()) == []

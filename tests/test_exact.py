@@ -77,3 +77,24 @@ def test_exact_bad_arguments(data):
         exact_topk(keys, queries, 5, "cos")
     with pytest.raises(ValueError, match="k must be"):
         exact_topk(keys, queries, 5000, "l2")
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_fp16_keys_near_their_range_never_overflow(metric, tmp_path):
+    """Keys stored fp16 with entries near fp16's maximum (65504): their squared norms (~1e10) and inner products
+    overflow fp16 but not the fp32 accumulation; exact search and the real score agree with float64 brute force."""
+    rng = np.random.default_rng(5)
+    n, d, t, k = 3000, 16, 40, 10
+    keys = np.lib.format.open_memmap(tmp_path / "k.npy", mode="w+", dtype=np.float16, shape=(n, d))
+    keys[:] = (rng.uniform(-1, 1, (n, d)) * 60000).astype(np.float16)
+    keys.flush()
+    keys = np.load(tmp_path / "k.npy", mmap_mode="r")
+    q = (rng.uniform(-1, 1, (t, d)) * 60000).astype(np.float32)
+    x = np.asarray(keys, dtype=np.float64)
+    full = ((q[:, None, :] - x[None]) ** 2).sum(-1) if metric == "l2" else q.astype(np.float64) @ x.T
+    order = np.argsort(full if metric == "l2" else -full, axis=1, kind="stable")[:, :k]
+    ids, dists = exact_topk(keys, q, k, metric, key_chunk=1024, query_chunk=16, progress=False)
+    assert np.isfinite(dists).all() and np.abs(dists).max() > 1e10
+    want = np.take_along_axis(full, order, 1)
+    np.testing.assert_allclose(dists, want, rtol=1e-4)
+    np.testing.assert_allclose(recompute_distances(keys, q, ids, metric), np.take_along_axis(full, ids, 1), rtol=1e-4)
