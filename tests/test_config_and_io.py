@@ -168,3 +168,23 @@ def test_a_full_disk_leaves_no_artifact(tmp_path, writer):
                        text=True, cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})
     assert r.returncode != 0 and "OSError" in r.stderr, r.stderr[-2000:]  # EFBIG, or numpy: "n requested and m written"
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("content, max_lines, expected", [
+    (b" = A = \n caf\xe9 au lait \n", None, r"wiki\.test\.tokens is not valid UTF-8 \(line 2, byte b'\\xe9 au'"),
+    (b"\n \n\n", None, r"wiki\.test\.tokens \(test\) has no words; expected text, found 3 blank line\(s\)"),
+    (b"\n\n text later \n", 2, r"has no words in its first 2 lines \(data\.max_lines\.test\)"),
+])
+def test_bad_corpus_is_named_before_it_becomes_an_artifact(tmp_path, content, max_lines, expected):
+    """A split that is not UTF-8, or has no words, fails prepare_data with the file, line and what was found, and
+    leaves no prepared split behind (issue 13)."""
+    from knnlm.data import prepare_splits
+
+    cfg = validate_config(base_cfg(tmp_path))
+    if max_lines:
+        cfg["data"]["max_lines"] = {"test": max_lines}
+    (Path(cfg["data"]["dir"]) / "wiki.test.tokens").write_bytes(content)
+    out = {s: tmp_path / "out" / f"{s}.tokens" for s in ("train", "valid", "test")}
+    with pytest.raises(ConfigError, match=expected):
+        prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
+    assert not out["test"].exists() and not (tmp_path / "out" / "wordcounts.json").exists()

@@ -31,11 +31,27 @@ def count_words(path: str | Path) -> dict[str, int]:
     return {"lines": lines, "words": words + lines}
 
 
+def _checked_counts(path: Path, src: Path, split: str, max_lines: int | None) -> dict[str, int]:
+    """count_words of a prepared split; ConfigError naming the source file if it is not UTF-8 or has no words."""
+    try:
+        counts = count_words(path)
+    except UnicodeDecodeError as e:
+        with open(path, "rb") as f:
+            line = f.read(e.start).count(b"\n") + 1 if e.start < 10**8 else "?"
+        raise ConfigError(f"config key 'data.dir': split file {src} is not valid UTF-8 (line {line}, byte "
+                          f"{e.object[e.start:e.start + 4]!r}: {e.reason}); expected UTF-8 text") from None
+    if counts["words"] == counts["lines"]:  # every line blank (or none at all)
+        scope = f" in its first {max_lines} lines (data.max_lines.{split})" if max_lines else ""
+        raise ConfigError(f"config key 'data.dir': split file {src} ({split}) has no words{scope}; expected text, "
+                          f"found {counts['lines']} blank line(s)")
+    return counts
+
+
 def prepare_splits(cfg: dict, out: dict[str, str | Path], wordcounts: str | Path) -> dict:
     """Copy (or slice, per config key 'data.max_lines') the raw splits to out[split] (WikiText layout).
 
     Returns {split: {'lines', 'words', 'sha256'}} and writes it to `wordcounts`.
-    Raises ConfigError naming 'data.dir' if a split file is missing.
+    Raises ConfigError naming 'data.dir' and the file if a split is missing, not UTF-8, or has no words.
     """
     max_lines = cfg["data"].get("max_lines") or {}
     stats = {}
@@ -48,12 +64,14 @@ def prepare_splits(cfg: dict, out: dict[str, str | Path], wordcounts: str | Path
             if n is None:
                 shutil.copyfile(src, tmp)
             else:
-                with open(src, encoding="utf-8") as fi, open(tmp, "w", encoding="utf-8") as fo:
+                with open(src, encoding="utf-8", errors="surrogateescape") as fi, \
+                        open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fo:
                     for i, line in enumerate(fi):
                         if i >= n:
                             break
                         fo.write(line)
-        stats[split] = {**count_words(dst), "sha256": sha256_file(dst), "source": str(src)}
+            counts = _checked_counts(tmp, src, split, n)  # before the rename: a bad split is never an artifact
+        stats[split] = {**counts, "sha256": sha256_file(dst), "source": str(src)}
         log.info("%s: %d lines, %d words (incl. <eos>)", split, stats[split]["lines"], stats[split]["words"])
     write_json(wordcounts, stats)
     return stats
