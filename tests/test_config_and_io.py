@@ -188,3 +188,13 @@ def test_bad_corpus_is_named_before_it_becomes_an_artifact(tmp_path, content, ma
     with pytest.raises(ConfigError, match=expected):
         prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
     assert not out["test"].exists() and not (tmp_path / "out" / "wordcounts.json").exists()
+
+
+def test_atomic_path_removes_what_a_killed_writer_left(tmp_path):
+    """A writer killed mid-write leaves `<name>.tmp-<pid>`; the next writer of the same artifact removes it (and
+    never touches another artifact's temporaries)."""
+    (tmp_path / "a.npy.tmp-99999").write_bytes(b"half")
+    (tmp_path / "a.npy.tmp-88888").mkdir()
+    (tmp_path / "b.npy.tmp-99999").write_bytes(b"other")
+    save_npy(tmp_path / "a.npy", np.arange(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy.tmp-99999"]

@@ -6,6 +6,7 @@ renames to `<name>` only after the content is complete and flushed.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -29,12 +30,14 @@ def tmp_name(path: str | Path) -> Path:
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to `path`; on success rename it to `path`, on error remove it.
 
-    Works for files and directories (whatever the caller creates at the yielded path).
+    Works for files and directories (whatever the caller creates at the yielded path). Temporaries of `path` left
+    by a killed writer (another pid; a job's outputs have one writer at a time) are removed first.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(path)
-    _remove(tmp)
+    for stale in path.parent.glob(f"{glob.escape(path.name)}.tmp-*"):
+        _remove(stale)
     try:
         yield tmp
         if not tmp.exists():

@@ -1,0 +1,84 @@
+"""Crash and resume (issue 13): the tiny DAG killed with SIGKILL at several points, rerun with the same command each
+time, ends with the same tables as an uninterrupted run, and MLflow holds exactly one FINISHED run per job."""
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from conftest import PROJECT_ROOT, SNAKEMAKE
+
+# (log file prefix of the job to kill, what it is); the DAG is killed a seeded 0.3-1.5 s after that job starts
+KILL_POINTS = [("train_lm_", "LM training"), ("dump_datastore_", "the datastore dump"),
+               ("build_index_", "an IVFPQ build"), ("search_", "a FAISS search"),
+               ("train_parametric_", "a parametric training run")]
+
+
+def _attempt(cmd, logs: Path, prefix: str | None, delay: float, timeout: float = 900):
+    """Start the DAG; if `prefix`, SIGKILL its whole process group once a job whose log starts with `prefix` has
+    run `delay` seconds. Returns (killed, the rules this attempt started)."""
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    killed = False
+    while proc.poll() is None and time.time() - t0 < timeout:
+        if prefix and logs.is_dir() and any(p.name.startswith(prefix) and p.stat().st_mtime >= t0 for p in logs.iterdir()):
+            time.sleep(delay)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+            break
+        time.sleep(0.2)
+    out = proc.communicate(timeout=timeout)[0]
+    started = [line.split()[-1].rstrip(":") for line in out.splitlines() if line.startswith(("rule ", "localrule "))]
+    if not killed and proc.returncode != 0:
+        raise AssertionError(f"attempt failed:\n{out[-4000:]}")
+    return killed, started
+
+
+def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
+    results = tmp_path / "results"
+    cmd = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", "configs/tiny.yaml", "--config",
+                       f"results_dir={results}", "--cores", "2"]
+    logs = results / "tiny" / "logs"
+    rng = np.random.default_rng(13)
+    report = []
+    for prefix, what in KILL_POINTS:
+        killed, started = _attempt(cmd, logs, prefix, float(rng.uniform(0.3, 1.5)))
+        report.append(f"kill during {what}: {'killed' if killed else 'finished before the kill point'}; this "
+                      f"attempt started {len(started)} jobs ({', '.join(sorted(set(started)))})")
+        if not killed:
+            break
+    killed, started = _attempt(cmd, logs, None, 0.0)
+    report.append(f"final rerun: {len(started)} jobs ({', '.join(sorted(set(started)))})")
+    print("\n".join(report))
+    assert sum("killed;" in r for r in report) >= 3, report
+    # every table equals the uninterrupted run's (numbers to 1e-6 relative; text exactly)
+    ours, ref = results / "tiny" / "lms" / "base" / "tables", tiny_run["root"] / "lms" / "base" / "tables"
+    names = sorted(p.name for p in ref.glob("*.csv"))
+    assert names and names == sorted(p.name for p in ours.glob("*.csv"))
+    for name in names:
+        a, b = pd.read_csv(ours / name), pd.read_csv(ref / name)
+        assert list(a.columns) == list(b.columns) and len(a) == len(b), name
+        for col in a.columns:
+            if pd.api.types.is_numeric_dtype(b[col]):
+                np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), rtol=1e-6, atol=1e-9,
+                                           err_msg=f"{name}: {col}")
+            else:
+                assert a[col].astype(str).tolist() == b[col].astype(str).tolist(), f"{name}: {col}"
+    # MLflow: one FINISHED run per job (a killed job logs nothing: runs are written when a job ends), no other
+    from mlflow.tracking import MlflowClient
+
+    from knnlm.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri(results))
+    runs = client.search_runs([client.get_experiment_by_name("tiny").experiment_id], max_results=5000)
+    jobs = [r for r in runs if r.data.tags.get("rule") != "snakemake"]
+    finished = [r.info.run_name for r in jobs if r.info.status == "FINISHED"]
+    assert len(finished) == len(set(finished)) == len(list((results / "tiny" / "benchmarks").glob("*.tsv")))
+    assert all(r.info.status == "FINISHED" for r in jobs)
+    # no artifact of a killed job under a temporary name
+    assert not [p for p in (results / "tiny").rglob("*.tmp-*")]
