@@ -198,3 +198,24 @@ def test_atomic_path_removes_what_a_killed_writer_left(tmp_path):
     (tmp_path / "b.npy.tmp-99999").write_bytes(b"other")
     save_npy(tmp_path / "a.npy", np.arange(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy", "b.npy.tmp-99999"]
+
+
+def test_any_corpus_by_file_names(tmp_path):
+    """A corpus in another layout (Penn Treebank's ptb.<split>.txt) is named per split in 'data.files' (issue 12);
+    a wrong name fails before any job, naming the file and the key."""
+    from knnlm.config import split_files
+    from knnlm.data import prepare_splits
+
+    d = tmp_path / "ptb"
+    d.mkdir()
+    for s in ("train", "valid", "test"):
+        (d / f"ptb.{s}.txt").write_text(" the cat sat on the mat \n a dog barked \n")
+    cfg = validate_config({"name": "p", "data": {"dir": str(d), "files": {s: f"ptb.{s}.txt" for s in ("train", "valid", "test")}}})
+    check_data(cfg)
+    assert split_files(cfg)["valid"] == d / "ptb.valid.txt"
+    out = {s: tmp_path / "out" / f"{s}.tokens" for s in ("train", "valid", "test")}
+    stats = prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
+    assert stats["test"]["words"] == 6 + 3 + 2  # whitespace words + one <eos> per line
+    cfg["data"]["files"]["test"] = "ptb.tst.txt"
+    with pytest.raises(ConfigError, match=r"'data\.dir'.*ptb\.tst\.txt.*'data\.files'"):
+        check_data(cfg)

@@ -168,9 +168,9 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def split_files(cfg: dict) -> dict[str, Path]:
-    """Paths of the raw WikiText split files named by config key 'data.dir'."""
-    d = Path(cfg["data"]["dir"])
-    return {s: d / RAW_SPLIT_NAME.format(split=s) for s in SPLITS}
+    """Paths of the raw split files: config key 'data.dir' / 'data.files.<split>' (default: the WikiText names)."""
+    d, files = Path(cfg["data"]["dir"]), cfg["data"].get("files") or {}
+    return {s: d / files.get(s, RAW_SPLIT_NAME.format(split=s)) for s in SPLITS}
 
 
 def check_data(cfg: dict) -> None:
@@ -187,8 +187,8 @@ def check_data(cfg: dict) -> None:
             "expected a directory with wiki.{train,valid,test}.tokens, or set data.download: true to fetch it")
     missing = [str(p) for p in split_files(cfg).values() if not p.is_file()]
     if missing:
-        raise ConfigError(f"config key 'data.dir' ({d}): missing split file(s) {missing}; expected WikiText layout "
-                          "wiki.{train,valid,test}.tokens")
+        raise ConfigError(f"config key 'data.dir' ({d}): missing split file(s) {missing}; expected the WikiText "
+                          "names wiki.{train,valid,test}.tokens or the names given in 'data.files'")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
