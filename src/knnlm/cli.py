@@ -103,7 +103,7 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="threads Snakemake gave the job")
     args = p.parse_args(argv)
     # every library the job imports (torch, faiss, numpy's BLAS) uses the threads Snakemake scheduled, no more
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     io = json.loads(args.io)
     job = Job(cfg=json.loads(args.cfg), input=io.get("input", {}), output=io.get("output", {}),

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-GROUP = 16  # scores per group in the max prefilter
+GROUP = 16  # scores per group in the max prefilter (the torch path, for GPUs)
 
 
 def _device(device: str | None) -> torch.device:
@@ -140,6 +140,45 @@ class _RunningTopK:
         return s, self.i.gather(1, order)
 
 
+class _RunningTopKCPU:
+    """The running top-k of m rows on the CPU: one numba pass per block over the scores (knnlm._select), each score
+    compared with its row's threshold (the row's k-th best at the last merge, or the seeded lower bound) and the
+    few that pass appended to a per-row buffer, merged into the top-k when full. Same results as _RunningTopK
+    (up to the order of ties); used for CPU tensors, where the torch version's extra passes over the scores cost
+    as much as the matmul."""
+
+    def __init__(self, m: int, k: int, buffer: int = 1024):
+        self.k = k
+        self.s = np.full((m, k), -np.inf, dtype=np.float32)
+        self.i = np.full((m, k), -1, dtype=np.int64)
+        self.buf_s = np.full((m, buffer), -np.inf, dtype=np.float32)
+        self.buf_i = np.full((m, buffer), -1, dtype=np.int64)
+        self.fill = np.zeros(m, dtype=np.int64)
+        self.thr_np = np.full(m, np.finfo(np.float32).min, dtype=np.float32)
+
+    @property
+    def thr(self) -> torch.Tensor:
+        return torch.from_numpy(self.thr_np)
+
+    @thr.setter
+    def thr(self, value: torch.Tensor) -> None:
+        self.thr_np[:] = value.cpu().numpy()
+
+    def add_block(self, sc: torch.Tensor, col_ids: torch.Tensor) -> None:
+        """Offer the scores of one [m, n] block; col_ids: [n] int64 datastore ids."""
+        from ._select import select_block
+
+        select_block(sc.numpy(), col_ids.numpy(), self.thr_np, self.buf_s, self.buf_i, self.fill, self.s, self.i)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores [m, k], ids [m, k]) sorted best first."""
+        from ._select import merge_buffers
+
+        merge_buffers(self.buf_s, self.buf_i, self.fill, self.s, self.i)
+        order = np.argsort(-self.s, axis=1, kind="stable")
+        return torch.from_numpy(np.take_along_axis(self.s, order, 1)), torch.from_numpy(np.take_along_axis(self.i, order, 1))
+
+
 def _load_keys(reader: KeyReader, start: int, stop: int, xbuf: torch.Tensor, metric: str) -> torch.Tensor:
     """Rows start..stop as fp32 [x, −|x|²/2] (L2) or [x, 0] (IP) in the reused buffer xbuf [≥ stop-start, D+1]."""
     d = reader.d
@@ -154,9 +193,9 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
                      metric: str, query_chunk: int, runs: int) -> None:
     """Start every query's threshold at a lower bound of its final k-th best score, from a key sample.
 
-    The sample is `runs` evenly spaced runs of key_chunk // runs contiguous keys. The k-th largest of
-    its group maxima is ≤ the k-th largest sample score ≤ the final k-th best, so the bound is safe, and
-    the scan's first chunks no longer pass most of their scores as candidates.
+    The sample is `runs` evenly spaced runs of key_chunk // runs contiguous keys. The k-th best score in the
+    sample is ≤ the final k-th best, so the bound is safe, and the scan's first chunks no longer pass most of
+    their scores as candidates.
     """
     key_chunk = xbuf.shape[0]
     run = key_chunk // max(1, runs) // GROUP * GROUP
@@ -207,8 +246,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
             qb = torch.as_tensor(np.array(queries[bs:bs + query_block], dtype=np.float32), device=dev)
             nb = qb.shape[0]
             qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
-            tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) for qs in range(0, nb, query_chunk)]
-            _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs)
+            tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) if dev.type != "cpu"
+                    else _RunningTopKCPU(min(query_chunk, nb - qs), k) for qs in range(0, nb, query_chunk)]
+            if dev.type != "cpu":  # the CPU's running top-k raises its thresholds by itself within the first chunk
+                _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs)
             for ks in range(0, n, key_chunk):
                 ke = min(n, ks + key_chunk)
                 xa = _load_keys(reader, ks, ke, xbuf, metric)
