@@ -187,8 +187,8 @@ def check_data(cfg: dict) -> None:
             "expected a directory with wiki.{train,valid,test}.tokens, or set data.download: true to fetch it")
     missing = [str(p) for p in split_files(cfg).values() if not p.is_file()]
     if missing:
-        raise ConfigError(f"config key 'data.dir' ({d}): missing split file(s) {missing}; expected the WikiText "
-                          "names wiki.{train,valid,test}.tokens or the names given in 'data.files'")
+        raise ConfigError(f"config key 'data.dir' ({d}): missing split file(s) {missing}; expected "
+                          "wiki.{train,valid,test}.tokens (the WikiText names) or the names given in 'data.files'")
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
