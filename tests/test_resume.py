@@ -47,11 +47,14 @@ def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
     rng = np.random.default_rng(13)
     report = []
     for prefix, what in KILL_POINTS:
+        # after a kill the working directory's Snakemake lock is stale: a user runs --unlock, then the same command
+        subprocess.run(cmd + ["--unlock"], cwd=PROJECT_ROOT, capture_output=True, check=True)
         killed, started = _attempt(cmd, logs, prefix, float(rng.uniform(0.3, 1.5)))
         report.append(f"kill during {what}: {'killed' if killed else 'finished before the kill point'}; this "
                       f"attempt started {len(started)} jobs ({', '.join(sorted(set(started)))})")
         if not killed:
             break
+    subprocess.run(cmd + ["--unlock"], cwd=PROJECT_ROOT, capture_output=True, check=True)
     killed, started = _attempt(cmd, logs, None, 0.0)
     report.append(f"final rerun: {len(started)} jobs ({', '.join(sorted(set(started)))})")
     print("\n".join(report))
