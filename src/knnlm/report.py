@@ -72,12 +72,18 @@ def readme_block(root: Path, lm: str = "base") -> str:
     from the files the run wrote; no number in it is typed by hand (issue 9)."""
     layout = Layout(root.parent, root.name)
     findings = layout.path("findings", lm=lm)
-    if not findings.exists():
-        raise FileNotFoundError(f"{findings}: no findings report; run `snakemake findings` first")
-    text = findings.read_text().replace("\n# ", "\n### ").replace("\n## ", "\n#### ")
-    text = "### " + text[2:] if text.startswith("# ") else text
+    quoted = [findings] if findings.exists() else [p for p in (layout.path("table", lm=lm, table=t, ext="md")
+                                                               for t in ("table1", "table3")) if p.exists()]
+    if not quoted:
+        raise FileNotFoundError(f"{findings}: no findings report and no Table 1; run `snakemake findings` first")
+    parts = [] if findings.exists() else ["**The findings report is not produced yet** (the run is incomplete); "
+                                          "quoted instead: the tables that are."]
+    for p in quoted:
+        text = ("\n" + p.read_text()).replace("\n### ", "\n##### ").replace("\n## ", "\n#### ").replace("\n# ", "\n### ")
+        parts.append(text.strip())
     stages = stage_shares(stage_table(root)).to_markdown(index=False, floatfmt=".1f")
-    return (f"{BEGIN}\n\nQuoted from `{findings.relative_to(root.parent)}` and the run's benchmark files.\n\n{text.strip()}\n\n"
+    src = ", ".join(f"`{p.relative_to(root.parent)}`" for p in quoted)
+    return (f"{BEGIN}\n\nQuoted from {src} and the run's benchmark files.\n\n" + "\n\n".join(parts) + "\n\n"
             f"#### Wall time per stage ({root.name}; sum of the jobs' wall times from `benchmarks/*.tsv`)\n\n{stages}\n\n{END}")
 
 
