@@ -17,12 +17,13 @@ KILL_POINTS = [("train_lm_", "LM training"), ("dump_datastore_", "the datastore 
                ("train_parametric_", "a parametric training run")]
 
 
-def _attempt(cmd, logs: Path, prefix: str | None, delay: float, timeout: float = 900):
-    """Start the DAG; if `prefix`, SIGKILL its whole process group once a job whose log starts with `prefix` has
-    run `delay` seconds. Returns (killed, the rules this attempt started)."""
+def _attempt(cmd, logs: Path, prefix: str | None, delay: float, out_file: Path, timeout: float = 900):
+    """Start the DAG (output to out_file: a pipe nobody reads would fill and block it); if `prefix`, SIGKILL its
+    whole process group once a job whose log starts with `prefix` has run `delay` seconds. Returns (killed, the
+    rules this attempt started)."""
     t0 = time.time()
-    proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    with open(out_file, "w") as f:
+        proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     killed = False
     while proc.poll() is None and time.time() - t0 < timeout:
         if prefix and logs.is_dir() and any(p.name.startswith(prefix) and p.stat().st_mtime >= t0 for p in logs.iterdir()):
@@ -32,7 +33,8 @@ def _attempt(cmd, logs: Path, prefix: str | None, delay: float, timeout: float =
                 killed = True
             break
         time.sleep(0.2)
-    out = proc.communicate(timeout=timeout)[0]
+    proc.wait(timeout=timeout)
+    out = out_file.read_text()
     started = [line.split()[-1].rstrip(":") for line in out.splitlines() if line.startswith(("rule ", "localrule "))]
     if not killed and proc.returncode != 0:
         raise AssertionError(f"attempt failed:\n{out[-4000:]}")
@@ -46,16 +48,16 @@ def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
     logs = results / "tiny" / "logs"
     rng = np.random.default_rng(13)
     report = []
-    for prefix, what in KILL_POINTS:
+    for n, (prefix, what) in enumerate(KILL_POINTS):
         # after a kill the working directory's Snakemake lock is stale: a user runs --unlock, then the same command
         subprocess.run(cmd + ["--unlock"], cwd=PROJECT_ROOT, capture_output=True, check=True)
-        killed, started = _attempt(cmd, logs, prefix, float(rng.uniform(0.3, 1.5)))
+        killed, started = _attempt(cmd, logs, prefix, float(rng.uniform(0.3, 1.5)), tmp_path / f"attempt{n}.log")
         report.append(f"kill during {what}: {'killed' if killed else 'finished before the kill point'}; this "
                       f"attempt started {len(started)} jobs ({', '.join(sorted(set(started)))})")
         if not killed:
             break
     subprocess.run(cmd + ["--unlock"], cwd=PROJECT_ROOT, capture_output=True, check=True)
-    killed, started = _attempt(cmd, logs, None, 0.0)
+    killed, started = _attempt(cmd, logs, None, 0.0, tmp_path / "final.log")
     report.append(f"final rerun: {len(started)} jobs ({', '.join(sorted(set(started)))})")
     print("\n".join(report))
     assert sum("killed;" in r for r in report) >= 3, report
