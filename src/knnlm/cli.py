@@ -105,6 +105,7 @@ def main(argv=None) -> None:
     # every library the job imports (torch, faiss, numpy's BLAS) uses the threads Snakemake scheduled, no more
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
+    os.environ.setdefault("MKL_DYNAMIC", "FALSE")  # a busy machine must not change MKL's thread count (and sums)
     io = json.loads(args.io)
     job = Job(cfg=json.loads(args.cfg), input=io.get("input", {}), output=io.get("output", {}),
               wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.job)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 def _env(threads: int) -> dict:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), MKL_DYNAMIC="FALSE", PYTHONUNBUFFERED="1")
     return env
 
 
