@@ -54,24 +54,22 @@ def _describe(err: jsonschema.ValidationError) -> str:
 def _check_keys_and_metrics(cfg: dict, source: str) -> None:
     """Every section that names key types or metrics names only those the datastore dumps ('datastore.key_types')
     and the index builds ('index.metrics'); ConfigError naming the key otherwise, before any job runs."""
-    keys, metrics = cfg["datastore"]["key_types"], cfg["index"]["metrics"]
-    named = {"retrieval.key_types": cfg["retrieval"]["key_types"], "datastore_size.key_types": cfg["datastore_size"]["key_types"],
-             "parametric.key_types": cfg["parametric"]["key_types"], "variance.key_type": [cfg["variance"]["key_type"]],
-             **{f"parametric.{p}.key_types": cfg["parametric"][p]["key_types"] for p in ("adaptive", "mos", "clustered")}}
-    for k, v in named.items():
-        if k == "variance.key_type" and not (cfg["variance"]["index_seeds"] or cfg["variance"]["draw_seeds"]):
-            continue
-        if set(v) - set(keys):
-            raise ConfigError(f"{source}: config key '{k}' names key types {sorted(set(v) - set(keys))} that "
-                              f"'datastore.key_types' does not dump (it dumps {keys})")
-    named = {"retrieval.metrics": cfg["retrieval"]["metrics"], "datastore_size.metrics": cfg["datastore_size"]["metrics"],
-             "variance.metric": [cfg["variance"]["metric"]]}
-    for k, v in named.items():
-        if k == "variance.metric" and not (cfg["variance"]["index_seeds"] or cfg["variance"]["draw_seeds"]):
-            continue
-        if set(v) - set(metrics):
-            raise ConfigError(f"{source}: config key '{k}' names metrics {sorted(set(v) - set(metrics))} that "
-                              f"'index.metrics' does not build (it builds {metrics})")
+    var = cfg["variance"]
+    varied = bool(var["index_seeds"] or var["draw_seeds"])  # the variance section is used only then
+    key_types = {"retrieval.key_types": cfg["retrieval"]["key_types"],
+                 "datastore_size.key_types": cfg["datastore_size"]["key_types"],
+                 "parametric.key_types": cfg["parametric"]["key_types"],
+                 **{f"parametric.{p}.key_types": cfg["parametric"][p]["key_types"] for p in ("adaptive", "mos", "clustered")},
+                 **({"variance.key_type": [var["key_type"]]} if varied else {})}
+    metrics = {"retrieval.metrics": cfg["retrieval"]["metrics"], "datastore_size.metrics": cfg["datastore_size"]["metrics"],
+               **({"variance.metric": [var["metric"]]} if varied else {})}
+    for named, source_key, noun, verb in ((key_types, "datastore.key_types", "key types", "dump"),
+                                          (metrics, "index.metrics", "metrics", "build")):
+        have = cfg[source_key.split(".")[0]][source_key.split(".")[1]]
+        for k, v in named.items():
+            if set(v) - set(have):
+                raise ConfigError(f"{source}: config key '{k}' names {noun} {sorted(set(v) - set(have))} that "
+                                  f"'{source_key}' does not {verb} (it {verb}s {have})")
 
 
 def validate_config(config: dict, source: str = "<config>") -> dict:

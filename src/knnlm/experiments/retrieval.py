@@ -165,20 +165,19 @@ def exact_search(job: Job) -> dict:
     return {"metrics": {"T": t, "seconds": secs, "gflops": gflops}}
 
 
-def load_settings(job: Job, raw: bool = False):
+def load_settings(job: Job):
     """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs.
 
-    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: [t] log p_kNN at the config τ},
-    docs {split: (doc [t] int document index 0..D-1 of each scoped token, doc_words [D], doc_ids [D] ids in the
-    split)}, recall {split: recall@k of the FAISS neighbours against the exact ones}), or with raw=True per
-    setting {split: (scores [t, k], hit [t, k], valid [t, k])} for the τ sweep.
-    Raises ArtifactError when a cache does not cover the scope.
+    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: (scores [t, k] (higher = closer),
+    hit [t, k], valid [t, k])} for scoring at any τ, docs {split: (doc [t] int document index 0..D-1 of each
+    scoped token, doc_words [D], doc_ids [D] ids in the split)}, recall {split: recall@k of the FAISS neighbours
+    against the exact ones}). Raises ArtifactError when a cache does not cover the scope.
     """
-    from ..scoring import knn_log_prob_from_cache, neighbour_hits, scores_from_distances
+    from ..scoring import neighbour_hits, scores_from_distances
 
     starts = word_starts(job.path("data_bin") / "dict.txt")
     _, vals, man = open_datastore(job, with_keys=False)
-    metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
+    metric = job.wildcards["metric"]
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
                                                      "exact_dists", "exact_meta", "scope", "documents")}
     lp_lm, words, out, docs, recall = {}, {}, {s: {} for s in SETTINGS}, {}, {}
@@ -198,17 +197,15 @@ def load_settings(job: Job, raw: bool = False):
             raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: rerun it")
         k = meta["k"]
         f_ids = open_npy(f["nb_ids"], (meta["T"], k), np.int32)[rows]
-        caches = {"faiss_mask_faiss_score": (f_ids, open_npy(f["nb_dists"], (meta["T"], k), np.float32)[rows]),
-                  "faiss_mask_real_score": (f_ids, open_npy(f["real_dists"], (t, k), np.float32)),
-                  "real_mask_real_score": (open_npy(f["exact_ids"], (t, k), np.int32),
-                                           open_npy(f["exact_dists"], (t, k), np.float32))}
-        recall[split] = recall_at_k(caches["faiss_mask_faiss_score"][0], caches["real_mask_real_score"][0])
-        for setting, (nb, d) in caches.items():
-            if raw:
-                hit, valid = neighbour_hits(nb, vals, tg)
-                out[setting][split] = (scores_from_distances(np.asarray(d), metric), hit, valid)
-            else:
-                out[setting][split] = knn_log_prob_from_cache(nb, d, vals, tg, metric, tau)
+        e_ids = open_npy(f["exact_ids"], (t, k), np.int32)
+        recall[split] = recall_at_k(f_ids, e_ids)
+        f_hits, e_hits = neighbour_hits(f_ids, vals, tg), neighbour_hits(e_ids, vals, tg)  # the FAISS mask's once
+        dists = {"faiss_mask_faiss_score": open_npy(f["nb_dists"], (meta["T"], k), np.float32)[rows],
+                 "faiss_mask_real_score": open_npy(f["real_dists"], (t, k), np.float32),
+                 "real_mask_real_score": open_npy(f["exact_dists"], (t, k), np.float32)}
+        for setting, d in dists.items():
+            hits = e_hits if setting == "real_mask_real_score" else f_hits
+            out[setting][split] = (scores_from_distances(np.asarray(d), metric), *hits)
     return lp_lm, words, out, docs, recall
 
 
@@ -323,7 +320,7 @@ def settings(job: Job) -> dict:
     from ..scoring import knn_log_prob_from_hits
 
     t0 = time.time()
-    lp_lm, words, raw, docs, recall = load_settings(job, raw=True)
+    lp_lm, words, raw, docs, recall = load_settings(job)
     tau = job.cfg["knn"]["temperature"]
     lp_knn = {st: {sp: knn_log_prob_from_hits(*c, tau) for sp, c in by.items()} for st, by in raw.items()}
     t1 = time.time()
