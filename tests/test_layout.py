@@ -9,7 +9,7 @@ import pytest
 from knnlm.cli import Job, resolve
 from knnlm.config import PROJECT_ROOT, ConfigError, validate_config
 from knnlm.io import ArtifactError
-from knnlm.paths import PATTERNS, Layout
+from knnlm.paths import PATTERNS, WILDCARDS, Layout
 from knnlm.stores import open_store, prepare_store, store_kind_of, store_wildcard
 
 
@@ -31,8 +31,9 @@ def test_no_path_pattern_outside_the_layout():
         base = Path(pat).name
         literal = re.sub(r"\{[^}]*\}", "", base)
         if "." in base and len(literal) >= 5:  # a file: its name with every wildcard open, e.g. keys_\S+\.npy
-            files.append(re.compile("".join(r"[^/\s]+" if part.startswith("{") else re.escape(part)
-                                            for part in re.split(r"(\{[^}]*\})", base) if part)))
+            files.append(re.compile("(?:^|/)" + "".join(
+                f"(?:{WILDCARDS[part[1:-1]]}|\\{{[^}}]*\\}})" if part[1:-1] in WILDCARDS else r"[^/\s]+" if part.startswith("{")
+                else re.escape(part) for part in re.split(r"(\{[^}]*\})", base) if part) + r"(?=$|\s)"))
         elif "{" not in base:  # a fixed directory name, e.g. data-bin, as a path component
             dirs.append(base)
     sources = [p for d in ("src", "workflow", "benchmarks") for p in (PROJECT_ROOT / d).rglob("*")

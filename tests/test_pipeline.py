@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import PROJECT_ROOT, run_snakemake
+from conftest import PROJECT_ROOT, TINY_HF, run_snakemake
 from knnlm.config import load_config, temperatures
 from knnlm.dump import load_lm, open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
@@ -77,7 +77,10 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 4 for the documents and the retrieval scope of valid and test (confidence intervals), + 1 findings report
     # + 17 for the variance table: store full-ivf2 (store, index, 2 searches, 2 real scores, settings; the exact
     #   search is full's), store r0.2-draw2 (the same + 2 exact searches), table
-    assert jobs == 93
+    # + 2 for the lines and words of the base LM's targets (valid, test)
+    # + 12 for Table 4's second LM, a Hugging Face GPT-2: model card, 3 dumps, 2 documents, store, index,
+    #   2 searches, score; and the table
+    assert jobs == 107
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -189,11 +192,11 @@ def test_truncated_datastore_refused(tiny_run, tmp_path):
 
 
 def test_rerun_is_noop(tiny_run):
-    r = run_snakemake("-n", "--configfile", "configs/tiny.yaml", "--config", f"results_dir={tiny_run['results_dir']}")
+    r = run_snakemake("-n", "--configfile", *tiny_run["configfiles"], "--config", f"results_dir={tiny_run['results_dir']}")
     assert "Nothing to be done" in r.stdout
 
 
-@pytest.mark.parametrize("cfg", ["wikitext2", "wikitext103"])
+@pytest.mark.parametrize("cfg", ["wikitext2", "wikitext103", "wikitext103_gpt2"])
 def test_dry_run_of_real_configs(cfg, tmp_path):
     r = run_snakemake("-n", "--configfile", f"configs/{cfg}.yaml", "--config", f"results_dir={tmp_path}")
     assert "table1" in r.stdout and "build_index" in r.stdout
@@ -208,13 +211,42 @@ def test_slurm_profile_dry_run(tmp_path):
 
 
 def test_word_count_of_token_spans(tiny_run):
-    """Words counted from BPE targets ('▁' pieces + <eos>) equal the whitespace word count of the split."""
-    from knnlm.scope import count_words, word_starts
-
-    starts = word_starts(art(tiny_run, "data_bin") / "dict.txt")
+    """The words of every LM's targets (BPE: '▁' pieces + <eos>; Hugging Face: words attributed to the token holding
+    their first character) add up to the whitespace word count of the split, per document as well."""
     wc = read_json(art(tiny_run, "wordcounts"))
-    for split in ("valid", "test"):
-        assert count_words(np.load(art(tiny_run, "targets", split=split)), starts) == wc[split]["words"]
+    for lm in ("base", TINY_HF):
+        for split in ("valid", "test"):
+            d = np.load(art(tiny_run, "documents", split=split, lm=lm))
+            t = len(np.load(art(tiny_run, "targets", split=split, lm=lm)))
+            assert len(d["doc"]) == len(d["words"]) == t and int(d["words"].sum()) == wc[split]["words"]
+    starts = _stream_tokens(tiny_run, "valid")[1]
+    pieces = [starts[i] for i in np.load(art(tiny_run, "targets", split="valid"))]
+    words = np.load(art(tiny_run, "documents", split="valid"))["words"]
+    assert [int(p.startswith("\u2581") or p == "</s>") for p in pieces] == words.tolist()
+
+
+def test_table4_over_base_lms(tiny_run):
+    """Table 4 has one row per base LM (the trained one and the Hugging Face one) and split; each kNN-LM row is the
+    LM's own Table 1 score (att/L2), its CI brackets the point, and the HF LM's datastore is refused with other
+    queries."""
+    from knnlm.experiments.table4 import count_parameters
+
+    df = pd.read_csv(Layout(tiny_run["results_dir"], "tiny").path("run_table", table="table4", ext="csv"))
+    assert sorted(zip(df["split"], df["LM"])) == sorted((s, lm) for s in ("test", "valid") for lm in ("base", TINY_HF))
+    for _, r in df.iterrows():
+        s = read_json(art(tiny_run, "score", store="full", key="att", metric="l2", lm=r["LM"]))
+        assert r["base PPL (word)"] == pytest.approx(s[r["split"]]["lm"]["ppl_word"], rel=1e-6)  # CSV: 4 decimals
+        assert r["kNN-LM PPL (word)"] == pytest.approx(s[r["split"]]["interp"]["ppl_word"], rel=1e-6)
+        v, lo, hi = map(float, re.match(r"([-+\d.]+) % \[([-+\d.]+), ([-+\d.]+)\]", r["relative gain (95% CI)"]).groups())
+        assert lo <= v <= hi and v == pytest.approx(100 * (r["kNN-LM PPL (word)"] / r["base PPL (word)"] - 1), abs=0.06)
+    card = read_json(art(tiny_run, "model_card", lm=TINY_HF))
+    assert df.set_index("LM").loc[TINY_HF, "#params"].iloc[0] == card["parameters"]
+    assert df.set_index("LM").loc["base", "#params"].iloc[0] == count_parameters(art(tiny_run, "checkpoint"))
+    man = read_json(art(tiny_run, "datastore_manifest", lm=TINY_HF))
+    assert man["checkpoint_sha256"] == card["checkpoint_sha256"] and man["source"] == "hf"
+    with pytest.raises(ArtifactError, match="another checkpoint"):
+        open_queries(art(tiny_run, "queries_manifest", split="test"), art(tiny_run, "targets", split="test"),
+                     art(tiny_run, "lm_logprobs", split="test"), checkpoint_sha256=man["checkpoint_sha256"])
 
 
 def test_table3_exact_neighbours_are_closest(tiny_run):

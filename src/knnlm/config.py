@@ -60,9 +60,10 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
                  "datastore_size.key_types": cfg["datastore_size"]["key_types"],
                  "parametric.key_types": cfg["parametric"]["key_types"],
                  **{f"parametric.{p}.key_types": cfg["parametric"][p]["key_types"] for p in ("adaptive", "mos", "clustered")},
-                 **({"variance.key_type": [var["key_type"]]} if varied else {})}
+                 **({"variance.key_type": [var["key_type"]]} if varied else {}),
+                 "table4.key_type": [cfg["table4"]["key_type"]]}
     metrics = {"retrieval.metrics": cfg["retrieval"]["metrics"], "datastore_size.metrics": cfg["datastore_size"]["metrics"],
-               **({"variance.metric": [var["metric"]]} if varied else {})}
+               **({"variance.metric": [var["metric"]]} if varied else {}), "table4.metric": [cfg["table4"]["metric"]]}
     for named, source_key, noun, verb in ((key_types, "datastore.key_types", "key types", "dump"),
                                           (metrics, "index.metrics", "metrics", "build")):
         have = cfg[source_key.split(".")[0]][source_key.split(".")[1]]
@@ -70,6 +71,28 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
             if set(v) - set(have):
                 raise ConfigError(f"{source}: config key '{k}' names {noun} {sorted(set(v) - set(have))} that "
                                   f"'{source_key}' does not {verb} (it {verb}s {have})")
+
+
+def _check_lms(cfg: dict, source: str) -> None:
+    """Fill the defaults of each 'lms' entry; ConfigError for a second 'train' LM or a missing 'path'."""
+    item = load_schema()["properties"]["lms"]["additionalProperties"]["properties"]
+    for name, lm in cfg["lms"].items():
+        for k, sub in item.items():
+            lm.setdefault(k, copy.deepcopy(sub.get("default")))
+        if lm["source"] != "train" and not lm.get("path"):
+            raise ConfigError(f"{source}: config key 'lms.{name}.path': a {lm['source']!r} LM needs a path "
+                              f"({'a checkpoint file' if lm['source'] == 'fairseq' else 'a model directory or Hub id'}), found none")
+        if lm["source"] == "train" and lm.get("path"):
+            raise ConfigError(f"{source}: config key 'lms.{name}.path': a 'train' LM is trained from section 'lm'; "
+                              f"found path {lm['path']!r} (use source 'fairseq' for an existing checkpoint)")
+    trained = [n for n, lm in cfg["lms"].items() if lm["source"] == "train"]
+    if len(trained) > 1:
+        raise ConfigError(f"{source}: config key 'lms': at most one LM with source 'train' (section 'lm'), found {trained}")
+
+
+def lm_tokens_per_sample(cfg: dict, name: str) -> int:
+    """The evaluation window L of base LM `name`: 'lms.<name>.tokens_per_sample', else 'lm.tokens_per_sample'."""
+    return cfg["lms"][name].get("tokens_per_sample") or cfg["lm"]["tokens_per_sample"]
 
 
 def validate_config(config: dict, source: str = "<config>") -> dict:
@@ -85,10 +108,13 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     if errors:
         raise ConfigError(f"{source} failed the schema {SCHEMA_PATH.name}:\n  " + "\n  ".join(_describe(e) for e in errors))
     lm, ev = cfg["lm"], cfg["eval"]
-    if ev["context_window"] >= lm["tokens_per_sample"]:
-        raise ConfigError(
-            f"{source}: config key 'eval.context_window' must be < 'lm.tokens_per_sample' "
-            f"({lm['tokens_per_sample']}), found {ev['context_window']}")
+    _check_lms(cfg, source)
+    for name in cfg["lms"]:
+        window = lm_tokens_per_sample(cfg, name)
+        if ev["context_window"] >= window:
+            key = f"lms.{name}.tokens_per_sample" if cfg["lms"][name].get("tokens_per_sample") else "lm.tokens_per_sample"
+            raise ConfigError(f"{source}: config key 'eval.context_window' must be < '{key}' ({window}, the window "
+                              f"of base LM {name!r}), found {ev['context_window']}")
     if lm["decoder_embed_dim"] % lm["decoder_attention_heads"]:
         raise ConfigError(
             f"{source}: config key 'lm.decoder_attention_heads' must divide 'lm.decoder_embed_dim' "

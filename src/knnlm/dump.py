@@ -96,25 +96,69 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
     bar.close()
 
 
-def dump_datastore(checkpoint, data_bin, key_paths: dict, vals_path, manifest_path, context_window: int,
-                   max_tokens: int, threads: int) -> dict:
-    """Dump train keys for both key types and vals in one pass; returns the manifest.
+class LMPass:
+    """One base LM, ready to run over a split: `n(split)` targets, key dim `d`, `states(split, with_log_probs)`
+    (per-batch dicts as iter_states), and `identity` (recorded in every manifest: checkpoint_sha256,
+    data_sha256 per split, tokens_per_sample, source). Built by fairseq_pass or hf_pass."""
 
-    Writes key_paths['att'], key_paths['ffn']: [N, D] float16 .npy; vals_path: [N] int32 (next-token ids);
-    manifest_path (N, D, dtypes, key types, checkpoint sha256, data sha256, context settings). Atomic per
-    file; the manifest is written last. Raises ArtifactError if the pass yields another count than N.
-    """
-    torch.set_num_threads(threads)
+    def __init__(self, n, d, states, identity):
+        self.n, self.d, self.states, self.identity = n, d, states, identity
+
+
+def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int) -> LMPass:
+    """A fairseq transformer_lm checkpoint over the run's binarised data (dict.txt must be the model's)."""
     model, cfg = load_lm(checkpoint, data_bin)
-    _, n, _ = iter_split(model, cfg, data_bin, "train", context_window, max_tokens)
     d = model.decoder.embed_dim if not hasattr(model.decoder, "output_embed_dim") else model.decoder.output_embed_dim
     d_att = model.decoder.layers[-1].fc1.in_features
-    assert d_att == d, (d_att, d)
+    if d_att != d:
+        raise ArtifactError(f"{checkpoint}: att keys have {d_att} dims, ffn keys {d}; both must be equal")
+    sha = sha256_file(checkpoint)
+    return LMPass(
+        n=lambda split: iter_split(model, cfg, data_bin, split, context_window, max_tokens)[1], d=d,
+        states=lambda split, lp: iter_states(model, cfg, data_bin, split, context_window, max_tokens, lp),
+        identity=lambda split: {"source": "fairseq", "checkpoint_sha256": sha,
+                                "data_sha256": sha256_file(Path(data_bin) / f"{split}.bin"),
+                                "context_window": context_window, "tokens_per_sample": int(cfg.task.tokens_per_sample)})
+
+
+def hf_pass(card: dict, texts: dict, context_window: int, max_tokens: int, tokens_per_sample: int) -> LMPass:
+    """A Hugging Face causal LM (knnlm.hf; card: knnlm.hf.model_card) over the split files texts[split]."""
+    from . import hf
+
+    model, tok = hf.load_hf(card["path"], card["dtype"], card.get("revision"))
+    toks: dict[str, dict] = {}
+
+    def tokens(split):
+        if split not in toks:
+            toks[split] = hf.tokenize_split(tok, texts[split])
+        return toks[split]
+
+    def states(split, lp):
+        stream = np.concatenate([[hf.start_token(tok)], tokens(split)["ids"]])
+        return hf.iter_states(model, stream, tokens_per_sample, context_window, max_tokens, lp, desc=f"dump {split}")
+
+    p = LMPass(n=lambda split: len(tokens(split)["ids"]), d=card["hidden_size"], states=states,
+               identity=lambda split: {"source": "hf", "model": card["path"], "checkpoint_sha256": card["checkpoint_sha256"],
+                                       "tokenizer_sha256": card["tokenizer_sha256"], "data_sha256": sha256_file(texts[split]),
+                                       "context_window": context_window, "tokens_per_sample": tokens_per_sample})
+    p.tokens = tokens
+    return p
+
+
+def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, threads: int) -> dict:
+    """Dump train keys for both key types and vals in one pass of `lm`; returns the manifest.
+
+    Writes key_paths['att'], key_paths['ffn']: [N, D] float16 .npy; vals_path: [N] int32 (next-token ids);
+    manifest_path (N, D, dtypes, key types, the LM's identity: checkpoint sha256, data sha256, context settings).
+    Atomic per file; the manifest is written last. Raises ArtifactError if the pass yields another count than N.
+    """
+    torch.set_num_threads(threads)
+    n, d = lm.n("train"), lm.d
     with create_npy(key_paths["att"], (n, d), np.float16) as k_att, \
          create_npy(key_paths["ffn"], (n, d), np.float16) as k_ffn, \
          create_npy(vals_path, (n,), np.int32) as vals:
         ptr = 0
-        for b in iter_states(model, cfg, data_bin, "train", context_window, max_tokens, with_log_probs=False):
+        for b in lm.states("train", False):
             m = b["target"].shape[0]
             k_att[ptr:ptr + m] = b["att"].numpy()
             k_ffn[ptr:ptr + m] = b["ffn"].numpy()
@@ -122,23 +166,18 @@ def dump_datastore(checkpoint, data_bin, key_paths: dict, vals_path, manifest_pa
             ptr += m
         if ptr != n:
             raise ArtifactError(f"dumped {ptr} keys, expected {n} train targets")
-    manifest = {
-        "split": "train", "N": n, "D": d, "keys_dtype": "float16", "vals_dtype": "int32", "key_types": list(KEY_TYPES),
-        "checkpoint_sha256": sha256_file(checkpoint), "data_sha256": sha256_file(Path(data_bin) / "train.bin"),
-        "context_window": context_window, "tokens_per_sample": int(cfg.task.tokens_per_sample),
-    }
+    manifest = {"split": "train", "N": n, "D": d, "keys_dtype": "float16", "vals_dtype": "int32",
+                "key_types": list(KEY_TYPES), **lm.identity("train")}
     write_json(manifest_path, manifest)
     return manifest
 
 
-def dump_queries(checkpoint, data_bin, split: str, out: dict, context_window: int, max_tokens: int,
-                 threads: int) -> dict:
+def dump_queries(lm: LMPass, split: str, out: dict, threads: int) -> dict:
     """Dump a valid/test split once; returns the manifest. out: paths of 'targets' ([T] int32), 'lm_logprobs'
     ([T] float32, natural log p_LM(target)), 'queries_att' / 'queries_ffn' ([T, D] float32) and 'manifest'."""
     torch.set_num_threads(threads)
-    model, cfg = load_lm(checkpoint, data_bin)
     parts: dict[str, list] = {"att": [], "ffn": [], "target": [], "lp": []}
-    for b in iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_log_probs=True):
+    for b in lm.states(split, True):
         for k in parts:
             parts[k].append(b[k].numpy())
     arrs = {k: np.concatenate(v) for k, v in parts.items()}
@@ -147,9 +186,7 @@ def dump_queries(checkpoint, data_bin, split: str, out: dict, context_window: in
     for kt in KEY_TYPES:
         save_npy(out[f"queries_{kt}"], arrs[kt].astype(np.float32))
     t = int(arrs["target"].shape[0])
-    manifest = {"split": split, "T": t, "D": int(arrs["att"].shape[1]), "checkpoint_sha256": sha256_file(checkpoint),
-                "data_sha256": sha256_file(Path(data_bin) / f"{split}.bin"), "context_window": context_window,
-                "tokens_per_sample": int(cfg.task.tokens_per_sample),
+    manifest = {"split": split, "T": t, "D": int(arrs["att"].shape[1]), **lm.identity(split),
                 "lm_nll_sum": float(-arrs["lp"].astype(np.float64).sum())}
     write_json(out["manifest"], manifest)
     return manifest

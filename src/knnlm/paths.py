@@ -8,7 +8,8 @@ from their rule's `input:` / `output:` (knnlm.cli).
 Levels (wildcards in braces):
   <results_dir>/<name>/                    one config = one run
     data/, bpe/, data-bin/                 the corpus, its BPE and its fairseq binarisation (shared by trained LMs)
-    lms/{lm}/                              one base LM: its checkpoint, datastore (keys + vals) and queries
+    lms/{lm}/                              one base LM (config 'lms'): its checkpoint or model card, datastore
+                                           (keys + vals), queries, and its tokens' documents and scope
       stores/{store}/                      one datastore variant ('full', 'r0.05' subsets, 'pca64', ...):
                                            its preparation, IVFPQ indexes, neighbour caches, evaluations
       parametric/{variant}_{key}/          the parametric alternatives trained on the LM's keys
@@ -33,10 +34,9 @@ PATTERNS: dict[str, str] = {
     "bpe_split": "bpe/{split}.bpe",
     "bpe_stats": "bpe/bpe_stats.json",
     "data_bin": "data-bin",
-    "documents": "data/{split}.documents.npz",
-    "scope": "data/{split}.scope.npy",
     # one base LM
     "checkpoint": "lms/{lm}/checkpoint.pt",
+    "model_card": "lms/{lm}/model.json",  # a Hugging Face LM: what identifies it (knnlm.hf.model_card)
     "fairseq_dir": "lms/{lm}/fairseq",
     "keys": "lms/{lm}/datastore/keys_{key}.npy",
     "vals": "lms/{lm}/datastore/vals.npy",
@@ -45,6 +45,10 @@ PATTERNS: dict[str, str] = {
     "lm_logprobs": "lms/{lm}/queries/{split}/lm_logprobs.npy",
     "queries": "lms/{lm}/queries/{split}/queries_{key}.npy",
     "queries_manifest": "lms/{lm}/queries/{split}/manifest.json",
+    # the LM's tokens of a split in the corpus: line and words of every target; documents; the scope
+    "token_lines": "lms/{lm}/queries/{split}/token_lines.npz",
+    "documents": "lms/{lm}/queries/{split}/documents.npz",
+    "scope": "lms/{lm}/queries/{split}/scope.npy",
     # one datastore variant (store) of that LM
     "store_prep": "lms/{lm}/stores/{store}/prep_{key}",
     "index": "lms/{lm}/stores/{store}/index/{key}_{metric}.faiss",
@@ -67,6 +71,7 @@ PATTERNS: dict[str, str] = {
     "parametric_result": "lms/{lm}/parametric/{variant}_{key}/result.json",
     "parametric_logprobs": "lms/{lm}/parametric/{variant}_{key}/{split}_logprobs.npy",  # final stage, float32 [T]
     # outputs a reader looks at
+    "run_table": "tables/{table}.{ext}",  # tables across the run's base LMs (Table 4)
     "table": "lms/{lm}/tables/{table}.{ext}",
     "figure": "lms/{lm}/figures/{figure}.{ext}",
     "findings": "lms/{lm}/findings.md",

@@ -23,14 +23,15 @@ def stage_table(root: str | Path) -> pd.DataFrame:
 
 # Stages of a run (issue 10: "each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
 STAGES = {
-    "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "documents",
-                                                       "scope"],
-    "LM training": ["train_lm"],
-    "dumps (datastore, queries)": ["dump_datastore", "dump_queries"],
+    "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "token_lines",
+                                                       "documents", "scope"],
+    "LM training": ["train_lm", "register_hf"],
+    "dumps (datastore, queries)": ["dump_datastore", "dump_queries", "dump_queries_hf"],
     "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
     "exact search and real score": ["exact_search", "real_score"],
     "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_datastore_size",
-                                            "write_temperature", "write_store_table", "write_pca", "write_variance", "write_findings"],
+                                            "write_temperature", "write_store_table", "write_pca", "write_variance", "write_findings",
+                                            "write_table4"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
 }
 

@@ -7,8 +7,6 @@ score whole splits. Documents: knnlm.stats.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 
@@ -39,28 +37,3 @@ def scope_caption(cfg: dict) -> str:
     mq = cfg["retrieval"]["max_queries"]
     return ("all tokens of valid and test" if not mq else
             f"a seeded sample of whole documents of valid and of test, at most {mq} tokens each")
-
-
-def word_starts(dict_txt: str | Path) -> np.ndarray:
-    """[V] bool over fairseq dictionary ids: True for <eos> and for BPE pieces that begin a word ('▁…').
-
-    The number of targets flagged True in a token span is its word count under the WikiText convention
-    (whitespace words + one <eos> per line), since sentencepiece pieces never cross whitespace.
-    """
-    syms = ["<s>", "<pad>", "</s>", "<unk>"]
-    with open(dict_txt, encoding="utf-8") as f:
-        syms += [line.rsplit(" ", 1)[0] for line in f if line.strip()]
-    flags = np.array([s.startswith("\u2581") for s in syms])
-    flags[2] = True  # </s> = <eos>: one word per line
-    return flags
-
-
-def count_words(targets: np.ndarray, starts: np.ndarray) -> int:
-    """Words covered by a span of target ids (see word_starts)."""
-    return int(starts[np.asarray(targets)].sum())
-
-
-def words_per_document(doc: np.ndarray, targets: np.ndarray, starts: np.ndarray, n_docs: int) -> np.ndarray:
-    """[n_docs] int64 words of each document: its targets that start a word (word_starts), so that the words of
-    any set of documents add up to count_words of their tokens, whatever the document scheme."""
-    return np.bincount(np.asarray(doc), weights=starts[np.asarray(targets)], minlength=n_docs).astype(np.int64)

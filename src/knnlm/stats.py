@@ -36,6 +36,36 @@ def line_documents(lines: list[str], scheme: str) -> np.ndarray:
     return np.cumsum(starts)
 
 
+def bpe_token_lines(bpe_path: str | Path) -> dict[str, np.ndarray]:
+    """The targets fairseq scores for a split of space-separated sentencepiece pieces (one line per line): every
+    piece and one <eos> per line. Returns {'line' [T] int32 line of each target, 'words' [T] int16 words it
+    starts: 1 for <eos> and for pieces beginning with '▁' (pieces never cross whitespace, so these add up to
+    the WikiText word count)}."""
+    line, words = [], []
+    with open(bpe_path, encoding="utf-8") as f:
+        for i, text in enumerate(f):
+            pieces = text.split()
+            line.append(np.full(len(pieces) + 1, i, dtype=np.int32))
+            words.append(np.array([p.startswith("\u2581") for p in pieces] + [True], dtype=np.int16))
+    if not line:
+        return {"line": np.zeros(0, np.int32), "words": np.zeros(0, np.int16)}
+    return {"line": np.concatenate(line), "words": np.concatenate(words)}
+
+
+def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048) -> np.ndarray:
+    """Document id of every target token of a split: [T] int32, from the line of each target (line [T], as
+    bpe_token_lines or knnlm.hf.tokenize_split give it) and the split's text (config 'stats.documents').
+    Raises ValueError if a target's line is not in the file."""
+    line = np.asarray(line)
+    if scheme == "blocks":
+        return (np.arange(len(line)) // block_tokens).astype(np.int32)
+    with open(text_path, encoding="utf-8") as f:
+        lines = f.readlines()
+    if len(line) and (line.max() >= len(lines) or line.min() < 0):
+        raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
+    return line_documents(lines, scheme)[line].astype(np.int32)
+
+
 def token_documents(text_path: str | Path, bpe_path: str | Path, scheme: str, block_tokens: int = 2048) -> np.ndarray:
     """Document id of every target token of a split: [T] int32.
 
@@ -43,15 +73,13 @@ def token_documents(text_path: str | Path, bpe_path: str | Path, scheme: str, bl
     pieces. A line yields its pieces plus one <eos> as targets, as fairseq scores them. Raises ValueError if
     the two files have different line counts.
     """
-    with open(bpe_path, encoding="utf-8") as f:
-        per_line = np.array([len(line.split()) + 1 for line in f], dtype=np.int64)
-    if scheme == "blocks":
-        return (np.arange(per_line.sum()) // block_tokens).astype(np.int32)
+    line = bpe_token_lines(bpe_path)["line"]
     with open(text_path, encoding="utf-8") as f:
-        lines = f.readlines()
-    if len(lines) != len(per_line):
-        raise ValueError(f"{text_path} has {len(lines)} lines, its BPE {bpe_path} {len(per_line)}")
-    return np.repeat(line_documents(lines, scheme), per_line).astype(np.int32)
+        n = sum(1 for _ in f)
+    n_bpe = int(line.max()) + 1 if len(line) else 0
+    if n != n_bpe:
+        raise ValueError(f"{text_path} has {n} lines, its BPE {bpe_path} {n_bpe}")
+    return line_token_documents(text_path, line, scheme, block_tokens)
 
 
 def per_document(values: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:

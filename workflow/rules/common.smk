@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
-from knnlm.config import (ConfigError, check_data, parametric_tables, parametric_variants, split_files,
-                          temperatures, validate_config)
+from knnlm.config import (ConfigError, check_data, lm_tokens_per_sample, parametric_tables, parametric_variants,
+                          split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
 from knnlm.stores import same_keys_store, store_name, store_wildcard
 
@@ -25,7 +25,11 @@ PY = shlex.quote(sys.executable)
 THREADS = CFG["threads"]
 SPLITS = ["train", "valid", "test"]
 EVAL_SPLITS = ["valid", "test"]  # the order of every per-split input list (knnlm.experiments.common.SPLITS)
-LMS = ["base"]  # the base LMs of this run: today the one trained from config section 'lm'
+LMS = list(CFG["lms"])  # the base LMs of this run (config 'lms'); the first is the primary LM
+PRIMARY = LMS[0]  # every experiment runs on it; the others add their row to Table 4
+SOURCE = {name: lm["source"] for name, lm in CFG["lms"].items()}
+HF_LMS = [n for n in LMS if SOURCE[n] == "hf"]
+FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 METRICS = CFG["index"]["metrics"]
 DS = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
@@ -33,6 +37,13 @@ RA = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'st
 
 wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
+
+
+def lm_constraint(names):
+    """A regex for the {lm} wildcard that matches exactly `names` (never matches when there are none)."""
+    import re
+
+    return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
 def P(name, **fixed):
@@ -49,6 +60,18 @@ def cfg_json(*sections):
     """The config sections a job depends on, as a shell-quoted JSON argument (in params, so a change reruns it)."""
     keep = ("name", "results_dir", "threads") + sections
     return shlex.quote(json.dumps({k: CFG[k] for k in keep if k in CFG}, sort_keys=True))
+
+
+def cfg_of_lm(*sections):
+    """params function: cfg_json(*sections) plus, for a Hugging Face LM, its own entry of config 'lms' (with its
+    window resolved), so that adding another LM to 'lms' reruns nothing of the others."""
+    def fn(wildcards):
+        cfg = {k: CFG[k] for k in ("name", "results_dir", "threads") + sections if k in CFG}
+        lm = CFG["lms"][wildcards.lm]
+        if lm["source"] == "hf":
+            cfg["lms"] = {wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}}
+        return shlex.quote(json.dumps(cfg, sort_keys=True))
+    return fn
 
 
 def _named(files):
@@ -82,6 +105,43 @@ def bench_of(rule, *wildcards):
     return P("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
 
 
+def lm_model(split):
+    """Input function of a dump: the base LM {lm} itself. A fairseq LM gives its 'checkpoint' (the trained one, or
+    config 'lms.<lm>.path') and 'data_bin'; a Hugging Face LM its 'model_card' and the split's 'text'."""
+    def fn(wc):
+        lm = CFG["lms"][wc.lm]
+        if lm["source"] == "hf":
+            return {"model_card": P("model_card", lm=wc.lm), "text": P("split_tokens", split=split or wc.split)}
+        return {"checkpoint": lm_weights(wc.lm), "data_bin": P("data_bin")}
+    return fn
+
+
+def hf_local_files(wc):
+    """The weight and config files of a Hugging Face LM given as a local directory (none for a Hub id)."""
+    d = Path(CFG["lms"][wc.lm]["path"])
+    return sorted(str(f) for pat in ("*.safetensors", "*.bin", "config.json", "tokenizer*.json") for f in d.glob(pat)) \
+        if d.is_dir() else []
+
+
+def lm_weights(name):
+    """What holds base LM `name`'s weights: its checkpoint (trained, or config 'lms.<name>.path'), or the model
+    card of a Hugging Face LM."""
+    lm = CFG["lms"][name]
+    if lm["source"] == "hf":
+        return P("model_card", lm=name)
+    return P("checkpoint", lm=name) if lm["source"] == "train" else ancient(lm["path"])
+
+
+def output_layer(wc):
+    """Input function: what holds the output projection W_sm of base LM {lm} ('checkpoint' or 'model_card')."""
+    return {"model_card" if SOURCE[wc.lm] == "hf" else "checkpoint": lm_weights(wc.lm)}
+
+
+def per_lm(name, **fixed):
+    """Pattern of artifact `name` for every base LM of the run, in config order."""
+    return [P(name, lm=lm, **fixed) for lm in LMS]
+
+
 def datastore(key=None, lm="{lm}"):
     """Named inputs of the datastore: manifest, vals and (for a key type or "{key}") key_file."""
     out = {"manifest": P("datastore_manifest", lm=lm), "vals": P("vals", lm=lm)}
@@ -112,7 +172,7 @@ def exact_of(name):
 # Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope
 # (rule settings).
 SETTINGS_INPUTS = {
-    **datastore(), **queries(), "data_bin": P("data_bin"), "store": P("store_prep"),
+    **datastore(), **queries(), "store": P("store_prep"),
     **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "scope", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
@@ -127,8 +187,8 @@ STORE_TABLES = {}
 
 
 def tables(*names):
-    """The Markdown files of tables `names` for every base LM of the run."""
-    return expand(P("table", table="{t}", ext="md"), t=names, lm=LMS)
+    """The Markdown files of tables `names` of the primary LM (the experiments' base LM)."""
+    return expand(P("table", table="{t}", ext="md"), t=names, lm=PRIMARY)
 
 
 def report_caption(name):

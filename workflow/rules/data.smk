@@ -1,5 +1,6 @@
 # The corpus: raw splits -> (sliced) copies + word counts -> sentencepiece BPE -> fairseq binarised data.
-# Corpus-level artifacts are shared by every base LM of the run that uses this tokenizer.
+# Corpus-level artifacts are shared by every base LM of the run that uses this tokenizer; each LM's tokens
+# get their own documents (a Hugging Face LM tokenises the text itself).
 
 if CFG["data"]["download"]:
 
@@ -79,19 +80,39 @@ rule preprocess:
         knnlm("spine.preprocess")
 
 
+rule token_lines:
+    input:
+        bpe=P("bpe_split"),
+    output:
+        out=P("token_lines"),
+    wildcard_constraints:
+        lm=lm_constraint(FAIRSEQ_LMS),  # a Hugging Face LM's dump_queries_hf writes its own
+    params:
+        cfg=cfg_json(),
+        io=io(),
+    log:
+        log_of("token_lines", "lm", "split"),
+    benchmark:
+        bench_of("token_lines", "lm", "split")
+    conda:
+        ENV
+    shell:
+        knnlm("spine.token_lines")
+
+
 rule documents:
     input:
         text=P("split_tokens"),
-        bpe=P("bpe_split"),
+        token_lines=P("token_lines"),
     output:
         out=P("documents"),
     params:
         cfg=cfg_json("stats"),
         io=io(),
     log:
-        log_of("documents", "split"),
+        log_of("documents", "lm", "split"),
     benchmark:
-        bench_of("documents", "split")
+        bench_of("documents", "lm", "split")
     conda:
         ENV
     shell:

@@ -30,4 +30,4 @@ rule write_findings:
         knnlm("findings.findings")
 
 
-TARGETS["findings"] = expand(P("findings"), lm=LMS)
+TARGETS["findings"] = expand(P("findings"), lm=PRIMARY)

@@ -1,5 +1,6 @@
-# A base LM and its one pass over each split: fairseq-train of a pre-norm transformer_lm (plain softmax),
-# best checkpoint on valid; the datastore (train: att + ffn keys, vals) and the queries (valid/test).
+# A base LM (config 'lms') and its one pass over each split: fairseq-train of a pre-norm transformer_lm (plain
+# softmax), best checkpoint on valid, or an existing fairseq checkpoint, or a Hugging Face causal LM (knnlm.hf);
+# the datastore (train: att + ffn keys, vals) and the queries (valid/test).
 # Resumable: fairseq restarts from the LM's work dir (layout 'fairseq_dir') after a kill.
 
 rule train_lm:
@@ -7,6 +8,8 @@ rule train_lm:
         data_bin=P("data_bin"),
     output:
         checkpoint=P("checkpoint"),
+    wildcard_constraints:
+        lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
     params:
         cfg=cfg_json("lm"),
         io=io(work_dir=P("fairseq_dir"), fairseq_log=P("log", job="train_lm_{lm}.fairseq")),
@@ -23,17 +26,37 @@ rule train_lm:
         knnlm("spine.train_lm")
 
 
+rule register_hf:
+    input:
+        hf_local_files,
+    output:
+        card=P("model_card"),
+    wildcard_constraints:
+        lm=lm_constraint(HF_LMS),
+    params:
+        cfg=cfg_of_lm(),
+        io=io(),
+    threads: THREADS
+    log:
+        log_of("register_hf", "lm"),
+    benchmark:
+        bench_of("register_hf", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("spine.register_hf")
+
+
 rule dump_datastore:
     input:
-        checkpoint=P("checkpoint"),
-        data_bin=P("data_bin"),
+        unpack(lm_model("train")),
     output:
         keys_att=P("keys", key="att"),
         keys_ffn=P("keys", key="ffn"),
         vals=P("vals"),
         manifest=P("datastore_manifest"),
     params:
-        cfg=cfg_json("eval"),
+        cfg=cfg_of_lm("eval"),
         io=io(),
     threads: THREADS
     resources:
@@ -50,8 +73,7 @@ rule dump_datastore:
 
 rule dump_queries:
     input:
-        checkpoint=P("checkpoint"),
-        data_bin=P("data_bin"),
+        unpack(lm_model(None)),
         wordcounts=P("wordcounts"),
     output:
         targets=P("targets"),
@@ -59,8 +81,10 @@ rule dump_queries:
         queries_att=P("queries", key="att"),
         queries_ffn=P("queries", key="ffn"),
         manifest=P("queries_manifest"),
+    wildcard_constraints:
+        lm=lm_constraint(FAIRSEQ_LMS),
     params:
-        cfg=cfg_json("eval"),
+        cfg=cfg_of_lm("eval"),
         io=io(),
     threads: THREADS
     log:
@@ -71,3 +95,15 @@ rule dump_queries:
         ENV
     shell:
         knnlm("spine.dump_queries")
+
+
+use rule dump_queries as dump_queries_hf with:
+    output:
+        targets=P("targets"),
+        lm_logprobs=P("lm_logprobs"),
+        queries_att=P("queries", key="att"),
+        queries_ffn=P("queries", key="ffn"),
+        manifest=P("queries_manifest"),
+        token_lines=P("token_lines"),  # the lines and words of the LM's own tokens (knnlm.hf)
+    wildcard_constraints:
+        lm=lm_constraint(HF_LMS),

@@ -6,8 +6,8 @@ VARIANTS = parametric_variants(CFG)
 
 rule word_stats:
     input:
+        unpack(output_layer),
         **datastore("ffn"),
-        checkpoint=P("checkpoint"),
     output:
         out=P("word_stats"),
     params:
@@ -26,9 +26,9 @@ rule word_stats:
 
 rule train_parametric:
     input:
+        unpack(output_layer),
         **datastore("{key}"),
         **queries(key="{key}"),
-        checkpoint=P("checkpoint"),
         wordcounts=P("wordcounts"),
         word_stats=lambda wc: P("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
     output:
@@ -60,8 +60,6 @@ rule write_parametric:
                       for s in EVAL_SPLITS],
         par_logprobs=[P("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
         documents=per_split("documents"),
-        targets=per_split("targets"),
-        data_bin=P("data_bin"),
     output:
         cmp_csv=P("table", table="parametric_comparisons", ext="csv"),
         cmp_md=report(P("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),

@@ -11,9 +11,9 @@ rule scope:
         cfg=cfg_json("retrieval"),
         io=io(),
     log:
-        log_of("scope", "split"),
+        log_of("scope", "lm", "split"),
     benchmark:
-        bench_of("scope", "split")
+        bench_of("scope", "lm", "split")
     conda:
         ENV
     shell:

@@ -36,9 +36,7 @@ rule write_table1:
         tuned_test=expand(P("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS,
                           allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
-        targets=per_split("targets"),
         wordcounts=P("wordcounts"),
-        data_bin=P("data_bin"),
         documents=per_split("documents"),
     output:
         csv=P("table", table="table1", ext="csv"),

@@ -56,10 +56,7 @@ def lm_log_probs(job: Job) -> dict[str, np.ndarray]:
 
 def split_documents(job: Job, split: str) -> tuple[np.ndarray, np.ndarray]:
     """(doc [T] int document id of every target of the whole split, doc_words [D] int64 words per document) from
-    the inputs 'documents', 'targets' (per-split lists) and 'data_bin' (its dict.txt: which pieces start a word)."""
-    from ..scope import word_starts, words_per_document
-
-    doc = np.load(by_split(job, "documents")[split])["doc"]
-    n_docs = int(doc.max()) + 1
-    starts = word_starts(job.path("data_bin") / "dict.txt")
-    return doc, words_per_document(doc, np.load(by_split(job, "targets")[split]), starts, n_docs)
+    the per-split input list 'documents' (knnlm.experiments.spine.documents: the LM's own tokens)."""
+    d = np.load(by_split(job, "documents")[split])
+    doc = d["doc"]
+    return doc, np.bincount(doc, weights=d["words"], minlength=int(doc.max()) + 1).astype(np.int64)

@@ -48,8 +48,19 @@ def parse_variant(name: str) -> dict:
     return {"kind": "cluster", "m": int(m["m"])}
 
 
-def output_matrix(checkpoint: str | Path) -> torch.Tensor:
-    """W_sm [V, D] float32: the base LM's output projection (fairseq decoder.output_projection.weight)."""
+def output_matrix(job: Job) -> torch.Tensor:
+    """W_sm [V, D] float32: the base LM's output projection, from the job's input 'checkpoint' (fairseq
+    decoder.output_projection.weight) or 'model_card' (a Hugging Face LM's output embeddings). Raises
+    ArtifactError when the LM has no plain bias-free linear output layer (adaptive softmax, lm_head bias)."""
+    if "model_card" in job.input:
+        from ..hf import load_hf
+
+        card = read_json(job.path("model_card"))
+        out = load_hf(card["path"], "float32", card.get("revision"))[0].get_output_embeddings()
+        if getattr(out, "bias", None) is not None:
+            raise ArtifactError(f"{card['path']}: the output layer has a bias; the parametric models use W_sm h only")
+        return out.weight.detach().float().cpu()
+    checkpoint = job.path("checkpoint")
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
     for name in ("decoder.output_projection.weight", "decoder.embed_out"):
         if name in state:
@@ -139,7 +150,7 @@ def train_parametric(job: Job) -> dict:
     p = cfg["parametric"]
     spec = parse_variant(variant)
     keys, vals, man = open_datastore(job)
-    w_sm = output_matrix(job.path("checkpoint"))
+    w_sm = output_matrix(job)
     stats_path = job.input.get("word_stats")
     vocab, dim = w_sm.shape[0], keys.shape[1]
     tr = training_settings(p, variant)
@@ -218,7 +229,7 @@ def word_stats(job: Job) -> dict:
     adaptive counts of Table 6."""
     keys, vals, man = open_datastore(job)
     t0 = time.time()
-    st = compute_word_stats(keys, vals, output_matrix(job.path("checkpoint")), bf16=job.cfg["parametric"]["bf16"])
+    st = compute_word_stats(keys, vals, output_matrix(job), bf16=job.cfg["parametric"]["bf16"])
     with atomic_path(job.path("out")) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **st)

@@ -20,7 +20,7 @@ from ..cli import Job
 from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
-from ..scope import count_words, scope_caption, scope_tokens, word_starts, words_per_document
+from ..scope import scope_caption, scope_tokens
 from .common import by_split, open_datastore, open_split
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,6 @@ def load_settings(job: Job):
     """
     from ..scoring import neighbour_hits, scores_from_distances
 
-    starts = word_starts(job.path("data_bin") / "dict.txt")
     _, vals, man = open_datastore(job, with_keys=False)
     metric = job.wildcards["metric"]
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
@@ -188,9 +187,11 @@ def load_settings(job: Job):
         t = len(sc)
         tg = np.asarray(q["targets"])[sc]
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
-        words[split] = count_words(tg, starts)
-        ids, doc = np.unique(np.load(f["documents"])["doc"][sc], return_inverse=True)
-        docs[split] = (doc, words_per_document(doc, tg, starts, len(ids)), ids)
+        dd = np.load(f["documents"])
+        w = dd["words"][sc].astype(np.int64)
+        words[split] = int(w.sum())
+        ids, doc = np.unique(dd["doc"][sc], return_inverse=True)
+        docs[split] = (doc, np.bincount(doc, weights=w, minlength=len(ids)).astype(np.int64), ids)
         meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
         rows = _rows_of(meta, sc, f["nb_meta"])
         if emeta["T"] != t:

@@ -66,46 +66,91 @@ def train_lm(job: Job) -> dict:
             "artifacts": [job.extra["fairseq_log"]]}
 
 
+def register_hf(job: Job) -> dict:
+    """The model card of a Hugging Face base LM (knnlm.hf.model_card): what identifies its weights and tokenizer."""
+    from ..hf import model_card
+    from ..io import write_json
+
+    lm = job.cfg["lms"][job.wildcards["lm"]]
+    card = model_card(lm["path"], lm["revision"], lm["dtype"])
+    write_json(job.path("card"), card)
+    return {"metrics": {"parameters": card["parameters"], "vocab_size": card["vocab_size"]},
+            "params": {"model_class": card["class"]}, "artifacts": [job.path("card")]}
+
+
+def lm_pass(job: Job, split: str):
+    """The job's base LM over `split` (knnlm.dump.LMPass): a Hugging Face LM when the rule gives a 'model_card'
+    (and the split's 'text'), else the fairseq 'checkpoint' over 'data_bin'."""
+    from ..config import lm_tokens_per_sample
+    from ..dump import fairseq_pass, hf_pass
+    from ..io import read_json
+
+    ev = job.cfg["eval"]
+    if "model_card" in job.input:
+        card = read_json(job.path("model_card"))
+        return hf_pass(card, {split: job.path("text")}, ev["context_window"], ev["max_tokens"],
+                       lm_tokens_per_sample(job.cfg, job.wildcards["lm"]))
+    return fairseq_pass(job.path("checkpoint"), job.path("data_bin"), ev["context_window"], ev["max_tokens"])
+
+
 def dump_datastore(job: Job) -> dict:
     """One pass of the frozen LM over train: att and ffn keys, vals, manifest."""
     from ..dump import dump_datastore as dump
 
-    ev = job.cfg["eval"]
     keys = {"att": job.path("keys_att"), "ffn": job.path("keys_ffn")}
-    man = dump(job.path("checkpoint"), job.path("data_bin"), keys, job.path("vals"), job.path("manifest"),
-               ev["context_window"], ev["max_tokens"], job.threads)
+    man = dump(lm_pass(job, "train"), keys, job.path("vals"), job.path("manifest"), job.threads)
     size = sum(p.stat().st_size for p in [*keys.values(), job.path("vals")])
     return {"metrics": {"N": man["N"], "D": man["D"], "bytes_on_disk": size}, "artifacts": [job.path("manifest")]}
 
 
 def dump_queries(job: Job) -> dict:
-    """One pass over a valid/test split: targets, the LM's log-probs, att and ffn queries, manifest."""
+    """One pass over a valid/test split: targets, the LM's log-probs, att and ffn queries, manifest; for a Hugging
+    Face LM also its tokens' lines and words ('token_lines', checked against the split's word count)."""
     from ..dump import dump_queries as dump
-    from ..io import read_json
+    from ..io import ArtifactError, atomic_path, read_json
     from ..scoring import perplexity
 
-    ev = job.cfg["eval"]
     split = job.wildcards["split"]
     names = ("targets", "lm_logprobs", "queries_att", "queries_ffn", "manifest")
-    man = dump(job.path("checkpoint"), job.path("data_bin"), split, {n: job.path(n) for n in names},
-               ev["context_window"], ev["max_tokens"], job.threads)
+    lm = lm_pass(job, split)
     words = read_json(job.path("wordcounts"))[split]["words"]
+    if "token_lines" in job.output:
+        tl = lm.tokens(split)
+        if int(tl["words"].sum()) != words:
+            raise ArtifactError(f"{job.path('text')}: the tokens hold {int(tl['words'].sum())} words, the split has "
+                                f"{words} ({job.path('wordcounts')})")
+        with atomic_path(job.path("token_lines")) as tmp, open(tmp, "wb") as f:
+            np.savez(f, line=tl["line"], words=tl["words"])
+    man = dump(lm, split, {n: job.path(n) for n in names}, job.threads)
     lp = np.load(job.path("lm_logprobs"))
     m = {"T": man["T"], "lm_ppl_word": perplexity(lp, words), "lm_ppl_token": perplexity(lp, len(lp))}
     log.info("base LM on %s: %s", split, m)
     return {"metrics": m, "artifacts": [job.path("manifest")]}
 
 
-def documents(job: Job) -> dict:
-    """The documents of a valid/test split (knnlm.stats, config 'stats'): 'doc' [T] int32 document id per target
-    token, 'tokens' [D] int64 tokens per document. (Words per document come from the targets: scope.words_per_document.)"""
+def token_lines(job: Job) -> dict:
+    """The targets of a fairseq LM over a split (its BPE pieces + one <eos> per line): the line and words of each
+    (knnlm.stats.bpe_token_lines)."""
     from ..io import atomic_path
-    from ..stats import token_documents
+    from ..stats import bpe_token_lines
+
+    tl = bpe_token_lines(job.path("bpe"))
+    with atomic_path(job.path("out")) as tmp, open(tmp, "wb") as f:
+        np.savez(f, line=tl["line"], words=tl["words"])
+    return {"metrics": {"T": len(tl["line"]), "words": int(tl["words"].sum())}}
+
+
+def documents(job: Job) -> dict:
+    """The documents of a valid/test split for one LM's tokens (knnlm.stats, config 'stats'): 'doc' [T] int32
+    document id per target, 'words' [T] int16 words starting at each target, 'tokens' [D] int64 per document."""
+    from ..io import atomic_path
+    from ..stats import line_token_documents
 
     st = job.cfg["stats"]
-    doc = token_documents(job.path("text"), job.path("bpe"), st["documents"], st["block_tokens"])
+    tl = np.load(job.path("token_lines"))
+    doc = line_token_documents(job.path("text"), tl["line"], st["documents"], st["block_tokens"])
     tokens = np.bincount(doc).astype(np.int64)
     with atomic_path(job.path("out")) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, doc=doc, tokens=tokens)
+            np.savez(f, doc=doc, words=tl["words"], tokens=tokens)
     return {"metrics": {"documents": len(tokens), "median_tokens": float(np.median(tokens)) if len(tokens) else 0.0}}

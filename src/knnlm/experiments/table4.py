@@ -1,0 +1,134 @@
+"""Table 4 (Xu et al. 2023, App. A): kNN-LM applied to base LMs of different strength.
+
+The paper applies the Sec. 3 kNN-LM to DistilGPT2 and GPT-2 small/medium/large and finds the gain shrinks as
+the base LM gets stronger. Here every base LM of config 'lms' gets the same kNN-LM (its own datastore, full
+store, FAISS mask + score, key type and metric of config 'table4', λ tuned on valid; also with τ tuned on
+valid), and each gain carries a 95 % CI from the paired bootstrap over documents. When every LM's documents
+are the same (text-defined documents: 'wikitext' or 'blank_lines'), the gains of LMs are also compared with
+each other on the same resamples: "the stronger LM gains less" is a verdict, not a reading of two numbers.
+
+Job: table4.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import Job
+from ..io import read_json
+from ..results import METRIC_NAME
+from ..scoring import interpolate
+from ..stats import compare, fmt_ci, interval, per_document, resample_counts, verdict
+
+log = logging.getLogger(__name__)
+
+
+def count_parameters(path: str | Path) -> int:
+    """Parameters of a base LM: from a Hugging Face model card (.json) or a fairseq checkpoint's state dict
+    (tensors that share storage, e.g. tied input/output embeddings, counted once)."""
+    import torch
+
+    path = Path(path)
+    if path.suffix == ".json":
+        return int(read_json(path)["parameters"])
+    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
+    seen, total = set(), 0
+    for t in state.values():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key not in seen:
+            seen.add(key)
+            total += t.numel()
+    return total
+
+
+def _lm_nll(job: Job, split: str, i: int, score: dict) -> np.ndarray:
+    """[3, T] per-token NLL of LM i on `split`: base, kNN-LM (config τ), kNN-LM (τ tuned)."""
+    lm = np.load(job.paths(f"lm_logprobs_{split}")[i]).astype(np.float64)
+    knn = np.load(job.paths(f"knn_{split}")[i]).astype(np.float64)
+    tuned = np.load(job.paths(f"tuned_{split}")[i]).astype(np.float64)
+    return -np.stack([lm, interpolate(lm, knn, score["lambda"]), interpolate(lm, tuned, score["tuned"]["lambda"])])
+
+
+def table4(job: Job) -> dict:
+    """Table 4 as CSV + Markdown: per base LM its parameters, base PPL, kNN-LM PPL (config τ and τ tuned), the
+    absolute gain and the relative gain with 95 % CIs; then the pairwise comparisons of relative gains across
+    LMs when their documents coincide."""
+    import pandas as pd
+
+    from ..tables import write_table
+
+    cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
+    names = list(cfg["lms"])
+    scores = [read_json(p) for p in job.paths("scores")]
+    params = [count_parameters(p) for p in job.paths("models")]
+    rows, m, cross = [], {}, []
+    for split in ("test", "valid"):
+        docs = [np.load(p) for p in job.paths(f"documents_{split}")]
+        boots = []
+        for i, name in enumerate(names):
+            d = docs[i]
+            n_docs = int(d["doc"].max()) + 1
+            doc_words = np.bincount(d["doc"], weights=d["words"], minlength=n_docs)
+            doc_nll = per_document(_lm_nll(job, split, i, scores[i]), d["doc"], n_docs)
+            c = compare(doc_nll, doc_words, ["base", "knn", "tuned"], [("knn", "base"), ("tuned", "base")],
+                        st["resamples"], st["seed"], st["level"])
+            boots.append((doc_nll, doc_words))
+            b, k, kt = (c["ppl"][x] for x in ("base", "knn", "tuned"))
+            rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"], "#params": params[i],
+                         "base PPL (word)": b["value"], "kNN-LM PPL (word)": k["value"],
+                         "absolute gain": b["value"] - k["value"], "λ": scores[i]["lambda"],
+                         "relative gain (95% CI)": fmt_ci(c["diff"]["knn vs base"], pct=True),
+                         "kNN-LM PPL, τ tuned": kt["value"], "τ*": scores[i]["tuned"]["temperature"],
+                         "relative gain, τ tuned (95% CI)": fmt_ci(c["diff"]["tuned vs base"], pct=True),
+                         "base 95% CI": fmt_ci(b), "kNN-LM 95% CI": fmt_ci(k), "documents": c["documents"]})
+            m[f"{split}_{name}_base_ppl_word"] = b["value"]
+            m[f"{split}_{name}_knn_interp_ppl_word"] = k["value"]
+            m[f"{split}_{name}_rel_gain"] = c["diff"]["knn vs base"]["value"]
+        cross += _cross_lm(names, boots, split, st)
+    df = pd.DataFrame(rows)
+    note = (f"Documents ({st['documents']}) differ between LMs, so gains of different LMs are not compared with "
+            "each other." if not cross else "")
+    cap = (f"Table 4 ({cfg['name']}; Xu et al. 2023, App. A): the kNN-LM of Sec. 3 on every base LM of config 'lms' "
+           f"(each with its own datastore from its own pass over train): h_ds = {t4['key_type']}, ⊗ = "
+           f"{METRIC_NAME[t4['metric']]}, full store, FAISS mask + score, k = {cfg['knn']['k']}, τ = "
+           f"{cfg['knn']['temperature']} (and τ tuned on valid), λ tuned on valid. Per word = total NLL / (whitespace "
+           f"words + one <eos> per line), the same word count for every tokenizer. Relative gain = kNN-LM / base − 1 "
+           f"(negative = better), 95% CI: paired bootstrap over documents ({st['resamples']} resamples, seed "
+           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). {note} "
+           f"{cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap)
+    if cross:
+        cdf = pd.DataFrame(cross)
+        with open(job.path("md"), "a") as f:
+            f.write("\n## Gains compared across LMs (same documents, same resamples)\n\n"
+                    "Difference of relative gains (a − b, percentage points; negative: a gains more).\n\n")
+            f.write(cdf.to_markdown(index=False, floatfmt=".2f") + "\n")
+    print(Path(job.path("md")).read_text())
+    return {"metrics": m, "artifacts": [job.path("csv"), job.path("md")]}
+
+
+def _cross_lm(names: list[str], boots: list[tuple[np.ndarray, np.ndarray]], split: str, st: dict) -> list[dict]:
+    """Pairwise differences of relative gain (kNN-LM at the config τ) between LMs, on shared bootstrap
+    resamples of the same documents; [] when the LMs' documents differ (other counts or words per document)."""
+    if len(names) < 2:
+        return []
+    n_docs = boots[0][0].shape[1]
+    if any(b[0].shape[1] != n_docs or not np.array_equal(b[1], boots[0][1]) for b in boots):
+        return []
+    counts = resample_counts(n_docs, st["resamples"], st["seed"]).astype(np.float64)
+    words = counts @ boots[0][1]
+    gains, points = [], []
+    for doc_nll, doc_words in boots:
+        nll = counts @ doc_nll[:2].T  # [B, 2]: base, kNN-LM
+        gains.append(np.exp((nll[:, 1] - nll[:, 0]) / words) - 1)
+        points.append(np.exp((doc_nll[1].sum() - doc_nll[0].sum()) / doc_words.sum()) - 1)
+    out = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            lo, hi = interval(gains[i] - gains[j], st["level"])
+            out.append({"split": split, "a": names[i], "b": names[j], "gain a − gain b (pp)": 100 * (points[i] - points[j]),
+                        "CI low": 100 * lo, "CI high": 100 * hi, "verdict": verdict(lo, hi).replace(
+                            "lower", "a gains more").replace("higher", "b gains more")})
+    return out

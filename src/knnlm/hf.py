@@ -1,0 +1,211 @@
+"""Hugging Face causal LMs as base LMs (issue 12; Xu et al. 2023, App. A / Table 4 uses the GPT-2 family).
+
+Keys are captured by forward hooks, found by the model's structure rather than a list of known classes:
+  att -- the input of the last decoder block's MLP, i.e. after its pre-MLP norm (GPT-2 `ln_2`, Llama
+         `post_attention_layernorm`); for blocks without an MLP submodule (OPT) the input of their `fc1`;
+  ffn -- the input of the output projection (`model.get_output_embeddings()`), the final hidden state after
+         the final norm.
+Tokens: the model's own tokenizer on the split's text (lines kept with their newlines), tokenised in chunks
+of `CHUNK_LINES` lines (a chunk boundary always falls between lines). The stream is preceded by the
+tokenizer's BOS (else EOS) token, so every token of the split is a target, as in the fairseq path.
+Evaluation: the same sliding windows as fairseq-eval-lm --context-window C (knnlm.dump): blocks of
+L − C targets, each fed with up to C earlier tokens, L = the LM's `tokens_per_sample`.
+Words: every whitespace word and every line's <eos> (the WikiText count, knnlm.data.count_words) is
+attributed to the token holding its first character (the newline for <eos>), so the words of any set of
+targets add up exactly to the split's word count (checked when dumping).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .io import ArtifactError
+
+log = logging.getLogger(__name__)
+CHUNK_LINES = 2000
+MLP_NAME = re.compile(r"mlp|feed_?forward|ffn", re.IGNORECASE)
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "special_tokens_map.json")
+
+
+def load_hf(path: str, dtype: str = "float32", revision: str | None = None):
+    """(model in eval mode, fast tokenizer) of a local directory or Hub id (Hub ids need internet).
+
+    dtype: 'float32' | 'bfloat16' | 'float16' (config key 'lms.<name>.dtype'). Raises ArtifactError naming the
+    model when its tokenizer is not a fast tokenizer (character offsets are needed to count words).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), revision=revision)
+    model.eval()
+    if torch.cuda.is_available():
+        model.cuda()
+    tok = AutoTokenizer.from_pretrained(path, revision=revision)
+    if not getattr(tok, "is_fast", False):
+        raise ArtifactError(f"Hugging Face model {path}: tokenizer {type(tok).__name__} is not a fast tokenizer; "
+                            "character offsets are needed to count words")
+    return model, tok
+
+
+def find_key_modules(model) -> tuple[nn.Module, nn.Module]:
+    """(the module whose input is the att key, the output projection whose input is the ffn key).
+
+    The decoder blocks are the longest nn.ModuleList of the model with one entry per hidden layer
+    (config.num_hidden_layers); in its last block the att module is the one child named like an MLP
+    (mlp, feed_forward, ffn), or else its `fc1`. Raises ValueError naming the model class and the last
+    block's children when the structure is not found.
+    """
+    cls = type(model).__name__
+    out = model.get_output_embeddings()
+    if not isinstance(out, nn.Linear):
+        raise ValueError(f"{cls}: output embeddings {type(out).__name__} are not an nn.Linear; cannot hook the ffn key")
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 0
+             and (n_layers is None or len(m) == n_layers)]
+    if not lists:
+        raise ValueError(f"{cls}: no nn.ModuleList of {n_layers} decoder blocks found")
+    last = max(lists, key=len)[-1]
+    children = dict(last.named_children())
+    mlps = [m for n, m in children.items() if MLP_NAME.search(n)]
+    if len(mlps) == 1:
+        return mlps[0], out
+    if "fc1" in children:
+        return children["fc1"], out
+    raise ValueError(f"{cls}: cannot find the MLP of the last decoder block {type(last).__name__} (children: "
+                     f"{sorted(children)}); expected one child named like mlp/feed_forward/ffn, or fc1")
+
+
+def start_token(tok) -> int:
+    """The token fed before the split's first token: BOS, else EOS. ValueError if the tokenizer has neither."""
+    for t in (tok.bos_token_id, tok.eos_token_id):
+        if t is not None:
+            return int(t)
+    raise ValueError(f"tokenizer {type(tok).__name__} has no BOS or EOS token to start the stream with")
+
+
+def _word_positions(text: str) -> np.ndarray:
+    """Character offsets of the first character of every WikiText word of `text`: whitespace words and one
+    <eos> per line (the newline; a final line without one gets len(text) - 1)."""
+    pos = [m.start() for m in re.finditer(r"\S+", text)] + [m.start() for m in re.finditer("\n", text)]
+    if text and not text.endswith("\n"):
+        pos.append(len(text) - 1)
+    return np.sort(np.asarray(pos, dtype=np.int64))
+
+
+def tokenize_split(tok, text_path: str | Path, chunk_lines: int = CHUNK_LINES) -> dict[str, np.ndarray]:
+    """Tokenise a split file with the model's tokenizer: {'ids' [n] int64, 'words' [n] int16 words starting in
+    each token, 'line' [n] int32 line of each token's first character}. Raises ArtifactError naming the file if a
+    word cannot be attributed to a token (empty tokenisation of non-empty text)."""
+    with open(text_path, encoding="utf-8") as f:
+        lines = f.readlines()
+    ids, words, line_of = [], [], []
+    for c in range(0, len(lines), chunk_lines):
+        part = lines[c:c + chunk_lines]
+        text = "".join(part)
+        enc = tok(text, return_offsets_mapping=True, add_special_tokens=False)
+        if not enc["input_ids"]:
+            continue
+        off = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        ends = np.maximum.accumulate(off[:, 1])
+        wp = _word_positions(text)
+        owner = np.minimum(np.searchsorted(ends, wp, side="right"), len(ends) - 1)
+        words.append(np.bincount(owner, minlength=len(ends)).astype(np.int16))
+        line_starts = np.cumsum([0] + [len(x) for x in part[:-1]])
+        line_of.append((c + np.searchsorted(line_starts, off[:, 0], side="right") - 1).astype(np.int32))
+        ids.append(np.asarray(enc["input_ids"], dtype=np.int64))
+    if not ids:
+        raise ArtifactError(f"{text_path}: the tokenizer produced no tokens")
+    return {"ids": np.concatenate(ids), "words": np.concatenate(words), "line": np.concatenate(line_of)}
+
+
+def windows(n: int, tokens_per_sample: int, context: int) -> list[tuple[int, int, int]]:
+    """Sliding windows over a stream of n targets (fairseq-eval-lm --context-window semantics): [(a, s, e)]
+    where targets s..e-1 (stream positions s+1..e after the start token) are scored from input stream[a:e],
+    e − s ≤ L − C, a = max(0, s − C). Raises ValueError if context ≥ tokens_per_sample."""
+    if context >= tokens_per_sample:
+        raise ValueError(f"context window {context} must be < tokens_per_sample {tokens_per_sample}")
+    b = tokens_per_sample - context
+    return [(max(0, s - context), s, min(n, s + b)) for s in range(0, n, b)]
+
+
+@torch.no_grad()
+def iter_states(model, stream: np.ndarray, tokens_per_sample: int, context: int, max_tokens: int,
+                with_log_probs: bool, desc: str = "dump") -> Iterator[dict]:
+    """Yield per-batch dicts in target order: 'att', 'ffn' [m, D] fp32, 'target' [m] int64, ('lp' [m] fp32
+    log p(target), natural log). stream: [n + 1] int64, the start token then the split's tokens."""
+    att_mod, out_mod = find_key_modules(model)
+    cap: dict[str, torch.Tensor] = {}
+    hooks = [att_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("att", a[0])),
+             out_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("ffn", a[0]))]
+    dev = next(model.parameters()).device
+    wins = windows(len(stream) - 1, tokens_per_sample, context)
+    per_batch = max(1, max_tokens // tokens_per_sample)
+    bar = tqdm(total=len(stream) - 1, desc=desc, unit=" tok", mininterval=10)
+    try:
+        i = 0
+        while i < len(wins):  # batch consecutive windows of equal input length
+            j = i + 1
+            while j < len(wins) and j - i < per_batch and wins[j][2] - wins[j][0] == wins[i][2] - wins[i][0]:
+                j += 1
+            batch = wins[i:j]
+            x = torch.as_tensor(np.stack([stream[a:e] for a, _, e in batch]), device=dev)
+            logits = model(input_ids=x, use_cache=False).logits
+            b, length = x.shape
+            att = cap["att"].reshape(b, length, -1)
+            ffn = cap["ffn"].reshape(b, length, -1)
+            sl = [slice(s - a, e - a) for a, s, e in batch]
+            tgt = torch.as_tensor(np.concatenate([stream[s + 1:e + 1] for _, s, e in batch]), device=dev)
+            out = {"att": torch.cat([att[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
+                   "ffn": torch.cat([ffn[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
+                   "target": tgt.cpu()}
+            if with_log_probs:
+                lg = torch.cat([logits[r, s_] for r, s_ in enumerate(sl)]).float()
+                out["lp"] = lg.log_softmax(-1).gather(-1, tgt[:, None]).squeeze(-1).cpu()
+            bar.update(len(tgt))
+            yield out
+            i = j
+    finally:
+        for h in hooks:
+            h.remove()
+        bar.close()
+
+
+def _sha256_files(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_card(path: str, revision: str | None = None, dtype: str = "float32") -> dict:
+    """What identifies a Hugging Face LM: {'source': 'hf', 'path', 'revision', 'dtype', 'class', 'parameters',
+    'checkpoint_sha256' (weights + config), 'tokenizer_sha256'}. For a Hub id (no local directory) the files of
+    the local Hub cache are hashed after loading. Every datastore and query dump records checkpoint_sha256, so a
+    datastore is never used with another model."""
+    model, tok = load_hf(path, dtype, revision)
+    d = Path(path)
+    if not d.is_dir():
+        from huggingface_hub import snapshot_download
+
+        d = Path(snapshot_download(path, revision=revision))
+    weights = sorted({f for pat in WEIGHT_FILES for f in d.glob(pat)})
+    toks = sorted(f for name in TOKENIZER_FILES for f in d.glob(name))
+    if not weights:
+        raise ArtifactError(f"Hugging Face model {path}: no weight files ({', '.join(WEIGHT_FILES)}) in {d}")
+    return {"source": "hf", "path": str(path), "revision": revision, "dtype": dtype, "class": type(model).__name__,
+            "parameters": int(sum(p.numel() for p in model.parameters())), "vocab_size": int(model.config.vocab_size),
+            "hidden_size": int(model.get_output_embeddings().in_features),
+            "tokenizer": type(tok).__name__, "tokenizer_sha256": _sha256_files(toks) if toks else None,
+            "checkpoint_sha256": _sha256_files(weights)}

@@ -1,0 +1,33 @@
+# Table 4 (Xu et al. 2023, App. A): the kNN-LM of every base LM of config 'lms' (the Sec. 3 set-up: full store,
+# FAISS mask + score, λ tuned on valid, with key type and metric of config 'table4'), gain vs base-LM strength.
+T4 = CFG["table4"]
+
+
+T4_SCORE = dict(store="full", key=T4["key_type"], metric=T4["metric"])
+
+rule write_table4:
+    input:
+        models=[lm_weights(lm) for lm in LMS],
+        scores=per_lm("score", **T4_SCORE),
+        **{f"knn_{s}": per_lm("knn_logprobs", split=s, **T4_SCORE) for s in EVAL_SPLITS},
+        **{f"tuned_{s}": per_lm("knn_logprobs_tuned", split=s, **T4_SCORE) for s in EVAL_SPLITS},
+        **{f"lm_logprobs_{s}": per_lm("lm_logprobs", split=s) for s in EVAL_SPLITS},
+        **{f"documents_{s}": per_lm("documents", split=s) for s in EVAL_SPLITS},
+        wordcounts=P("wordcounts"),
+    output:
+        csv=P("run_table", table="table4", ext="csv"),
+        md=report(P("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
+    params:
+        cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),
+        io=io(),
+    log:
+        log_of("write_table4"),
+    benchmark:
+        bench_of("write_table4")
+    conda:
+        ENV
+    shell:
+        knnlm("table4.table4")
+
+
+TARGETS["table4"] = [P("run_table", table="table4", ext="md")]
