@@ -32,3 +32,34 @@ def test_a_failed_job_leaves_a_failed_run_under_its_parent(tmp_path, monkeypatch
     assert runs["m.fine"].info.status == "FINISHED" and runs["m.fine"].data.metrics == {"a": 1.0}
     assert {runs[n].data.tags["mlflow.parentRunId"] for n in ("m.broken", "m.fine")} == {parent}
     assert [r.info.status for r in runs.values() if r.info.run_id == parent] == ["FAILED"]
+
+
+def test_live_curves_survive_a_kill_in_one_run(tmp_path, monkeypatch):
+    """A training logs its curve while it runs; a killed attempt leaves its run RUNNING, and the resumed job (with or
+    without new curve points) goes on in that run and finishes it: one run per job, every point kept."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = {"name": "t", "results_dir": str(tmp_path), "threads": 1}
+    killed = cli.Job(cfg=cfg, rule="m.train", wildcards={"key": "att"})
+    for step in (10, 20):
+        killed.curve(step, {"valid_nll": 5.0 - step / 100})  # ... then SIGKILL: no run_job epilogue
+    assert _runs(tmp_path)["m.train_key=att"].info.status == "RUNNING"
+
+    def resumed(job):
+        job.curve(30, {"valid_nll": 4.6})
+        return {"metrics": {"best": 4.6}, "step_metrics": {"valid_nll": [(10, 4.9), (20, 4.8), (30, 4.6)]}}
+
+    monkeypatch.setattr(cli, "resolve", lambda name: resumed if name == "m.train" else (lambda job: {"metrics": {"a": 1.0}}))
+    cli.run_job("m.train", cli.Job(cfg=cfg, rule="m.train", wildcards={"key": "att"}))
+    runs = _runs(tmp_path)
+    assert list(runs) == ["m.train_key=att"] and runs["m.train_key=att"].info.status == "FINISHED"
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    hist = client.get_metric_history(runs["m.train_key=att"].info.run_id, "valid_nll")
+    assert sorted(m.step for m in hist) == [10, 20, 30]  # live points once, not again from step_metrics
+    # a killed attempt's run is also reused when the resumed job logs no live point
+    other = cli.Job(cfg=cfg, rule="m.other")
+    other.curve(1, {"x": 1.0})
+    cli.run_job("m.other", cli.Job(cfg=cfg, rule="m.other"))
+    runs = _runs(tmp_path)
+    assert len(runs) == 2 and runs["m.other"].info.status == "FINISHED" and runs["m.other"].data.tags["resumed"] == "true"

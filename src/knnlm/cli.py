@@ -36,6 +36,20 @@ class Job:
     extra: dict = field(default_factory=dict)
     threads: int = 1
     rule: str = ""
+    run_id: str | None = None  # the MLflow run, once the job logged a live curve point (curve)
+    live: set = field(default_factory=set)  # the metrics logged live (not logged again at the end)
+
+    def curve(self, step: int, values: dict[str, float]) -> None:
+        """Log points of a training curve to the job's MLflow run while the job runs (LM and parametric training).
+
+        The run is opened at the first point, or reopened when a killed attempt of this job left one RUNNING, so a
+        resumed job still has one run (knnlm.tracking.open_job_run); the job's end finishes it (run_job)."""
+        from .tracking import log_points, open_job_run
+
+        if self.run_id is None:
+            self.run_id = open_job_run(self.cfg, self.rule, self.wildcards)
+        log_points(self.cfg, self.run_id, step, values)
+        self.live.update(values)
 
     def path(self, name: str) -> Path:
         """The input or output file `name` (outputs first); KeyError naming the rule's files otherwise."""
@@ -84,13 +98,15 @@ def run_job(name: str, job: Job) -> dict:
     except BaseException as e:  # the job failed (or was interrupted): a FAILED run says so, then re-raise
         try:
             log_run(job.cfg, job.rule or name, job.wildcards, params=params, start_time=start, status="FAILED",
-                    error=f"{type(e).__name__}: {e}")
+                    error=f"{type(e).__name__}: {e}", run_id=job.run_id)
         except Exception as log_err:  # noqa: BLE001 - never hide the job's own error behind a logging one
             logging.getLogger(__name__).warning("MLflow: could not log the FAILED run: %s", log_err)
         raise
     params.update(out.get("params", {}))
+    steps = {k: v for k, v in (out.get("step_metrics") or {}).items() if k not in job.live}
     log_run(job.cfg, job.rule or name, job.wildcards, params=params, metrics=out.get("metrics"),
-            step_metrics=out.get("step_metrics"), artifacts=out.get("artifacts", ()), start_time=start)
+            step_metrics=steps, artifacts=out.get("artifacts", ()), start_time=start,
+            run_id=job.run_id)
     return out
 
 

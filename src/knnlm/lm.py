@@ -96,13 +96,14 @@ def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
 
 
 def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: str | Path, threads: int,
-          log_file: str | Path) -> dict[str, list[tuple[int, float]]]:
+          log_file: str | Path, on_log=None) -> dict[str, list[tuple[int, float]]]:
     """Run fairseq-train; copy the best checkpoint (lowest valid loss) to out_checkpoint atomically.
 
     Resumable: fairseq restarts from checkpoint_last.pt if a previous run was killed. The fairseq save dir
     is work_dir/<hash of the 'lm' config>, so a changed architecture never resumes from an incompatible
     checkpoint. Returns the training curve (see parse_fairseq_json_log). Raises ArtifactError if no best
-    checkpoint was written.
+    checkpoint was written. on_log(step, {name: value}) is called for every fairseq log record as it is printed
+    (live curves: knnlm.cli.Job.curve).
     """
     digest = hashlib.sha256(json.dumps(lm, sort_keys=True).encode()).hexdigest()[:12]
     work_dir = Path(work_dir) / f"lm-{digest}"
@@ -116,6 +117,10 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
             lf.write(line)
             lf.flush()
             sys.stderr.write(line)
+            if on_log is not None:
+                for name, points in parse_fairseq_json_log([line]).items():
+                    for step, value in points:
+                        on_log(step, {name: value})
         if proc.wait() != 0:
             raise RuntimeError(f"fairseq-train failed with exit code {proc.returncode}; log: {log_file}")
     best = work_dir / "checkpoint_best.pt"

@@ -255,7 +255,7 @@ def _finite_nll(lp: np.ndarray) -> float:
 
 
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
-          patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1) -> dict:
+          patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1, on_eval=None) -> dict:
     """Adam on −log p(val | key) with early stopping on the valid NLL, evaluated `evals_per_epoch` times per epoch;
     resumable at every evaluation.
 
@@ -266,7 +266,8 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     max_epochs ('converged': False: the model may be under-trained); the model is left at its best state.
     Returns the history: {'train': [(step, loss)], 'valid': [(step, epoch (fractional), nll)], 'best_step',
     'best_nll', 'steps', 'epochs' (fractional), 'evals', 'converged', 'seconds', 'tokens_per_second'}.
-    Raises ValueError for evals_per_epoch < 1.
+    on_eval(step, {'valid_nll': nll, 'train_loss': ..., 'epoch': ...}) is called at every evaluation (live curves:
+    knnlm.cli.Job.curve). Raises ValueError for evals_per_epoch < 1.
     """
     if evals_per_epoch < 1:
         raise ValueError(f"evals_per_epoch must be >= 1, found {evals_per_epoch}")
@@ -318,6 +319,9 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             hist["epoch"], hist["batch"] = (epoch + 1, 0) if i + 1 == n else (epoch, i + 1)
             log.info("step %d (epoch %.2f): valid NLL %.4f nats/token (best %.4f)", hist["steps"], epoch + (i + 1) / n,
                      nll, hist["best_nll"])
+            if on_eval is not None:
+                on_eval(hist["steps"], {"valid_nll": nll, "epoch": epoch + (i + 1) / n,
+                                        **({"train_loss": hist["train"][-1][1]} if hist["train"] else {})})
             if nll < hist["best_nll"]:
                 hist["best_nll"], hist["best_step"], hist["best_eval"] = nll, hist["steps"], hist["evals"] - 1
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}

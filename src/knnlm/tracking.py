@@ -3,8 +3,9 @@
 Default store: sqlite at <results_dir>/mlflow.db (no server); set MLFLOW_TRACKING_URI to use a team
 server instead. Artifacts go to <results_dir>/mlartifacts/<experiment>/ for the sqlite store.
 
-Jobs run in parallel, and sqlite dislikes concurrent schema creation, so everything a job logs is
-sent in one go at the end of the job, under an exclusive file lock (`log_run`).
+Jobs run in parallel, and sqlite dislikes concurrent schema creation, so every write goes through an exclusive
+file lock: what a job logs is sent in one go at its end (`log_run`), except the curves of long trainings, which
+are logged while they run (`open_job_run`, `log_points`) into the run the job's end then finishes.
 """
 from __future__ import annotations
 
@@ -92,6 +93,55 @@ def end_parent_run(cfg: dict, run_id: str, ok: bool) -> None:
         MlflowClient(tracking_uri(results_dir)).set_terminated(run_id, "FINISHED" if ok else "FAILED")
 
 
+def _job_name(rule: str, wildcards: dict) -> str:
+    return rule + "".join(f"_{k}={v}" for k, v in sorted(wildcards.items()))
+
+
+def _job_tags(cfg: dict, rule: str, wildcards: dict) -> dict:
+    tags = {"rule": rule, "config": cfg["name"], "git_commit": git_commit(),
+            **{f"wildcard.{k}": str(v) for k, v in wildcards.items()}}
+    if os.environ.get(PARENT_ENV):
+        tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+    return tags
+
+
+def open_job_run(cfg: dict, rule: str, wildcards: dict | None = None) -> str:
+    """The id of a RUNNING run for this job: the one a killed attempt of the same job (same name) left RUNNING, else
+    a new one. Its curve points survive a kill, and a resumed job goes on logging into it."""
+    from mlflow.tracking import MlflowClient
+
+    results_dir = Path(cfg["results_dir"])
+    uri, wildcards = tracking_uri(results_dir), dict(wildcards or {})
+    name = _job_name(rule, wildcards)
+    with _lock(results_dir):
+        client = MlflowClient(uri)
+        exp_id = _experiment(client, cfg, uri, results_dir)
+        left = _left_running(client, exp_id, name)
+        return left or client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
+
+
+def _left_running(client, exp_id: str, name: str) -> str | None:
+    """The run a killed attempt of job `name` left RUNNING (tagged 'resumed'), or None."""
+    left = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{name}' and attributes.status = 'RUNNING'",
+                              order_by=["attributes.start_time DESC"], max_results=1)
+    if not left:
+        return None
+    client.set_tag(left[0].info.run_id, "resumed", "true")
+    return left[0].info.run_id
+
+
+def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> None:
+    """Log {metric: value} at `step` into run `run_id` now (under the store's lock)."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    results_dir = Path(cfg["results_dir"])
+    now = int(time.time() * 1000)
+    with _lock(results_dir):
+        MlflowClient(tracking_uri(results_dir)).log_batch(
+            run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
+
+
 def log_run(
     cfg: dict,
     rule: str,
@@ -103,6 +153,7 @@ def log_run(
     start_time: float | None = None,
     status: str = "FINISHED",
     error: str | None = None,
+    run_id: str | None = None,
 ) -> str:
     """Log one job as an MLflow run in experiment cfg['name']; return the run id.
 
@@ -110,7 +161,8 @@ def log_run(
     (non-finite values are logged as-is, MLflow stores inf/nan); step_metrics: name -> [(step, value)];
     artifacts: files (tables, manifests) copied into the run. Tags: rule, wildcards, git commit, config, the
     parent run of the Snakemake invocation (PARENT_ENV) when set. status: 'FINISHED', or 'FAILED' for a job that
-    raised (`error`: its message, tag 'error').
+    raised (`error`: its message, tag 'error'). run_id: the job's run opened while it ran (open_job_run), which
+    this finishes; None creates it.
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -122,16 +174,18 @@ def log_run(
         mlflow.set_tracking_uri(uri)
         client = MlflowClient(uri)
         exp_id = _experiment(client, cfg, uri, results_dir)
-        name = rule + "".join(f"_{k}={v}" for k, v in sorted(wildcards.items()))
-        tags = {"rule": rule, "config": cfg["name"], "git_commit": git_commit(),
-                **{f"wildcard.{k}": str(v) for k, v in wildcards.items()}}
-        if os.environ.get(PARENT_ENV):
-            tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+        name = _job_name(rule, wildcards)
+        tags = _job_tags(cfg, rule, wildcards)
         if error:
             tags["error"] = error[:5000]
-        run = client.create_run(exp_id, run_name=name, tags=tags,
-                                start_time=int((start_time or time.time()) * 1000))
-        rid = run.info.run_id
+        run_id = run_id or _left_running(client, exp_id, name)
+        if run_id is None:
+            rid = client.create_run(exp_id, run_name=name, tags=tags,
+                                    start_time=int((start_time or time.time()) * 1000)).info.run_id
+        else:
+            rid = run_id
+            for k, v in tags.items():
+                client.set_tag(rid, k, v)
         all_params = {**{f"wildcard.{k}": v for k, v in wildcards.items()}, **flatten(params or {})}
         from mlflow.entities import Metric, Param
         now = int(time.time() * 1000)

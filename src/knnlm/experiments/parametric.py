@@ -202,7 +202,7 @@ def train_parametric(job: Job) -> dict:
     result["info"] = info
     if epochs > 0:
         hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, tr["patience"], p["bf16"],
-                     evals_per_epoch=tr["evals_per_epoch"])
+                     evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve)
         result["history"] = hist
         score(model, "after" if spec["kind"] == "cluster" else "trained")
     final = list(result["stages"])[-1]

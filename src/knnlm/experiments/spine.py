@@ -60,7 +60,7 @@ def train_lm(job: Job) -> dict:
     from ..lm import train
 
     curves = train(job.cfg["lm"], job.path("data_bin"), job.extra["work_dir"], job.path("checkpoint"), job.threads,
-                   job.extra["fairseq_log"])
+                   job.extra["fairseq_log"], on_log=job.curve)
     best = min(curves.get("valid_loss", [(0, float("nan"))]), key=lambda x: x[1])
     return {"metrics": {"best_valid_loss_base2": best[1], "best_valid_update": best[0]}, "step_metrics": curves,
             "artifacts": [job.extra["fairseq_log"]]}

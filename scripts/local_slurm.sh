@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A single-node SLURM on localhost for the tests of profiles/slurm (tests/test_slurm.py), or to try the profile:
+# slurmctld + slurmd, partitions "cpu" (default) and "gpu", the node declaring one fake GPU as a generic resource.
+#   scripts/local_slurm.sh start | stop | status
+# Needs root and Debian's slurm-wlm and munge (apt-get install slurm-wlm munge). Without slurmdbd there is no
+# accounting, so sacct cannot report jobs: run snakemake with --slurm-status-command squeue (MinJobAge below
+# keeps finished jobs visible to squeue long enough). The fake GPU: a gres needs a device file, so /dev/knnlm-gpu0
+# is a character device (mknod c 1 3, i.e. /dev/null's numbers); nothing runs on it.
+# The node declares CPUS (default 32) and MEM_MB (default 262144) whatever the machine has (config_overrides), so
+# requests are checked against the config, not the hardware.
+set -euo pipefail
+CONF=${SLURM_CONF_DIR:-/etc/slurm}
+HOST=$(hostname -s)
+CPUS=${CPUS:-32}
+MEM_MB=${MEM_MB:-262144}
+GPU_DEV=/dev/knnlm-gpu0
+
+start() {
+  command -v slurmctld >/dev/null && command -v munged >/dev/null || {
+    echo "local_slurm: slurmctld/munged not installed (apt-get install slurm-wlm munge)" >&2; exit 2; }
+  [ "$(id -u)" = 0 ] || { echo "local_slurm: needs root" >&2; exit 2; }
+  mkdir -p "$CONF" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge /etc/munge
+  [ -e "$GPU_DEV" ] || mknod "$GPU_DEV" c 1 3
+  if [ ! -s /etc/munge/munge.key ]; then
+    dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=1024 status=none
+  fi
+  chown -R munge:munge /etc/munge /run/munge 2>/dev/null || true
+  chmod 400 /etc/munge/munge.key
+  pgrep -x munged >/dev/null || su -s /bin/sh munge -c "munged" 2>/dev/null || munged --force
+  cat > "$CONF/slurm.conf" <<CONF
+ClusterName=knnlm-local
+SlurmctldHost=$HOST
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=/var/spool/slurmctld
+SlurmdSpoolDir=/var/spool/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+MinJobAge=3600
+GresTypes=gpu
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+NodeName=$HOST CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:1 State=UNKNOWN
+PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
+CONF
+  echo "NodeName=$HOST Name=gpu File=$GPU_DEV" > "$CONF/gres.conf"
+  pgrep -x slurmctld >/dev/null || slurmctld
+  pgrep -x slurmd >/dev/null || slurmd
+  for _ in $(seq 1 30); do
+    if sinfo -h -o "%T" 2>/dev/null | grep -qE "^(idle|mixed|allocated)"; then
+      sinfo; exit 0
+    fi
+    scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
+    sleep 1
+  done
+  echo "local_slurm: the node did not become idle:" >&2; sinfo -R >&2 || true; exit 1
+}
+
+stop() {
+  pkill -x slurmd || true
+  pkill -x slurmctld || true
+  for _ in $(seq 1 30); do
+    pgrep -x slurmd >/dev/null || pgrep -x slurmctld >/dev/null || return 0
+    sleep 0.5
+  done
+}
+
+case "${1:-status}" in
+  start) start ;;
+  stop) stop ;;
+  status) sinfo ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

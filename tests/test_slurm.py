@@ -1,0 +1,99 @@
+"""profiles/slurm against a real SLURM (issue 11): a single-node slurmctld + slurmd on localhost with a fake GPU
+(scripts/local_slurm.sh), the tiny config submitted through the pinned snakemake-executor-plugin-slurm. Every job
+is a SLURM job; GPU rules ask for a GPU in partition gpu and CPU rules do not; each job asks for the CPUs it uses;
+the tables equal the local run's; MLflow holds one run per job. Skipped, with the reason, where SLURM cannot be
+started (no root, or slurm-wlm/munge not installed)."""
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import PROJECT_ROOT, SNAKEMAKE
+
+PROFILE = yaml.safe_load((PROJECT_ROOT / "profiles" / "slurm" / "config.yaml").read_text())
+GPU_RULES = {r for r, res in PROFILE["set-resources"].items() if res.get("gpu")}
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    if not shutil.which("slurmctld"):
+        pytest.skip("SLURM not installed (apt-get install slurm-wlm munge; .ci/run does this where it can)")
+    r = subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "local_slurm.sh"), "start"], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"local SLURM could not be started: {r.stderr.strip()[-500:]}")
+    return r.stdout
+
+
+def _jobs_of(workdir) -> list[dict]:
+    """The SLURM jobs (scontrol, kept MinJobAge after they end) whose working directory is `workdir`."""
+    out = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
+    jobs = []
+    for line in out.splitlines():
+        f = dict(re.findall(r"(\S+?)=(\S*)", line))
+        if f.get("WorkDir") == str(workdir):
+            jobs.append(f)
+    return jobs
+
+
+def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
+    results = tmp_path / "results"
+    for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/fairseq"):  # the local run's LM
+        src, dst = tiny_run["root"] / part, results / "tiny" / part
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    before = {j["JobId"] for j in _jobs_of(PROJECT_ROOT)}
+    # the profile as users get it; on this 2-core machine: rules' own threads (2) instead of the cluster's
+    # set-threads, 2 jobs at a time, no account, and job status from squeue (no slurmdbd here)
+    cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", "--config",
+                       f"results_dir={results}", "--jobs", "2", "--set-threads", "bpe=2", "--slurm-no-account",
+                       "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
+                       "--latency-wait", "10"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3000)
+    assert r.returncode == 0, r.stdout[-6000:]
+    jobs = [j for j in _jobs_of(PROJECT_ROOT) if j["JobId"] not in before]
+    benchmarks = sorted(p.stem for p in (results / "tiny" / "benchmarks").glob("*.tsv"))
+    assert jobs and all(j["JobState"] == "COMPLETED" for j in jobs)
+    rules = {}
+    for j in jobs:  # the plugin names each SLURM job's rule in its comment: rule_<name>_wildcards_<...>
+        c = j.get("Comment", "")  # grouped jobs (profile 'groups'): group_<name>_<rules>
+        m = re.match(r"rule_(.+?)_wildcards", c) or re.match(r"rule_(\w+)", c) or re.match(r"(group_[a-z]+)", c)
+        rules.setdefault(m.group(1) if m else j["JobName"], []).append(j)
+    print({k: len(v) for k, v in rules.items()})
+    for rule, js in rules.items():
+        for j in js:
+            gpu = "gpu" in j.get("TresPerNode", "")
+            assert gpu == (rule in GPU_RULES), (rule, j.get("TresPerNode"))
+            assert j["Partition"] == ("gpu" if rule in GPU_RULES else "cpu"), (rule, j["Partition"])
+            assert int(j["NumCPUs"]) == 2, (rule, j["NumCPUs"])  # the job's threads (the tiny config's 2)
+    assert {"dump_datastore", "dump_queries", "exact_search", "real_score", "train_parametric"} <= set(rules)
+    # the grouped small jobs run several Snakemake jobs per SLURM job: SLURM jobs <= Snakemake jobs
+    assert len(jobs) <= len(benchmarks)
+    # the tables equal the local run's (same LM)
+    ours, ref = results / "tiny" / "lms" / "base" / "tables", tiny_run["root"] / "lms" / "base" / "tables"
+    names = sorted(p.name for p in ref.glob("*.csv"))
+    assert names == sorted(p.name for p in ours.glob("*.csv"))
+    for name in names:
+        a, b = pd.read_csv(ours / name), pd.read_csv(ref / name)
+        for col in b.columns:
+            if pd.api.types.is_numeric_dtype(b[col]):
+                np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), rtol=1e-6, atol=1e-9,
+                                           err_msg=f"{name}: {col}")
+    # MLflow: one run per Snakemake job, plus the invocation's parent run
+    from knnlm.tracking import count_runs
+
+    assert count_runs(results, "tiny") == len(benchmarks) + 1
+
+
+def test_unsatisfiable_request_fails_before_submitting(slurm, tmp_path):
+    """A request larger than every node of its partition stops the run at once, naming rule, resource and limit."""
+    cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", "--config",
+                       f"results_dir={tmp_path}", "--slurm-no-account", "--slurm-status-command", "squeue",
+                       "--set-resources", "prepare_data:mem_mb=99999999"]
+    r = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    assert r.returncode != 0
+    assert re.search(r"rule prepare_data: mem_mb = 99999999 MB but the largest node of partition 'cpu' has \d+ MB", r.stdout), r.stdout[-3000:]
+    assert not (tmp_path / "tiny" / "data").exists()  # nothing ran
