@@ -39,6 +39,22 @@ def _jobs_of(workdir) -> list[dict]:
     return jobs
 
 
+def _threads_by_slurm_id(log: str) -> dict[str, int]:
+    """{SLURM job id: the --threads of its knnlm command} from Snakemake's log ('jobid: N' and the shell command of
+    each job, then 'Job N has been submitted with SLURM jobid S')."""
+    threads, current = {}, None
+    for line in log.splitlines():
+        m = re.match(r"\s+jobid: (\d+)", line)
+        if m:
+            current = m.group(1)
+        m = re.search(r"-m knnlm \S+ --threads (\d+)", line)
+        if m and current is not None:
+            threads[current] = int(m.group(1))
+            current = None
+    return {s: threads[j] for j, s in re.findall(r"Job (\d+) has been submitted with SLURM jobid (\d+)", log)
+            if j in threads}
+
+
 def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     results = tmp_path / "results"
     for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/fairseq"):  # the local run's LM
@@ -59,16 +75,22 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     assert jobs and all(j["JobState"] == "COMPLETED" for j in jobs)
     rules = {}
     for j in jobs:  # the plugin names each SLURM job's rule in its comment: rule_<name>_wildcards_<...>
-        c = j.get("Comment", "")  # grouped jobs (profile 'groups'): group_<name>_<rules>
-        m = re.match(r"rule_(.+?)_wildcards", c) or re.match(r"rule_(\w+)", c) or re.match(r"(group_[a-z]+)", c)
-        rules.setdefault(m.group(1) if m else j["JobName"], []).append(j)
+        c = j.get("Comment", "")  # rule_<rule>_wildcards_<values>, or for a group (profile 'groups') rule_<group>_<rules>
+        group = next((g for g in PROFILE["group-components"] if c.startswith(f"rule_{g}_")), None)
+        m = re.match(r"rule_(.+?)_wildcards", c) or re.match(r"rule_(\w+)", c)
+        rules.setdefault(f"group {group}" if group else m.group(1) if m else j["JobName"], []).append(j)
     print({k: len(v) for k, v in rules.items()})
+    threads = _threads_by_slurm_id(r.stdout)
+    assert {r for r, js in rules.items() for j in js if j["JobId"] not in threads} <= {f"group {g}" for g in
+                                                                                   PROFILE["group-components"]}
     for rule, js in rules.items():
         for j in js:
-            gpu = "gpu" in j.get("TresPerNode", "")
-            assert gpu == (rule in GPU_RULES), (rule, j.get("TresPerNode"))
+            # the plugin's gpu resource becomes --gpus=1: scontrol's TresPerJob=gres:gpu:1
+            gpu = "gres:gpu:1" in j.get("TresPerJob", "") + j.get("TresPerNode", "")
+            assert gpu == (rule in GPU_RULES), (rule, j.get("TresPerJob"), j.get("TresPerNode"))
             assert j["Partition"] == ("gpu" if rule in GPU_RULES else "cpu"), (rule, j["Partition"])
-            assert int(j["NumCPUs"]) == 2, (rule, j["NumCPUs"])  # the job's threads (the tiny config's 2)
+            if j["JobId"] in threads:  # the CPUs SLURM gave = the threads the job runs with (--threads)
+                assert int(j["NumCPUs"]) == threads[j["JobId"]], (rule, j["NumCPUs"], threads[j["JobId"]])
     assert {"dump_datastore", "dump_queries", "exact_search", "real_score", "train_parametric"} <= set(rules)
     # the grouped small jobs run several Snakemake jobs per SLURM job: SLURM jobs <= Snakemake jobs
     assert len(jobs) <= len(benchmarks)

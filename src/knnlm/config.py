@@ -74,7 +74,8 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
 
 
 def _check_lms(cfg: dict, source: str) -> None:
-    """Fill the defaults of each 'lms' entry; ConfigError for a second 'train' LM or a missing 'path'."""
+    """Fill the defaults of each 'lms' entry; ConfigError for a missing 'path', 'lm' overrides of a non-'train' LM
+    or of keys section 'lm' does not have."""
     item = load_schema()["properties"]["lms"]["additionalProperties"]["properties"]
     for name, lm in cfg["lms"].items():
         for k, sub in item.items():
@@ -85,14 +86,23 @@ def _check_lms(cfg: dict, source: str) -> None:
         if lm["source"] == "train" and lm.get("path"):
             raise ConfigError(f"{source}: config key 'lms.{name}.path': a 'train' LM is trained from section 'lm'; "
                               f"found path {lm['path']!r} (use source 'fairseq' for an existing checkpoint)")
-    trained = [n for n, lm in cfg["lms"].items() if lm["source"] == "train"]
-    if len(trained) > 1:
-        raise ConfigError(f"{source}: config key 'lms': at most one LM with source 'train' (section 'lm'), found {trained}")
+        if lm["lm"] and lm["source"] != "train":
+            raise ConfigError(f"{source}: config key 'lms.{name}.lm': only a 'train' LM takes section 'lm' overrides, "
+                              f"found them on a {lm['source']!r} LM")
+        unknown = sorted(set(lm["lm"]) - set(cfg["lm"]))
+        if unknown:
+            raise ConfigError(f"{source}: config key 'lms.{name}.lm': {unknown} are not keys of section 'lm' "
+                              f"(allowed: {sorted(cfg['lm'])})")
+
+
+def lm_section(cfg: dict, name: str) -> dict:
+    """Section 'lm' for base LM `name`: the run's, with the entry's overrides ('lms.<name>.lm') applied."""
+    return {**cfg["lm"], **(cfg["lms"][name].get("lm") or {})}
 
 
 def lm_tokens_per_sample(cfg: dict, name: str) -> int:
-    """The evaluation window L of base LM `name`: 'lms.<name>.tokens_per_sample', else 'lm.tokens_per_sample'."""
-    return cfg["lms"][name].get("tokens_per_sample") or cfg["lm"]["tokens_per_sample"]
+    """The evaluation window L of base LM `name`: 'lms.<name>.tokens_per_sample', else its 'lm.tokens_per_sample'."""
+    return cfg["lms"][name].get("tokens_per_sample") or lm_section(cfg, name)["tokens_per_sample"]
 
 
 def validate_config(config: dict, source: str = "<config>") -> dict:
@@ -115,10 +125,19 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
             key = f"lms.{name}.tokens_per_sample" if cfg["lms"][name].get("tokens_per_sample") else "lm.tokens_per_sample"
             raise ConfigError(f"{source}: config key 'eval.context_window' must be < '{key}' ({window}, the window "
                               f"of base LM {name!r}), found {ev['context_window']}")
-    if lm["decoder_embed_dim"] % lm["decoder_attention_heads"]:
-        raise ConfigError(
-            f"{source}: config key 'lm.decoder_attention_heads' must divide 'lm.decoder_embed_dim' "
-            f"({lm['decoder_embed_dim']}), found {lm['decoder_attention_heads']}")
+    lm_schema = load_schema()["properties"]["lm"]
+    for name, entry in cfg["lms"].items():
+        if entry["source"] != "train":
+            continue
+        sec, where = lm_section(cfg, name), (f"lms.{name}.lm" if entry["lm"] else "lm")
+        for err in jsonschema.Draft202012Validator(lm_schema).iter_errors(sec):
+            raise ConfigError(f"{source}: config key '{where}.{'.'.join(map(str, err.absolute_path))}': expected "
+                              f"{ {k: v for k, v in err.schema.items() if k not in ('description', 'default')} }, "
+                              f"found {err.instance!r}")
+        if sec["decoder_embed_dim"] % sec["decoder_attention_heads"]:
+            raise ConfigError(
+                f"{source}: config key '{where}.decoder_attention_heads' must divide '{where}.decoder_embed_dim' "
+                f"({sec['decoder_embed_dim']}), found {sec['decoder_attention_heads']}")
     extra = sorted(set(cfg["temperature"]["ratios"]) - set(cfg["datastore_size"]["ratios"]))
     if extra:
         raise ConfigError(f"{source}: config key 'temperature.ratios' must be a subset of 'datastore_size.ratios' "

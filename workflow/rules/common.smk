@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
-from knnlm.config import (ConfigError, check_data, lm_tokens_per_sample, parametric_tables, parametric_variants,
-                          split_files, temperatures, validate_config)
+from knnlm.config import (ConfigError, check_data, lm_section, lm_tokens_per_sample, parametric_tables,
+                          parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
 from knnlm.stores import same_keys_store, store_name, store_wildcard
 

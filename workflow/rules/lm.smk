@@ -11,7 +11,8 @@ rule train_lm:
     wildcard_constraints:
         lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
     params:
-        cfg=cfg_json("lm"),
+        cfg=lambda wc: shlex.quote(json.dumps({**{k: CFG[k] for k in ("name", "results_dir", "threads")},
+                                               "lm": lm_section(CFG, wc.lm)}, sort_keys=True)),
         io=io(work_dir=P("fairseq_dir"), fairseq_log=P("log", job="train_lm_{lm}.fairseq")),
     threads: THREADS
     resources:
