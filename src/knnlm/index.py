@@ -70,6 +70,29 @@ def check_index_matches(meta: dict, params: dict, index_path: str | Path) -> Non
                             f"--forcerun build_index) to rebuild it")
 
 
+def gpu_resources():
+    """faiss StandardGpuResources when faiss is a GPU build and sees a GPU (faiss-gpu on clusters), else None."""
+    import faiss
+
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        return None
+    return faiss.StandardGpuResources()
+
+
+def _to_gpu(index, res):
+    """A GPU copy of a CPU IVFPQ index (float16 lookup tables, which GPU IVFPQ needs for large codes), or None when
+    faiss refuses this index on the GPU (then the CPU index is used: same API, same answers up to float rounding)."""
+    import faiss
+
+    opts = faiss.GpuClonerOptions()
+    opts.useFloat16 = True
+    try:
+        return faiss.index_cpu_to_gpu(res, 0, index, opts)
+    except RuntimeError as e:  # e.g. a code size or nprobe the GPU kernels do not support
+        log.warning("faiss GPU refused the index (%s); staying on the CPU", e)
+        return None
+
+
 def faiss_metric(metric: str):
     import faiss
 
@@ -101,7 +124,14 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
     index.cp.seed = params["seed"]
     index.pq.cp.seed = params["seed"]
     log.info("training IVFPQ(%d lists, %d bytes, %s) on %d keys", params["ncentroids"], params["code_size"], metric, len(x))
-    index.train(x)
+    res = gpu_resources()  # k-means of the lists and of the PQ codebooks on the GPU when there is one
+    gpu = _to_gpu(index, res) if res is not None else None
+    if gpu is not None:
+        gpu.train(x)
+        index = faiss.index_gpu_to_cpu(gpu)  # keys are added to the CPU index: it is the one saved and reconstructed
+        del gpu
+    else:
+        index.train(x)
     del x
     chunk = params["add_chunk"]
     for s in tqdm(range(0, n, chunk), desc=f"add keys ({metric})", unit=" chunk", mininterval=10):
@@ -113,7 +143,7 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
     index.nprobe = params["nprobe"]
     with atomic_path(out_path) as tmp:
         faiss.write_index(index, str(tmp))
-    return {"ntotal": int(index.ntotal), **params}
+    return {"ntotal": int(index.ntotal), "trained_on": "gpu" if res is not None else "cpu", **params}
 
 
 def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
@@ -130,6 +160,11 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     faiss.extract_index_ivf(index).nprobe = nprobe
     if index.ntotal >= 2**31:
         raise ValueError(f"{index_path}: {index.ntotal} keys do not fit int32 ids")
+    res = gpu_resources()
+    gpu = _to_gpu(index, res) if res is not None and k <= 2048 and nprobe <= 2048 else None  # faiss GPU limits
+    if gpu is not None:
+        faiss.GpuParameterSpace().set_index_parameter(gpu, "nprobe", nprobe)
+        index = gpu
     t = queries.shape[0]
     missing = 0
     with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
@@ -138,4 +173,5 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             ids[s:s + len(ii)] = ii
             dists[s:s + len(dd)] = dd
             missing += int((ii < 0).sum())
-    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal)}
+    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal),
+            "device": "gpu" if gpu is not None else "cpu"}
