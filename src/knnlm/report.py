@@ -75,6 +75,8 @@ def readme_block(root: Path, lm: str = "base") -> str:
     findings = layout.path("findings", lm=lm)
     quoted = [findings] if findings.exists() else [p for p in (layout.path("table", lm=lm, table=t, ext="md")
                                                                for t in ("table1", "table3")) if p.exists()]
+    quoted += [p for p in (layout.path("table", lm=lm, table="pca", ext="md"),
+                           layout.path("run_table", table="table4", ext="md")) if p.exists()]
     if not quoted:
         raise FileNotFoundError(f"{findings}: no findings report and no Table 1; run `snakemake findings` first")
     parts = [] if findings.exists() else ["**The findings report is not produced yet** (the run is incomplete); "
