@@ -219,3 +219,34 @@ def test_any_corpus_by_file_names(tmp_path):
     cfg["data"]["files"]["test"] = "ptb.tst.txt"
     with pytest.raises(ConfigError, match=r"'data\.dir'.*ptb\.tst\.txt.*'data\.files'"):
         check_data(cfg)
+
+
+def test_hf_dataset_download_writes_the_split_files(tmp_path, monkeypatch):
+    """data.hf_dataset: each split's rows become one line each of the split file (datasets.load_dataset stood in)."""
+    import sys
+    import types
+
+    from knnlm.data import count_words, download
+
+    rows = {"train": [" = A = \n", " a b c \n", ""], "validation": [" v w\n"], "test": ["t\n", " u"]}
+
+    class DS:
+        def __init__(self, r):
+            self.r, self.column_names = r, ["text"]
+
+        def __len__(self):
+            return len(self.r)
+
+        def __getitem__(self, k):
+            return self.r
+
+    fake = types.SimpleNamespace(load_dataset=lambda name, config, split: DS(rows[split]))
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    cfg = load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"data": {"dir": str(tmp_path), "download": True,
+                                                                         "hf_dataset": {"name": "x/wikitext"}}})
+    download(cfg)
+    assert (tmp_path / "wiki.train.tokens").read_text() == " = A = \n a b c \n\n"
+    assert count_words(tmp_path / "wiki.test.tokens") == {"lines": 2, "words": 4}
+    cfg["data"]["hf_dataset"]["text_field"] = "content"
+    with pytest.raises(ConfigError, match="has no column 'content'"):
+        download(cfg)

@@ -123,11 +123,38 @@ def encode_bpe(model_file: str | Path, in_file: str | Path, out_file: str | Path
     return {"lines": lines, "tokens": pieces + lines}
 
 
+def download_hf_dataset(cfg: dict) -> None:
+    """Write the splits of config key 'data.hf_dataset' (a Hugging Face dataset) to the split files of 'data.dir':
+    the rows of its text field, one line each (a row without a final newline gets one). Needs internet and the
+    `datasets` package (imported here only); tests call it with a stand-in for datasets.load_dataset."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError("config key 'data.hf_dataset': needs the `datasets` package (pip install datasets)") from None
+    spec = cfg["data"]["hf_dataset"]
+    names = {"train": "train", "valid": "validation", "test": "test", **(spec.get("splits") or {})}
+    field = spec.get("text_field") or "text"
+    for split, path in split_files(cfg).items():
+        ds = datasets.load_dataset(spec["name"], spec.get("config"), split=names[split])
+        if field not in ds.column_names:
+            raise ConfigError(f"config key 'data.hf_dataset.text_field': {spec['name']} split {names[split]!r} has no "
+                              f"column {field!r} (columns: {ds.column_names})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+            for row in ds[field]:
+                f.write(row if row.endswith("\n") else row + "\n")
+        log.info("%s: %d rows of %s (%s) -> %s", split, len(ds), spec["name"], names[split], path)
+
+
 def download(cfg: dict) -> None:
-    """Fetch config key 'data.url' (a WikiText zip) and extract wiki.*.tokens into 'data.dir'.
+    """Fetch config key 'data.url' (a WikiText zip) and extract wiki.*.tokens into 'data.dir', or write the splits
+    of 'data.hf_dataset' (download_hf_dataset).
 
     Checks each file against 'data.sha256' when given. Needs internet; never called by tests.
     """
+    if cfg["data"].get("hf_dataset"):
+        download_hf_dataset(cfg)
+        return
     url = cfg["data"].get("url")
     if not url:
         raise ConfigError("config key 'data.url': needed to download the data, found none")
