@@ -111,3 +111,24 @@ def test_share_of_gain_point_and_interval():
     p = {n: np.exp(v.sum() / words.sum()) for n, v in zip(("base", "alt", "knn"), (base, half, knn))}
     assert sh["value"] == pytest.approx((p["base"] - p["alt"]) / (p["base"] - p["knn"]))
     assert 0.4 < sh["lo"] < sh["value"] < sh["hi"] < 0.6
+
+
+def test_appendix_a_verdict_orders_lms_by_strength():
+    """App. A: the stronger LM (lower base PPL) must gain less; the CI of the gain difference decides, in either order
+    of the pair in the comparison table."""
+    import pandas as pd
+
+    from knnlm.experiments.table4 import appendix_a_verdict
+
+    rows = pd.DataFrame({"LM": ["weak", "strong", "mid"], "base PPL (word)": [300.0, 100.0, 200.0]})
+
+    def cross(*pairs):
+        return pd.DataFrame([{"a": a, "b": b, "gain a − gain b (pp)": (lo + hi) / 2, "CI low": lo, "CI high": hi}
+                             for a, b, lo, hi in pairs])
+
+    ok = cross(("strong", "mid", 1, 3), ("weak", "mid", -4, -2), ("strong", "weak", 3, 7))
+    assert "gain: reproduced." in appendix_a_verdict(rows, ok)
+    mixed = cross(("strong", "mid", -1, 3), ("weak", "mid", -4, -2), ("strong", "weak", 3, 7))
+    assert "gain: inconclusive." in appendix_a_verdict(rows, mixed)
+    wrong = cross(("strong", "mid", 1, 3), ("mid", "weak", -4, -2), ("strong", "weak", 3, 7))
+    assert "gain: contradicted." in appendix_a_verdict(rows, wrong) and "mid vs weak: -3.00" in appendix_a_verdict(rows, wrong)

@@ -105,6 +105,9 @@ def table4(job: Job) -> dict:
             f.write("\n## Gains compared across LMs (same documents, same resamples)\n\n"
                     "Difference of relative gains (a − b, percentage points; negative: a gains more).\n\n")
             f.write(cdf.to_markdown(index=False, floatfmt=".2f") + "\n")
+            f.write("\n" + appendix_a_verdict(df[df["split"] == "test"], cdf[cdf["split"] == "test"]) + "\n")
+            m["test_appendix_a_reproduced"] = float("reproduced" in appendix_a_verdict(df[df["split"] == "test"],
+                                                                                        cdf[cdf["split"] == "test"]))
     print(Path(job.path("md")).read_text())
     return {"metrics": m, "artifacts": [job.path("csv"), job.path("md")]}
 
@@ -132,3 +135,23 @@ def _cross_lm(names: list[str], boots: list[tuple[np.ndarray, np.ndarray]], spli
                         "CI low": 100 * lo, "CI high": 100 * hi, "verdict": verdict(lo, hi).replace(
                             "lower", "a gains more").replace("higher", "b gains more")})
     return out
+
+
+def appendix_a_verdict(rows, cross) -> str:
+    """The claim of App. A on test: "the stronger the base LM, the less kNN-LM gains". LMs are ordered by base PPL;
+    for each pair of neighbours (stronger a, weaker b) the CI of gain a − gain b (relative gains, negative = better)
+    must lie above 0. 'reproduced' when it does for every pair, 'contradicted' when some CI lies below 0,
+    else 'inconclusive'."""
+    order = list(rows.sort_values("base PPL (word)")["LM"])
+    verdicts = []
+    for a, b in zip(order, order[1:]):
+        hit = cross[((cross["a"] == a) & (cross["b"] == b)) | ((cross["a"] == b) & (cross["b"] == a))].iloc[0]
+        sign = 1 if hit["a"] == a else -1  # the CI of gain(stronger) − gain(weaker)
+        lo, hi = sorted((sign * hit["CI low"], sign * hit["CI high"]))
+        verdicts.append("reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive")
+        verdicts[-1] += f" ({a} vs {b}: {sign * hit['gain a − gain b (pp)']:+.2f} pp [{lo:+.2f}, {hi:+.2f}])"
+    overall = ("reproduced" if all(v.startswith("reproduced") for v in verdicts) else
+               "contradicted" if any(v.startswith("contradicted") for v in verdicts) else "inconclusive")
+    return (f"**App. A claim on test — the stronger the base LM (lower base PPL), the smaller the kNN-LM's relative "
+            f"gain: {overall}.** Per neighbouring pair (stronger vs weaker, relative gain of the stronger minus the "
+            f"weaker's, 95% CI): " + "; ".join(verdicts) + ".")
