@@ -117,7 +117,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(f"{source} failed the schema {SCHEMA_PATH.name}:\n  " + "\n  ".join(_describe(e) for e in errors))
-    lm, ev = cfg["lm"], cfg["eval"]
+    ev = cfg["eval"]
     _check_lms(cfg, source)
     for name in cfg["lms"]:
         window = lm_tokens_per_sample(cfg, name)
