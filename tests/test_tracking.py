@@ -63,3 +63,39 @@ def test_live_curves_survive_a_kill_in_one_run(tmp_path, monkeypatch):
     cli.run_job("m.other", cli.Job(cfg=cfg, rule="m.other"))
     runs = _runs(tmp_path)
     assert len(runs) == 2 and runs["m.other"].info.status == "FINISHED" and runs["m.other"].data.tags["resumed"] == "true"
+
+
+def test_unreachable_store_keeps_the_job_and_its_run(tmp_path, monkeypatch, caplog):
+    """A store that cannot be reached: the job still succeeds (its outputs are valid), says the run was not logged,
+    and keeps it under mlflow_pending/; `replay` logs it once the store is back."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")  # nothing listens on the discard port
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setattr(tracking, "RETRIES", 1)
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    cfg = {"name": "t", "results_dir": str(tmp_path), "threads": 1}
+
+    def job_fn(job):
+        job.curve(1, {"loss": 2.0})  # a live point: skipped, never fatal
+        return {"metrics": {"ppl": 12.5}, "step_metrics": {"loss": [(1, 2.0), (2, 1.5)]}}
+
+    monkeypatch.setattr(cli, "resolve", lambda name: job_fn)
+    out = cli.run_job("m.job", cli.Job(cfg=cfg, rule="m.job", wildcards={"split": "valid"}))
+    assert out["metrics"] == {"ppl": 12.5}
+    pending = list((tmp_path / tracking.PENDING_DIR).glob("*.json"))
+    assert len(pending) == 1 and "NOT logged" in caplog.text
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking.replay(tmp_path) == 1 and not list((tmp_path / tracking.PENDING_DIR).glob("*.json"))
+    run = _runs(tmp_path)["m.job_split=valid"]
+    assert run.info.status == "FINISHED" and run.data.metrics == {"ppl": 12.5, "loss": 1.5}
+
+
+def test_a_held_lock_times_out_instead_of_hanging(tmp_path, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(tracking, "LOCK_TIMEOUT_S", 0.5)
+    with open(tmp_path / ".mlflow.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(TimeoutError, match="held by another process"):
+            with tracking._lock(tmp_path):
+                pass

@@ -47,9 +47,10 @@ class Job:
         from .tracking import log_points, open_job_run
 
         if self.run_id is None:
-            self.run_id = open_job_run(self.cfg, self.rule, self.wildcards)
-        log_points(self.cfg, self.run_id, step, values)
-        self.live.update(values)
+            self.run_id = open_job_run(self.cfg, self.rule, self.wildcards) or ""  # "": the store refused, no retry
+        if self.run_id:
+            log_points(self.cfg, self.run_id, step, values)
+            self.live.update(values)
 
     def path(self, name: str) -> Path:
         """The input or output file `name` (outputs first); KeyError naming the rule's files otherwise."""
@@ -98,7 +99,7 @@ def run_job(name: str, job: Job) -> dict:
     except BaseException as e:  # the job failed (or was interrupted): a FAILED run says so, then re-raise
         try:
             log_run(job.cfg, job.rule or name, job.wildcards, params=params, start_time=start, status="FAILED",
-                    error=f"{type(e).__name__}: {e}", run_id=job.run_id)
+                    error=f"{type(e).__name__}: {e}", run_id=job.run_id or None)
         except Exception as log_err:  # noqa: BLE001 - never hide the job's own error behind a logging one
             logging.getLogger(__name__).warning("MLflow: could not log the FAILED run: %s", log_err)
         raise
@@ -106,7 +107,7 @@ def run_job(name: str, job: Job) -> dict:
     steps = {k: v for k, v in (out.get("step_metrics") or {}).items() if k not in job.live}
     log_run(job.cfg, job.rule or name, job.wildcards, params=params, metrics=out.get("metrics"),
             step_metrics=steps, artifacts=out.get("artifacts", ()), start_time=start,
-            run_id=job.run_id)
+            run_id=job.run_id or None)
     return out
 
 

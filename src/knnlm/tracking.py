@@ -42,15 +42,44 @@ def git_commit() -> str:
         return "unknown"
 
 
+LOCK_TIMEOUT_S = float(os.environ.get("KNNLM_MLFLOW_LOCK_TIMEOUT", 600))
+RETRIES = int(os.environ.get("KNNLM_MLFLOW_RETRIES", 4))  # attempts after the first, backing off 2, 4, 8, 16 s
+
+
 @contextlib.contextmanager
 def _lock(results_dir: Path):
+    """The store's exclusive file lock; TimeoutError after LOCK_TIMEOUT_S (a stuck holder never hangs a job)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     with open(results_dir / ".mlflow.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        t0 = time.time()
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() - t0 > LOCK_TIMEOUT_S:
+                    raise TimeoutError(f"{results_dir / '.mlflow.lock'} held by another process for "
+                                       f"{LOCK_TIMEOUT_S:.0f} s") from None
+                time.sleep(0.2)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _retrying(fn, what: str, retries: int | None = None):
+    """fn() retried on errors of a busy or unreachable store (sqlite locked, HTTP errors, lock timeout), with
+    exponential backoff; the last error is raised."""
+    retries = RETRIES if retries is None else retries
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - any store error is retried the same way
+            if attempt == retries:
+                raise
+            wait = 2.0 ** (attempt + 1)
+            log.warning("MLflow: %s failed (%s: %s); retrying in %.0f s", what, type(e).__name__, e, wait)
+            time.sleep(wait)
 
 
 PARENT_ENV = "KNNLM_MLFLOW_PARENT_RUN"  # set by the Snakefile's onstart: the run of this Snakemake invocation
@@ -105,19 +134,27 @@ def _job_tags(cfg: dict, rule: str, wildcards: dict) -> dict:
     return tags
 
 
-def open_job_run(cfg: dict, rule: str, wildcards: dict | None = None) -> str:
+def open_job_run(cfg: dict, rule: str, wildcards: dict | None = None) -> str | None:
     """The id of a RUNNING run for this job: the one a killed attempt of the same job (same name) left RUNNING, else
-    a new one. Its curve points survive a kill, and a resumed job goes on logging into it."""
+    a new one. Its curve points survive a kill, and a resumed job goes on logging into it. None (with a warning)
+    when the store is busy or unreachable: the job then logs its curve at its end only."""
     from mlflow.tracking import MlflowClient
 
     results_dir = Path(cfg["results_dir"])
     uri, wildcards = tracking_uri(results_dir), dict(wildcards or {})
     name = _job_name(rule, wildcards)
-    with _lock(results_dir):
-        client = MlflowClient(uri)
-        exp_id = _experiment(client, cfg, uri, results_dir)
-        left = _left_running(client, exp_id, name)
-        return left or client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
+
+    def open_run():
+        with _lock(results_dir):
+            client = MlflowClient(uri)
+            exp_id = _experiment(client, cfg, uri, results_dir)
+            left = _left_running(client, exp_id, name)
+            return left or client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
+    try:
+        return _retrying(open_run, f"opening the run of {name}", retries=1)
+    except Exception as e:  # noqa: BLE001
+        log.warning("MLflow: no live curve for %s (%s: %s)", name, type(e).__name__, e)
+        return None
 
 
 def _left_running(client, exp_id: str, name: str) -> str | None:
@@ -130,19 +167,76 @@ def _left_running(client, exp_id: str, name: str) -> str | None:
     return left[0].info.run_id
 
 
-def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> None:
-    """Log {metric: value} at `step` into run `run_id` now (under the store's lock)."""
+def log_points(cfg: dict, run_id: str | None, step: int, values: dict[str, float]) -> None:
+    """Log {metric: value} at `step` into run `run_id` now (under the store's lock). A live point is a convenience:
+    when the store is busy or unreachable it is skipped with a warning (the job's end logs the whole curve)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
+    if run_id is None:
+        return
     results_dir = Path(cfg["results_dir"])
     now = int(time.time() * 1000)
-    with _lock(results_dir):
-        MlflowClient(tracking_uri(results_dir)).log_batch(
-            run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
+
+    def send():
+        with _lock(results_dir):
+            MlflowClient(tracking_uri(results_dir)).log_batch(
+                run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
+    try:
+        _retrying(send, "a live curve point", retries=1)
+    except Exception as e:  # noqa: BLE001
+        log.warning("MLflow: live point at step %d not logged (%s)", step, e)
 
 
-def log_run(
+PENDING_DIR = "mlflow_pending"  # under results_dir: runs that could not be logged, replayed by `replay`
+
+
+def log_run(cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw) -> str | None:
+    """Log one job as an MLflow run (_log_run_once), retried while the store is busy or unreachable.
+
+    If it still fails, the job is not failed (its outputs are written and valid): the run is saved as JSON under
+    <results_dir>/mlflow_pending/ with a warning, and `python -m knnlm.tracking replay <results_dir>` logs it
+    later. Returns the run id, or None when the run was left pending.
+    """
+    try:
+        return _retrying(lambda: _log_run_once(cfg, rule, wildcards, **kw), f"logging the run of {rule}")
+    except Exception as e:  # noqa: BLE001
+        import json
+
+        pending = Path(cfg["results_dir"]) / PENDING_DIR
+        pending.mkdir(parents=True, exist_ok=True)
+        name = _job_name(rule, dict(wildcards or {}))
+        record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule,
+                  "wildcards": dict(wildcards or {}), "error": f"{type(e).__name__}: {e}",
+                  **{k: (list(map(str, v)) if k == "artifacts" else v) for k, v in kw.items()}}
+        path = pending / f"{name.replace('/', '_')}-{time.time():.0f}.json"
+        path.write_text(json.dumps(record, default=str))
+        log.warning("MLflow: the run of %s was NOT logged (%s: %s); saved to %s - replay it with "
+                    "`python -m knnlm.tracking replay %s`", rule, type(e).__name__, e, path, cfg["results_dir"])
+        return None
+
+
+def replay(results_dir: str | Path) -> int:
+    """Log every run saved under <results_dir>/mlflow_pending/ (log_run's fallback) and delete its file; returns
+    how many were logged. A run that fails again stays pending."""
+    import json
+
+    done = 0
+    for path in sorted((Path(results_dir) / PENDING_DIR).glob("*.json")):
+        rec = json.loads(path.read_text())
+        kw = {k: rec[k] for k in ("params", "metrics", "step_metrics", "artifacts", "start_time", "status", "error",
+                                  "run_id") if k in rec}
+        if rec.get("step_metrics"):
+            kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in rec["step_metrics"].items()}
+        kw["error"] = kw.get("error") if kw.get("status") == "FAILED" else None
+        _retrying(lambda: _log_run_once({**rec["cfg"], "results_dir": str(results_dir)}, rec["rule"], rec["wildcards"],
+                                        **kw), f"replaying {path.name}")
+        path.unlink()
+        done += 1
+    return done
+
+
+def _log_run_once(
     cfg: dict,
     rule: str,
     wildcards: dict[str, Any] | None = None,
@@ -155,7 +249,7 @@ def log_run(
     error: str | None = None,
     run_id: str | None = None,
 ) -> str:
-    """Log one job as an MLflow run in experiment cfg['name']; return the run id.
+    """Log one job as an MLflow run in experiment cfg['name'] (one attempt); return the run id.
 
     params: flattened into 'a.b' keys (config values and wildcards); metrics: name -> float
     (non-finite values are logged as-is, MLflow stores inf/nan); step_metrics: name -> [(step, value)];
@@ -214,3 +308,12 @@ def count_runs(results_dir: str | Path, experiment: str) -> int:
     if exp is None:
         return 0
     return len(client.search_runs([exp.experiment_id], max_results=50000))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "replay":
+        raise SystemExit("usage: python -m knnlm.tracking replay <results_dir>")
+    logging.basicConfig(level=logging.INFO)
+    print(f"replayed {replay(sys.argv[2])} pending run(s) from {sys.argv[2]}/{PENDING_DIR}")
