@@ -162,6 +162,10 @@ def iter_states(model, stream: np.ndarray, tokens_per_sample: int, context: int,
             b, length = x.shape
             att = cap["att"].reshape(b, length, -1)
             ffn = cap["ffn"].reshape(b, length, -1)
+            if att.shape[-1] != ffn.shape[-1]:
+                raise ArtifactError(f"{type(model).__name__}: att keys have {att.shape[-1]} dims, ffn keys "
+                                    f"{ffn.shape[-1]} (a projection before the output layer); the datastore needs "
+                                    "both key types of one dimension")
             sl = [slice(s - a, e - a) for a, s, e in batch]
             tgt = torch.as_tensor(np.concatenate([stream[s + 1:e + 1] for _, s, e in batch]), device=dev)
             out = {"att": torch.cat([att[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
