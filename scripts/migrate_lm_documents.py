@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from knnlm.io import atomic_path  # noqa: E402
 from knnlm.paths import Layout  # noqa: E402
-from knnlm.stats import bpe_token_lines  # noqa: E402
+from knnlm.stats import bpe_token_lines, save_token_lines  # noqa: E402
 
 
 def migrate(run: Path, lm: str = "base") -> None:
@@ -37,8 +37,7 @@ def migrate(run: Path, lm: str = "base") -> None:
             raise SystemExit(f"{old_doc}: {len(old['doc'])} targets, the BPE split has {len(tl['line'])}")
         new_tl, new_doc = layout.path("token_lines", lm=lm, split=split), layout.path("documents", lm=lm, split=split)
         new_tl.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(new_tl) as tmp, open(tmp, "wb") as f:
-            np.savez(f, line=tl["line"], words=tl["words"])
+        save_token_lines(new_tl, tl)
         with atomic_path(new_doc) as tmp, open(tmp, "wb") as f:
             np.savez(f, doc=old["doc"], words=tl["words"], tokens=old["tokens"])
         os.utime(new_tl, ns=(t.st_atime_ns, t.st_mtime_ns - 10**9))  # older than the documents made from it

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from knnlm.stats import (bootstrap_ppl, compare, interval, line_documents, per_document, resample_counts,
-                         token_documents)
+from knnlm.stats import (bootstrap_ppl, bpe_token_lines, compare, interval, line_documents, line_token_documents,
+                         per_document, resample_counts)
 
 
 def synthetic(rng, n_docs, delta, doc_sd=0.5, noise_sd=0.05):
@@ -61,10 +61,11 @@ def test_documents_of_a_wikitext_split(tmp_path):
     (tmp_path / "t").write_text("".join(text))
     (tmp_path / "b").write_text("".join(bpe))
     assert line_documents(text, "wikitext").tolist() == [0, 0, 0, 0, 0, 0, 1, 1]
-    docs = token_documents(tmp_path / "t", tmp_path / "b", "wikitext")
+    line = bpe_token_lines(tmp_path / "b")["line"]
+    docs = line_token_documents(tmp_path / "t", line, "wikitext")
     assert len(docs) == sum(len(b.split()) + 1 for b in bpe) and docs.tolist().count(1) == 4 + 2
     assert per_document(np.ones(len(docs)), docs, 2).tolist() == [len(docs) - 6, 6]
-    assert token_documents(tmp_path / "t", tmp_path / "b", "blocks", block_tokens=10).max() == (len(docs) - 1) // 10
+    assert line_token_documents(tmp_path / "t", line, "blocks", block_tokens=10).max() == (len(docs) - 1) // 10
     with pytest.raises(ValueError, match="stats.documents"):
         line_documents(text, "chapters")
 

@@ -73,10 +73,13 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
                                   f"'{source_key}' does not {verb} (it {verb}s {have})")
 
 
-def _check_lms(cfg: dict, source: str) -> None:
+def _check_lms(cfg: dict, schema: dict, source: str) -> None:
     """Fill the defaults of each 'lms' entry; ConfigError for a missing 'path', 'lm' overrides of a non-'train' LM
-    or of keys section 'lm' does not have."""
-    item = load_schema()["properties"]["lms"]["additionalProperties"]["properties"]
+    or of keys section 'lm' does not have, a context window not below the LM's window, or a trained LM whose
+    section 'lm' (with its overrides) fails the schema or has attention heads that do not divide its width."""
+    item = schema["properties"]["lms"]["additionalProperties"]["properties"]
+    lm_schema = jsonschema.Draft202012Validator(schema["properties"]["lm"])
+    ev = cfg["eval"]
     for name, lm in cfg["lms"].items():
         for k, sub in item.items():
             lm.setdefault(k, copy.deepcopy(sub.get("default")))
@@ -93,6 +96,22 @@ def _check_lms(cfg: dict, source: str) -> None:
         if unknown:
             raise ConfigError(f"{source}: config key 'lms.{name}.lm': {unknown} are not keys of section 'lm' "
                               f"(allowed: {sorted(cfg['lm'])})")
+        window = lm_tokens_per_sample(cfg, name)
+        if ev["context_window"] >= window:
+            key = f"lms.{name}.tokens_per_sample" if lm.get("tokens_per_sample") else "lm.tokens_per_sample"
+            raise ConfigError(f"{source}: config key 'eval.context_window' must be < '{key}' ({window}, the window "
+                              f"of base LM {name!r}), found {ev['context_window']}")
+        if lm["source"] != "train":
+            continue
+        sec, where = lm_section(cfg, name), (f"lms.{name}.lm" if lm["lm"] else "lm")
+        for err in lm_schema.iter_errors(sec):
+            raise ConfigError(f"{source}: config key '{where}.{'.'.join(map(str, err.absolute_path))}': expected "
+                              f"{ {k: v for k, v in err.schema.items() if k not in ('description', 'default')} }, "
+                              f"found {err.instance!r}")
+        if sec["decoder_embed_dim"] % sec["decoder_attention_heads"]:
+            raise ConfigError(
+                f"{source}: config key '{where}.decoder_attention_heads' must divide '{where}.decoder_embed_dim' "
+                f"({sec['decoder_embed_dim']}), found {sec['decoder_attention_heads']}")
 
 
 def lm_section(cfg: dict, name: str) -> dict:
@@ -117,27 +136,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(f"{source} failed the schema {SCHEMA_PATH.name}:\n  " + "\n  ".join(_describe(e) for e in errors))
-    ev = cfg["eval"]
-    _check_lms(cfg, source)
-    for name in cfg["lms"]:
-        window = lm_tokens_per_sample(cfg, name)
-        if ev["context_window"] >= window:
-            key = f"lms.{name}.tokens_per_sample" if cfg["lms"][name].get("tokens_per_sample") else "lm.tokens_per_sample"
-            raise ConfigError(f"{source}: config key 'eval.context_window' must be < '{key}' ({window}, the window "
-                              f"of base LM {name!r}), found {ev['context_window']}")
-    lm_schema = load_schema()["properties"]["lm"]
-    for name, entry in cfg["lms"].items():
-        if entry["source"] != "train":
-            continue
-        sec, where = lm_section(cfg, name), (f"lms.{name}.lm" if entry["lm"] else "lm")
-        for err in jsonschema.Draft202012Validator(lm_schema).iter_errors(sec):
-            raise ConfigError(f"{source}: config key '{where}.{'.'.join(map(str, err.absolute_path))}': expected "
-                              f"{ {k: v for k, v in err.schema.items() if k not in ('description', 'default')} }, "
-                              f"found {err.instance!r}")
-        if sec["decoder_embed_dim"] % sec["decoder_attention_heads"]:
-            raise ConfigError(
-                f"{source}: config key '{where}.decoder_attention_heads' must divide '{where}.decoder_embed_dim' "
-                f"({sec['decoder_embed_dim']}), found {sec['decoder_attention_heads']}")
+    _check_lms(cfg, schema, source)
     extra = sorted(set(cfg["temperature"]["ratios"]) - set(cfg["datastore_size"]["ratios"]))
     if extra:
         raise ConfigError(f"{source}: config key 'temperature.ratios' must be a subset of 'datastore_size.ratios' "

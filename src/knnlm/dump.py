@@ -99,10 +99,11 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
 class LMPass:
     """One base LM, ready to run over a split: `n(split)` targets, key dim `d`, `states(split, with_log_probs)`
     (per-batch dicts as iter_states), and `identity` (recorded in every manifest: checkpoint_sha256,
-    data_sha256 per split, tokens_per_sample, source). Built by fairseq_pass or hf_pass."""
+    data_sha256 per split, tokens_per_sample, source); `tokens(split)` (a Hugging Face LM's own tokenisation,
+    knnlm.hf.tokenize_split; None for fairseq, whose tokens are the run's BPE). Built by fairseq_pass or hf_pass."""
 
-    def __init__(self, n, d, states, identity):
-        self.n, self.d, self.states, self.identity = n, d, states, identity
+    def __init__(self, n, d, states, identity, tokens=None):
+        self.n, self.d, self.states, self.identity, self.tokens = n, d, states, identity, tokens
 
 
 def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int) -> LMPass:
@@ -137,12 +138,11 @@ def hf_pass(card: dict, texts: dict, context_window: int, max_tokens: int, token
         stream = np.concatenate([[hf.start_token(tok)], tokens(split)["ids"]])
         return hf.iter_states(model, stream, tokens_per_sample, context_window, max_tokens, lp, desc=f"dump {split}")
 
-    p = LMPass(n=lambda split: len(tokens(split)["ids"]), d=card["hidden_size"], states=states,
-               identity=lambda split: {"source": "hf", "model": card["path"], "checkpoint_sha256": card["checkpoint_sha256"],
-                                       "tokenizer_sha256": card["tokenizer_sha256"], "data_sha256": sha256_file(texts[split]),
-                                       "context_window": context_window, "tokens_per_sample": tokens_per_sample})
-    p.tokens = tokens
-    return p
+    return LMPass(n=lambda split: len(tokens(split)["ids"]), d=card["hidden_size"], states=states, tokens=tokens,
+                  identity=lambda split: {"source": "hf", "model": card["path"], "checkpoint_sha256": card["checkpoint_sha256"],
+                                          "tokenizer_sha256": card["tokenizer_sha256"],
+                                          "data_sha256": sha256_file(texts[split]), "context_window": context_window,
+                                          "tokens_per_sample": tokens_per_sample})
 
 
 def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, threads: int) -> dict:

@@ -13,7 +13,7 @@ import numpy as np
 def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int) -> np.ndarray:
     """The scope of a split: sorted int64 token indices of whole documents.
 
-    doc: [T] document id per target token (knnlm.stats.token_documents). Documents are visited in a seeded
+    doc: [T] document id per target token (knnlm.stats.line_token_documents). Documents are visited in a seeded
     random order and kept while the total stays ≤ max_tokens (null: all documents), so the sample spreads over
     the split. Raises ValueError naming 'retrieval.max_queries' if no document fits.
     """

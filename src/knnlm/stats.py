@@ -52,6 +52,15 @@ def bpe_token_lines(bpe_path: str | Path) -> dict[str, np.ndarray]:
     return {"line": np.concatenate(line), "words": np.concatenate(words)}
 
 
+def save_token_lines(path: str | Path, tl: dict[str, np.ndarray]) -> None:
+    """Write the 'line' and 'words' of an LM's targets (bpe_token_lines, knnlm.hf.tokenize_split) as one .npz,
+    atomically."""
+    from .io import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, line=tl["line"], words=tl["words"])
+
+
 def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048) -> np.ndarray:
     """Document id of every target token of a split: [T] int32, from the line of each target (line [T], as
     bpe_token_lines or knnlm.hf.tokenize_split give it) and the split's text (config 'stats.documents').
@@ -64,22 +73,6 @@ def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, b
     if len(line) and (line.max() >= len(lines) or line.min() < 0):
         raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
     return line_documents(lines, scheme)[line].astype(np.int32)
-
-
-def token_documents(text_path: str | Path, bpe_path: str | Path, scheme: str, block_tokens: int = 2048) -> np.ndarray:
-    """Document id of every target token of a split: [T] int32.
-
-    text_path: the split, one line per line (WikiText layout); bpe_path: the same lines as space-separated BPE
-    pieces. A line yields its pieces plus one <eos> as targets, as fairseq scores them. Raises ValueError if
-    the two files have different line counts.
-    """
-    line = bpe_token_lines(bpe_path)["line"]
-    with open(text_path, encoding="utf-8") as f:
-        n = sum(1 for _ in f)
-    n_bpe = int(line.max()) + 1 if len(line) else 0
-    if n != n_bpe:
-        raise ValueError(f"{text_path} has {n} lines, its BPE {bpe_path} {n_bpe}")
-    return line_token_documents(text_path, line, scheme, block_tokens)
 
 
 def per_document(values: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:

@@ -167,14 +167,12 @@ def _left_running(client, exp_id: str, name: str) -> str | None:
     return left[0].info.run_id
 
 
-def log_points(cfg: dict, run_id: str | None, step: int, values: dict[str, float]) -> None:
+def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> None:
     """Log {metric: value} at `step` into run `run_id` now (under the store's lock). A live point is a convenience:
     when the store is busy or unreachable it is skipped with a warning (the job's end logs the whole curve)."""
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    if run_id is None:
-        return
     results_dir = Path(cfg["results_dir"])
     now = int(time.time() * 1000)
 
@@ -207,8 +205,8 @@ def log_run(cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw)
         pending.mkdir(parents=True, exist_ok=True)
         name = _job_name(rule, dict(wildcards or {}))
         record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule,
-                  "wildcards": dict(wildcards or {}), "error": f"{type(e).__name__}: {e}",
-                  **{k: (list(map(str, v)) if k == "artifacts" else v) for k, v in kw.items()}}
+                  "wildcards": dict(wildcards or {}), "log_error": f"{type(e).__name__}: {e}",
+                  "kw": {k: (list(map(str, v)) if k == "artifacts" else v) for k, v in kw.items()}}
         path = pending / f"{name.replace('/', '_')}-{time.time():.0f}.json"
         path.write_text(json.dumps(record, default=str))
         log.warning("MLflow: the run of %s was NOT logged (%s: %s); saved to %s - replay it with "
@@ -224,11 +222,9 @@ def replay(results_dir: str | Path) -> int:
     done = 0
     for path in sorted((Path(results_dir) / PENDING_DIR).glob("*.json")):
         rec = json.loads(path.read_text())
-        kw = {k: rec[k] for k in ("params", "metrics", "step_metrics", "artifacts", "start_time", "status", "error",
-                                  "run_id") if k in rec}
-        if rec.get("step_metrics"):
-            kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in rec["step_metrics"].items()}
-        kw["error"] = kw.get("error") if kw.get("status") == "FAILED" else None
+        kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
+        if kw.get("step_metrics"):
+            kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in kw["step_metrics"].items()}
         _retrying(lambda: _log_run_once({**rec["cfg"], "results_dir": str(results_dir)}, rec["rule"], rec["wildcards"],
                                         **kw), f"replaying {path.name}")
         path.unlink()

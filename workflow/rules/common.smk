@@ -56,21 +56,26 @@ def per_split(name, **fixed):
     return [P(name, split=s, **fixed) for s in EVAL_SPLITS]
 
 
-def cfg_json(*sections):
-    """The config sections a job depends on, as a shell-quoted JSON argument (in params, so a change reruns it)."""
+def quoted_cfg(*sections, **extra):
+    """The config sections a job depends on (plus `extra` sections given as values), as a shell-quoted JSON
+    argument (in params, so a change reruns it)."""
     keep = ("name", "results_dir", "threads") + sections
-    return shlex.quote(json.dumps({k: CFG[k] for k in keep if k in CFG}, sort_keys=True))
+    return shlex.quote(json.dumps({**{k: CFG[k] for k in keep if k in CFG}, **extra}, sort_keys=True))
+
+
+def cfg_json(*sections):
+    """quoted_cfg of the sections: a rule's `params.cfg`."""
+    return quoted_cfg(*sections)
 
 
 def cfg_of_lm(*sections):
     """params function: cfg_json(*sections) plus, for a Hugging Face LM, its own entry of config 'lms' (with its
     window resolved), so that adding another LM to 'lms' reruns nothing of the others."""
     def fn(wildcards):
-        cfg = {k: CFG[k] for k in ("name", "results_dir", "threads") + sections if k in CFG}
         lm = CFG["lms"][wildcards.lm]
-        if lm["source"] == "hf":
-            cfg["lms"] = {wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}}
-        return shlex.quote(json.dumps(cfg, sort_keys=True))
+        if lm["source"] != "hf":
+            return quoted_cfg(*sections)
+        return quoted_cfg(*sections, lms={wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}})
     return fn
 
 

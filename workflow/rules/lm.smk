@@ -11,8 +11,7 @@ rule train_lm:
     wildcard_constraints:
         lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
     params:
-        cfg=lambda wc: shlex.quote(json.dumps({**{k: CFG[k] for k in ("name", "results_dir", "threads")},
-                                               "lm": lm_section(CFG, wc.lm)}, sort_keys=True)),
+        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm)),
         io=io(work_dir=P("fairseq_dir"), fairseq_log=P("log", job="train_lm_{lm}.fairseq")),
     threads: THREADS
     resources:

@@ -107,8 +107,9 @@ def dump_queries(job: Job) -> dict:
     """One pass over a valid/test split: targets, the LM's log-probs, att and ffn queries, manifest; for a Hugging
     Face LM also its tokens' lines and words ('token_lines', checked against the split's word count)."""
     from ..dump import dump_queries as dump
-    from ..io import ArtifactError, atomic_path, read_json
+    from ..io import ArtifactError, read_json
     from ..scoring import perplexity
+    from ..stats import save_token_lines
 
     split = job.wildcards["split"]
     names = ("targets", "lm_logprobs", "queries_att", "queries_ffn", "manifest")
@@ -119,8 +120,7 @@ def dump_queries(job: Job) -> dict:
         if int(tl["words"].sum()) != words:
             raise ArtifactError(f"{job.path('text')}: the tokens hold {int(tl['words'].sum())} words, the split has "
                                 f"{words} ({job.path('wordcounts')})")
-        with atomic_path(job.path("token_lines")) as tmp, open(tmp, "wb") as f:
-            np.savez(f, line=tl["line"], words=tl["words"])
+        save_token_lines(job.path("token_lines"), tl)
     man = dump(lm, split, {n: job.path(n) for n in names}, job.threads)
     lp = np.load(job.path("lm_logprobs"))
     m = {"T": man["T"], "lm_ppl_word": perplexity(lp, words), "lm_ppl_token": perplexity(lp, len(lp))}
@@ -131,12 +131,10 @@ def dump_queries(job: Job) -> dict:
 def token_lines(job: Job) -> dict:
     """The targets of a fairseq LM over a split (its BPE pieces + one <eos> per line): the line and words of each
     (knnlm.stats.bpe_token_lines)."""
-    from ..io import atomic_path
-    from ..stats import bpe_token_lines
+    from ..stats import bpe_token_lines, save_token_lines
 
     tl = bpe_token_lines(job.path("bpe"))
-    with atomic_path(job.path("out")) as tmp, open(tmp, "wb") as f:
-        np.savez(f, line=tl["line"], words=tl["words"])
+    save_token_lines(job.path("out"), tl)
     return {"metrics": {"T": len(tl["line"]), "words": int(tl["words"].sum())}}
 
 
