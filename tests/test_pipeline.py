@@ -242,6 +242,13 @@ def test_table4_over_base_lms(tiny_run):
     card = read_json(art(tiny_run, "model_card", lm=TINY_HF))
     assert df.set_index("LM").loc[TINY_HF, "#params"].iloc[0] == card["parameters"]
     assert df.set_index("LM").loc["base", "#params"].iloc[0] == count_parameters(art(tiny_run, "checkpoint"))
+    # convergence with every trained row: updates as configured, best valid perplexity as fairseq saved it
+    training = df.set_index("LM")["training"]
+    assert (training.loc[TINY_HF] == "pretrained").all()
+    ckpt = torch.load(art(tiny_run, "checkpoint"), map_location="cpu", weights_only=False)
+    assert (training.loc["base"] == f"{TINY['lm']['max_update']} updates, epoch "
+            f"{ckpt['extra_state']['train_iterator']['epoch']}, best valid PPL/token "
+            f"{2 ** ckpt['extra_state']['best']:.1f}").all()
     man = read_json(art(tiny_run, "datastore_manifest", lm=TINY_HF))
     assert man["checkpoint_sha256"] == card["checkpoint_sha256"] and man["source"] == "hf"
     with pytest.raises(ArtifactError, match="another checkpoint"):

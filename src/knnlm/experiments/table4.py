@@ -28,19 +28,35 @@ log = logging.getLogger(__name__)
 def count_parameters(path: str | Path) -> int:
     """Parameters of a base LM: from a Hugging Face model card (.json) or a fairseq checkpoint's state dict
     (tensors that share storage, e.g. tied input/output embeddings, counted once)."""
+    return lm_summary(path)["parameters"]
+
+
+def lm_summary(path: str | Path) -> dict:
+    """What Table 4 says of a base LM: {'parameters': int, 'training': str}.
+
+    For a fairseq checkpoint, 'training' is its convergence as fairseq saved it: updates, epochs, and the best
+    valid loss as a per-token perplexity (2 ** loss, fairseq's base-2 loss over its own BPE tokens); the whole
+    valid curve is the MLflow run of its train_lm job. For a Hugging Face model card: "pretrained".
+    Raises KeyError when a checkpoint lacks fairseq's 'model' state."""
     import torch
 
     path = Path(path)
     if path.suffix == ".json":
-        return int(read_json(path)["parameters"])
-    state = torch.load(path, map_location="cpu", weights_only=False)["model"]
+        return {"parameters": int(read_json(path)["parameters"]), "training": "pretrained"}
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
     seen, total = set(), 0
-    for t in state.values():
+    for t in ckpt["model"].values():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
         if key not in seen:
             seen.add(key)
             total += t.numel()
-    return total
+    extra = ckpt.get("extra_state") or {}
+    history = ckpt.get("optimizer_history") or [{}]
+    updates, best = history[-1].get("num_updates"), extra.get("best")
+    epoch = (extra.get("train_iterator") or {}).get("epoch")
+    training = (f"{updates} updates, epoch {epoch}, best valid PPL/token {2 ** best:.1f}" if best is not None
+                else f"{updates} updates")
+    return {"parameters": total, "training": training}
 
 
 def _lm_nll(job: Job, split: str, i: int, score: dict) -> np.ndarray:
@@ -62,7 +78,7 @@ def table4(job: Job) -> dict:
     cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
     names = list(cfg["lms"])
     scores = [read_json(p) for p in job.paths("scores")]
-    params = [count_parameters(p) for p in job.paths("models")]
+    summaries = [lm_summary(p) for p in job.paths("models")]
     rows, m, cross = [], {}, []
     for split in ("test", "valid"):
         docs = [np.load(p) for p in job.paths(f"documents_{split}")]
@@ -76,7 +92,8 @@ def table4(job: Job) -> dict:
                         st["resamples"], st["seed"], st["level"])
             boots.append((doc_nll, doc_words))
             b, k, kt = (c["ppl"][x] for x in ("base", "knn", "tuned"))
-            rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"], "#params": params[i],
+            rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"], "#params": summaries[i]["parameters"],
+                         "training": summaries[i]["training"],
                          "base PPL (word)": b["value"], "kNN-LM PPL (word)": k["value"],
                          "absolute gain": b["value"] - k["value"], "λ": scores[i]["lambda"],
                          "relative gain (95% CI)": fmt_ci(c["diff"]["knn vs base"], pct=True),
@@ -96,7 +113,7 @@ def table4(job: Job) -> dict:
            f"{cfg['knn']['temperature']} (and τ tuned on valid), λ tuned on valid. Per word = total NLL / (whitespace "
            f"words + one <eos> per line), the same word count for every tokenizer. Relative gain = kNN-LM / base − 1 "
            f"(negative = better), 95% CI: paired bootstrap over documents ({st['resamples']} resamples, seed "
-           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). {note} "
+           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its checkpoint records it (valid curves: the MLflow runs of train_lm). {note} "
            f"{cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap)
     if cross:
