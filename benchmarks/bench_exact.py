@@ -6,7 +6,8 @@
 Data: random normal keys and queries, and (with --real <run>) the first n att keys of a finished run's datastore
 with the first t of its valid att queries -- the threshold filter behaves differently on real data. For each:
 1. exact_topk GFLOP/s over torch.mm GFLOP/s on the same shapes, fp32 keys in RAM, output buffer reused (goal
-   >= 0.8): streaming, fp16->fp32 conversion and top-k selection should cost little next to the matmul.
+   >= 0.8): streaming, fp16->fp32 conversion and top-k selection should cost little next to the matmul. Also
+   over numpy's matmul (its OpenBLAS), the GEMM exact_topk calls on the CPU (knnlm.exact._scores).
 2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
    goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
    distances to 1e-4 relative).
@@ -73,7 +74,15 @@ def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
             qq = qt[qs:qs + a.query_chunk]
             torch.mm(qq, xs.T, out=buf[:len(qq), :len(xs)])
     t_mm = time.perf_counter() - t0
-    del buf
+    nbuf = buf.numpy()
+    t0 = time.perf_counter()
+    for s in range(0, n, a.key_chunk):
+        xs = x[s:s + a.key_chunk]
+        for qs in range(0, t, a.query_chunk):
+            qq = q[qs:qs + a.query_chunk]
+            np.matmul(qq, xs.T, out=nbuf[:len(qq), :len(xs)])
+    t_np = time.perf_counter() - t0
+    del buf, nbuf
     faiss.omp_set_num_threads(torch.get_num_threads())
     t0 = time.perf_counter()
     f_dist, f_ids = faiss.knn(q, x, a.k, faiss.METRIC_L2)
@@ -82,7 +91,8 @@ def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
     rel = float(np.max(np.abs(dist - f_dist) / np.maximum(1.0, np.abs(f_dist))))
     print(f"[{name}] n={n} d={d} t={t} k={a.k} threads={torch.get_num_threads()}")
     print(f"[{name}] exact search {flops / t_exact / 1e9:.1f} GFLOP/s ({t_exact:.2f} s); torch.mm {flops / t_mm / 1e9:.1f} "
-          f"GFLOP/s; ratio {t_mm / t_exact:.2f} (goal >= 0.8)")
+          f"GFLOP/s; ratio {t_mm / t_exact:.2f} (goal >= 0.8); numpy's BLAS {flops / t_np / 1e9:.1f} GFLOP/s, ratio "
+          f"{t_np / t_exact:.2f}")
     print(f"[{name}] faiss.knn (brute force) {t_faiss:.2f} s; exact search is {t_faiss / t_exact:.2f}x faster (goal > 1); "
           f"same ids {100 * same_ids:.2f} %, max relative distance difference {rel:.1e}")
 

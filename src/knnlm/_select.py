@@ -40,27 +40,48 @@ def merge_row(top_s, top_i, buf_s, buf_i, f):
     return kth
 
 
+GROUP = 16  # scores per group: a group whose maximum is below the row's threshold is skipped whole
+
+
+@njit(cache=True, fastmath=True, inline='always')
+def _group_max(row, g0, g1):
+    """max of row[g0:g1] (a vectorised reduction: fastmath lets LLVM reorder it)."""
+    gm = row[g0]
+    for j in range(g0 + 1, g1):
+        gm = max(gm, row[j])
+    return gm
+
+
 @njit(parallel=True, cache=True)
 def select_block(sc, col_ids, thr, buf_s, buf_i, fill, top_s, top_i):
-    """Offer a [m, n] block of scores (col_ids [n]) to the running top-k of its m rows (see the module doc)."""
+    """Offer a [m, n] block of scores (col_ids [n]) to the running top-k of its m rows (see the module doc).
+
+    Scores are read in groups of GROUP: the group's maximum (vectorised) decides whether any of its scores can
+    pass the threshold; only then are its scores compared one by one. Once the threshold is near the k-th best,
+    almost every group is skipped, so the pass costs about one vectorised max per score."""
     m, n = sc.shape
     cap = buf_s.shape[1]
     for r in prange(m):
         t = thr[r]
         f = fill[r]
-        for j in range(n):
-            v = sc[r, j]
-            if v >= t:
-                if f == cap:
-                    kth = merge_row(top_s[r], top_i[r], buf_s[r], buf_i[r], f)
-                    f = 0
-                    if kth > t:
-                        t = kth
-                    if v < t:
-                        continue
-                buf_s[r, f] = v
-                buf_i[r, f] = col_ids[j]
-                f += 1
+        row = sc[r]
+        for g0 in range(0, n, GROUP):
+            g1 = min(n, g0 + GROUP)
+            if _group_max(row, g0, g1) < t:
+                continue
+            for j in range(g0, g1):
+                v = row[j]
+                if v >= t:
+                    if f == cap:
+                        kth = merge_row(top_s[r], top_i[r], buf_s[r], buf_i[r], f)
+                        f = 0
+                        if kth > t:
+                            t = kth
+                        if v < t:
+                            continue
+                    buf_s[r, f] = v
+                    buf_i[r, f] = col_ids[j]
+                    f += 1
         fill[r] = f
         thr[r] = t
 
