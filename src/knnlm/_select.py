@@ -94,3 +94,16 @@ def merge_buffers(buf_s, buf_i, fill, top_s, top_i):
             merge_row(top_s[r], top_i[r], buf_s[r], buf_i[r], fill[r])
             fill[r] = 0
 
+
+
+@njit(parallel=True, cache=True)
+def neighbour_hits_kernel(ids, vals, targets, hit, valid):
+    """hit[t, j] = ids[t, j] ≥ 0 and vals[ids[t, j]] == targets[t]; valid[t, j] = ids[t, j] ≥ 0 (in place, one pass;
+    knnlm.scoring.neighbour_hits)."""
+    for t in prange(ids.shape[0]):
+        y = targets[t]
+        for j in range(ids.shape[1]):
+            i = ids[t, j]
+            ok = i >= 0
+            valid[t, j] = ok
+            hit[t, j] = ok and vals[i] == y

@@ -147,10 +147,14 @@ def summarize(lp: np.ndarray, n_words: int) -> dict[str, float]:
 
 def neighbour_hits(ids: np.ndarray, vals: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(hit [T, k] bool: neighbour's val == target, valid [T, k] bool: id ≥ 0) — computed once, reused for every τ."""
-    ids = np.asarray(ids)
-    valid = ids >= 0
-    nb_vals = vals[np.where(valid, ids, 0)]
-    return (nb_vals == np.asarray(targets)[:, None]) & valid, valid
+    from ._select import neighbour_hits_kernel
+
+    ids, targets = np.asarray(ids), np.asarray(targets)
+    if ids.ndim != 2 or targets.shape != ids.shape[:1]:
+        raise ValueError(f"ids must be [T, k] and targets [T], found {ids.shape} and {targets.shape}")
+    hit, valid = np.empty(ids.shape, dtype=bool), np.empty(ids.shape, dtype=bool)
+    neighbour_hits_kernel(ids, np.asarray(vals), targets, hit, valid)  # one parallel pass (numba)
+    return hit, valid
 
 
 CUT = 30.0  # sweep_temperature leaves out softmax terms below e^−CUT of the best neighbour's
@@ -186,7 +190,8 @@ def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, te
         zh_shift = zh - zmax_h[r]  # ≤ 0, = 0 at each row's best hit
         # the denominator needs only the neighbours with z/τ > −CUT: sorted, they are a prefix of each row, so
         # a small τ (every other neighbour's term below e^−CUT) reads a few columns instead of all k
-        zs = z.sort(1, descending=True).values
+        # a neighbour cache is sorted best first (faiss and exact search both return it so): no sort then
+        zs = z if bool((z[:, 1:] <= z[:, :-1]).all()) else z.sort(1, descending=True).values
         neg = zs.neg()  # ascending (−inf last as +inf): searchsorted gives each row's prefix length
         e = torch.empty_like(z)
         for i, tau in enumerate(taus):
