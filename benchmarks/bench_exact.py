@@ -20,6 +20,8 @@ import os
 # faiss and torch each keep an OpenMP pool; with the default (active) wait policy one library's idle threads spin
 # while the other computes, which slowed the second stage ~3-10x when both ran in one process
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# as knnlm/__init__.py: OpenBLAS threads stop spinning soon after each GEMM (before numpy loads OpenBLAS)
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import argparse
 import json

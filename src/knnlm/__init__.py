@@ -12,3 +12,11 @@ Modules:
   tracking  -- MLflow logging (sqlite store by default)
 """
 __version__ = "0.1.0"
+
+import os as _os
+
+# numpy's OpenBLAS keeps its threads spinning for 2^28 cycles (~0.1 s) after every GEMM; the exact search's
+# numba selection pass, which follows each GEMM, then shares the 2 cores with them. Measured (N = 500k, D = 256,
+# T = 4,096, k = 1,024): selection 3.3 s with the default, 2.1 s with 2^4 cycles. Read when OpenBLAS loads,
+# so it takes effect where knnlm is imported before numpy (every `python -m knnlm` job); a user's setting wins.
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
