@@ -57,6 +57,17 @@ def child(path: str, t: int, k: int) -> None:
     print(json.dumps({"max_rss_mb": hwm_kb / 1024}))
 
 
+def time_gemm(mm, x: np.ndarray, q: np.ndarray, buf: np.ndarray, key_chunk: int, query_chunk: int) -> float:
+    """Seconds for mm(q_block, x_block, out) over every (key chunk, query chunk) block, output buffer reused."""
+    t0 = time.perf_counter()
+    for s in range(0, x.shape[0], key_chunk):
+        xs = x[s:s + key_chunk]
+        for qs in range(0, q.shape[0], query_chunk):
+            qq = q[qs:qs + query_chunk]
+            mm(qq, xs, buf[:len(qq), :len(xs)])
+    return time.perf_counter() - t0
+
+
 def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
     """Print exact_topk vs torch.mm and vs faiss.knn on one data set (keys: [n, d] fp16 memmap, q: [t, d] fp32)."""
     import faiss
@@ -67,24 +78,11 @@ def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
     ids, dist = exact_topk(keys, q, a.k, "l2", key_chunk=a.key_chunk, query_chunk=a.query_chunk, progress=False)
     t_exact = time.perf_counter() - t0
     x = np.ascontiguousarray(keys, dtype=np.float32)  # the baselines get fp32 keys already in RAM
-    xt, qt = torch.from_numpy(x), torch.from_numpy(q)
-    buf = torch.empty(min(a.query_chunk, t), a.key_chunk)
-    t0 = time.perf_counter()
-    for s in range(0, n, a.key_chunk):
-        xs = xt[s:s + a.key_chunk]
-        for qs in range(0, t, a.query_chunk):
-            qq = qt[qs:qs + a.query_chunk]
-            torch.mm(qq, xs.T, out=buf[:len(qq), :len(xs)])
-    t_mm = time.perf_counter() - t0
-    nbuf = buf.numpy()
-    t0 = time.perf_counter()
-    for s in range(0, n, a.key_chunk):
-        xs = x[s:s + a.key_chunk]
-        for qs in range(0, t, a.query_chunk):
-            qq = q[qs:qs + a.query_chunk]
-            np.matmul(qq, xs.T, out=nbuf[:len(qq), :len(xs)])
-    t_np = time.perf_counter() - t0
-    del buf, nbuf
+    buf = np.empty((min(a.query_chunk, t), a.key_chunk), dtype=np.float32)
+    t_mm = time_gemm(lambda qq, xs, out: torch.mm(torch.from_numpy(qq), torch.from_numpy(xs).T, out=torch.from_numpy(out)),
+                     x, q, buf, a.key_chunk, a.query_chunk)
+    t_np = time_gemm(lambda qq, xs, out: np.matmul(qq, xs.T, out=out), x, q, buf, a.key_chunk, a.query_chunk)
+    del buf
     faiss.omp_set_num_threads(torch.get_num_threads())
     t0 = time.perf_counter()
     f_dist, f_ids = faiss.knn(q, x, a.k, faiss.METRIC_L2)
