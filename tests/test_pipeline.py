@@ -229,7 +229,7 @@ def test_table4_over_base_lms(tiny_run):
     """Table 4 has one row per base LM (the trained one and the Hugging Face one) and split; each kNN-LM row is the
     LM's own Table 1 score (att/L2), its CI brackets the point, and the HF LM's datastore is refused with other
     queries."""
-    from knnlm.experiments.table4 import count_parameters
+    from knnlm.experiments.table4 import lm_summary
 
     df = pd.read_csv(Layout(tiny_run["results_dir"], "tiny").path("run_table", table="table4", ext="csv"))
     assert sorted(zip(df["split"], df["LM"])) == sorted((s, lm) for s in ("test", "valid") for lm in ("base", TINY_HF))
@@ -241,7 +241,7 @@ def test_table4_over_base_lms(tiny_run):
         assert lo <= v <= hi and v == pytest.approx(100 * (r["kNN-LM PPL (word)"] / r["base PPL (word)"] - 1), abs=0.06)
     card = read_json(art(tiny_run, "model_card", lm=TINY_HF))
     assert df.set_index("LM").loc[TINY_HF, "#params"].iloc[0] == card["parameters"]
-    assert df.set_index("LM").loc["base", "#params"].iloc[0] == count_parameters(art(tiny_run, "checkpoint"))
+    assert df.set_index("LM").loc["base", "#params"].iloc[0] == lm_summary(art(tiny_run, "checkpoint"))["parameters"]
     # convergence with every trained row: updates as configured, best valid perplexity as fairseq saved it
     training = df.set_index("LM")["training"]
     assert (training.loc[TINY_HF] == "pretrained").all()

@@ -220,3 +220,20 @@ def test_best_lambda_per_tau_is_the_grid_argmin():
         idx, nll = best_lambda_per_tau(lp_lm, lp_knn, lambda_grid(steps))
         np.testing.assert_array_equal(idx, grid.argmin(1))
         np.testing.assert_array_equal(nll, grid.min(1))
+
+
+def test_neighbour_hits_matches_numpy_and_refuses_ids_past_the_datastore():
+    """The numba pass equals numpy's gather (−1 = no neighbour), and an id ≥ len(vals) is an IndexError, not a read
+    past the array."""
+    from knnlm.scoring import neighbour_hits
+
+    rng = np.random.default_rng(3)
+    vals = rng.integers(0, 7, 500).astype(np.int32)
+    ids = rng.integers(-1, 500, (40, 32))
+    targets = rng.integers(0, 7, 40)
+    hit, valid = neighbour_hits(ids, vals, targets)
+    np.testing.assert_array_equal(valid, ids >= 0)
+    np.testing.assert_array_equal(hit, (vals[np.where(ids >= 0, ids, 0)] == targets[:, None]) & (ids >= 0))
+    ids[3, 5] = 500
+    with pytest.raises(IndexError, match="out of range"):
+        neighbour_hits(ids, vals, targets)

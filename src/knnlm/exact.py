@@ -263,7 +263,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
             qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
             tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) if dev.type != "cpu"
                     else _RunningTopKCPU(min(query_chunk, nb - qs), k) for qs in range(0, nb, query_chunk)]
-            if dev.type != "cpu":  # the CPU's running top-k raises its thresholds by itself within the first chunk
+            if dev.type != "cpu":  # the CPU seeds its thresholds from the first key chunk's own scores (below)
                 _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs)
             for ks in range(0, n, key_chunk):
                 ke = min(n, ks + key_chunk)

@@ -146,14 +146,19 @@ def summarize(lp: np.ndarray, n_words: int) -> dict[str, float]:
 
 
 def neighbour_hits(ids: np.ndarray, vals: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(hit [T, k] bool: neighbour's val == target, valid [T, k] bool: id ≥ 0) — computed once, reused for every τ."""
+    """(hit [T, k] bool: neighbour's val == target, valid [T, k] bool: id ≥ 0) — computed once, reused for every τ.
+
+    Raises ValueError for mismatched shapes, IndexError for an id ≥ len(vals)."""
     from ._select import neighbour_hits_kernel
 
     ids, targets = np.asarray(ids), np.asarray(targets)
     if ids.ndim != 2 or targets.shape != ids.shape[:1]:
         raise ValueError(f"ids must be [T, k] and targets [T], found {ids.shape} and {targets.shape}")
+    vals = np.asarray(vals)
+    if ids.size and int(ids.max()) >= len(vals):  # the kernel does not bounds-check: refuse ids past the datastore
+        raise IndexError(f"neighbour id {int(ids.max())} is out of range for a datastore of {len(vals)} vals")
     hit, valid = np.empty(ids.shape, dtype=bool), np.empty(ids.shape, dtype=bool)
-    neighbour_hits_kernel(ids, np.asarray(vals), targets, hit, valid)  # one parallel pass (numba)
+    neighbour_hits_kernel(ids, vals, targets, hit, valid)  # one parallel pass (numba)
     return hit, valid
 
 

@@ -25,14 +25,10 @@ from ..stats import bootstrap_ppl, compare, fmt_ci, interval, per_document, resa
 log = logging.getLogger(__name__)
 
 
-def count_parameters(path: str | Path) -> int:
-    """Parameters of a base LM: from a Hugging Face model card (.json) or a fairseq checkpoint's state dict
-    (tensors that share storage, e.g. tied input/output embeddings, counted once)."""
-    return lm_summary(path)["parameters"]
-
-
 def lm_summary(path: str | Path) -> dict:
-    """What Table 4 says of a base LM: {'parameters': int, 'training': str}.
+    """What Table 4 says of a base LM: {'parameters': int, 'training': str}. Parameters: from a Hugging Face model
+    card (.json) or a fairseq checkpoint's state dict (tensors that share storage, e.g. tied input/output
+    embeddings, counted once).
 
     For a fairseq checkpoint, 'training' is its convergence as fairseq saved it: updates, epochs, and the best
     valid loss as a per-token perplexity (2 ** loss, fairseq's base-2 loss over its own BPE tokens); the whole
@@ -92,8 +88,8 @@ def table4(job: Job) -> dict:
                         st["resamples"], st["seed"], st["level"])
             boots.append((doc_nll, doc_words))
             b, k, kt = (c["ppl"][x] for x in ("base", "knn", "tuned"))
-            rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"], "#params": summaries[i]["parameters"],
-                         "training": summaries[i]["training"],
+            rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"],
+                         "#params": summaries[i]["parameters"], "training": summaries[i]["training"],
                          "base PPL (word)": b["value"], "kNN-LM PPL (word)": k["value"],
                          "absolute gain": b["value"] - k["value"], "λ": scores[i]["lambda"],
                          "relative gain (95% CI)": fmt_ci(c["diff"]["knn vs base"], pct=True),
@@ -113,7 +109,8 @@ def table4(job: Job) -> dict:
            f"{cfg['knn']['temperature']} (and τ tuned on valid), λ tuned on valid. Per word = total NLL / (whitespace "
            f"words + one <eos> per line), the same word count for every tokenizer. Relative gain = kNN-LM / base − 1 "
            f"(negative = better), 95% CI: paired bootstrap over documents ({st['resamples']} resamples, seed "
-           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its checkpoint records it (valid curves: the MLflow runs of train_lm). {note} "
+           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its "
+           f"checkpoint records it (valid curves: the MLflow runs of train_lm). {note} "
            f"{cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap)
     if cross:
