@@ -98,3 +98,33 @@ def test_fp16_keys_near_their_range_never_overflow(metric, tmp_path):
     want = np.take_along_axis(full, order, 1)
     np.testing.assert_allclose(dists, want, rtol=1e-4)
     np.testing.assert_allclose(recompute_distances(keys, q, ids, metric), np.take_along_axis(full, ids, 1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_recompute_distances_every_fp16_class(tmp_path, dtype, metric):
+    """The CPU kernel converts fp16 keys in registers: zeros, subnormals, negatives and the largest fp16 values all
+    give the fp64 brute-force distance (read from a memmap, as in the pipeline)."""
+    rng = np.random.default_rng(5)
+    n, d = 300, 40
+    x = rng.normal(size=(n, d)) * rng.choice([1e-6, 3e-5, 1.0, 100.0], size=(n, 1))  # 1e-6, 3e-5: fp16 subnormals
+    x[0] = 0.0
+    x[1, :3] = [65504.0, -65504.0, -0.0]
+    keys = np.lib.format.open_memmap(tmp_path / "k.npy", "w+", dtype, (n, d))
+    keys[:] = x
+    keys.flush()
+    keys = np.load(tmp_path / "k.npy", mmap_mode="r")
+    assert dtype == np.float32 or (np.abs(np.asarray(keys[2:], dtype=np.float64)) < 6.1e-5).any()  # subnormals present
+    q = rng.normal(size=(30, d)).astype(np.float32)
+    ids = rng.integers(0, n, size=(30, 25))
+    ids[:, 0], ids[:, 1], ids[2, 5:] = 0, 1, -1
+    got = recompute_distances(keys, q, ids, metric)
+    kx, qx = np.asarray(keys, dtype=np.float64), q.astype(np.float64)
+    full = ((qx[:, None] - kx[None]) ** 2).sum(-1) if metric == "l2" else qx @ kx.T
+    want = np.where(ids >= 0, np.take_along_axis(full, np.maximum(ids, 0), 1), np.inf if metric == "l2" else -np.inf)
+    assert np.array_equal(np.isinf(got), ids < 0)
+    ok = ids >= 0
+    mag = np.take_along_axis((np.abs(qx) + 1) @ (np.abs(kx) + 1).T, np.maximum(ids, 0), 1)  # Σ|q_c k_c|-like scale
+    assert (np.abs(got - want)[ok] <= (2e-6 * np.abs(want) + 1e-6 * mag)[ok]).all()  # fp32 sums of exact products
+    with pytest.raises(IndexError, match="out of range"):
+        recompute_distances(keys, q, np.full((2, 2), n), metric)

@@ -139,7 +139,7 @@ def test_temperature_sweep_equals_per_tau_scoring():
     scores[2] *= 60  # far-apart scores: at τ = 0.05 the hits' mass underflows float32 (the float64 redo path)
     scores[3, :4] = scores[3].max() + 1  # a tie at the best score (the τ = 0 limit shares the mass)
     taus = [0.0, 0.05, 0.3, 1.0, 2.5]
-    sweep = sweep_temperature(scores, hit, valid, taus, chunk=16)
+    sweep = sweep_temperature(scores, hit, valid, taus)
     for i, tau in enumerate(taus[1:], 1):
         direct = knn_log_prob(scores, vals[np.maximum(ids, 0)], targets, tau, ids >= 0)
         assert np.array_equal(np.isneginf(sweep[i]), np.isneginf(direct))
@@ -195,7 +195,7 @@ def test_temperature_sweep_with_l2_scale_scores_and_unsorted_columns():
     targets = rng.integers(0, 20, T)
     hit, valid = neighbour_hits(ids, vals, targets)
     taus = [0.1, 0.5, 1.0, 3.0, 10.0, 30.0]
-    sweep = sweep_temperature(scores, hit, valid, taus, chunk=32)
+    sweep = sweep_temperature(scores, hit, valid, taus)
     for i, tau in enumerate(taus):
         direct = knn_log_prob(scores.astype(np.float64), vals[np.maximum(ids, 0)], targets, tau, ids >= 0)
         assert np.array_equal(np.isneginf(sweep[i]), np.isneginf(direct))

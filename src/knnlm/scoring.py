@@ -165,53 +165,33 @@ def neighbour_hits(ids: np.ndarray, vals: np.ndarray, targets: np.ndarray) -> tu
 CUT = 30.0  # sweep_temperature leaves out softmax terms below e^−CUT of the best neighbour's
 
 
-def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperatures,
-                      chunk: int = 512) -> np.ndarray:
+def sweep_temperature(scores: np.ndarray, hit: np.ndarray, valid: np.ndarray, temperatures) -> np.ndarray:
     """log p_kNN(target) for every τ in `temperatures` from one neighbour cache, no new search (paper Sec. 6, Fig. 5).
 
     scores: [T, k] float (higher = closer), hit/valid: [T, k] bool from neighbour_hits; temperatures: τ ≥ 0,
     where τ = 0 is the limit τ → 0 (the mass is shared by the neighbours tied at the best score).
-    Returns [len(temperatures), T] float64; for τ > 0 each row equals knn_log_prob(scores, ·, ·, τ, valid).
-    Fast path: float32 torch exps on the scores shifted by their row maximum, a cache-sized chunk of
-    queries at a time with every τ applied to it in a reused buffer; the hits' mass is summed over the
-    (few) hit entries only, shifted by the best hit's score, so it never underflows.
-    Raises ValueError for τ < 0.
+    Returns [len(temperatures), T] float64; for τ > 0 each row equals knn_log_prob(scores, ·, ·, τ, valid) to
+    ~1e-6 relative (float32 denominators). −inf where a row has no valid hit.
+    Fast path (knnlm._sweep.sweep_kernel, numba): rows in parallel, every τ applied to a row while it is in cache,
+    a vectorised float32 exp; rows sorted best first (neighbour caches are) sum only the terms above e^−CUT of
+    the best neighbour's (≤ k · e^−30 ≈ 1e-10 of a total ≥ 1 is left out, under float32 resolution).
+    Raises ValueError for τ < 0 or mismatched shapes.
     """
-    import torch
+    from ._sweep import sweep_kernel
 
-    taus = [float(t) for t in temperatures]
-    if any(t < 0 for t in taus):
-        raise ValueError(f"temperature must be >= 0, found {min(taus)}")
+    taus = np.array([float(t) for t in temperatures], dtype=np.float64)
+    if (taus < 0).any():
+        raise ValueError(f"temperature must be >= 0, found {taus.min()}")
+    scores, hit, valid = np.asarray(scores), np.asarray(hit, dtype=bool), np.asarray(valid, dtype=bool)
+    if scores.ndim != 2 or hit.shape != scores.shape or valid.shape != scores.shape:
+        raise ValueError(f"scores, hit and valid must be [T, k] of one shape, found {scores.shape}, {hit.shape}, "
+                         f"{valid.shape}")
+    if scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv_taus = np.where(taus > 0, 1.0 / np.where(taus > 0, taus, 1.0), np.inf)
     out = np.empty((len(taus), scores.shape[0]))
-    for s0, s1 in iter_chunks(scores.shape[0], chunk):
-        m = s1 - s0
-        v = torch.as_tensor(np.asarray(valid[s0:s1]))
-        h = torch.as_tensor(np.asarray(hit[s0:s1])) & v
-        z = torch.as_tensor(np.array(scores[s0:s1], dtype=np.float32)).masked_fill_(~v, -torch.inf)
-        z -= z.amax(1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # ≤ 0, −inf where invalid
-        r, c = h.nonzero(as_tuple=True)
-        zh = z[r, c]
-        zmax_h = torch.full((m,), -torch.inf).scatter_reduce_(0, r, zh, "amax")  # best hit per row
-        zh_shift = zh - zmax_h[r]  # ≤ 0, = 0 at each row's best hit
-        # the denominator needs only the neighbours with z/τ > −CUT: sorted, they are a prefix of each row, so
-        # a small τ (every other neighbour's term below e^−CUT) reads a few columns instead of all k
-        # a neighbour cache is sorted best first (faiss and exact search both return it so): no sort then
-        zs = z if bool((z[:, 1:] <= z[:, :-1]).all()) else z.sort(1, descending=True).values
-        neg = zs.neg()  # ascending (−inf last as +inf): searchsorted gives each row's prefix length
-        e = torch.empty_like(z)
-        for i, tau in enumerate(taus):
-            if tau == 0:
-                top = (z == 0)
-                lp = (torch.log(torch.zeros(m).index_add_(0, r, top[r, c].float()))
-                      - torch.log(top.sum(1).float()))
-            else:
-                # terms below e^−CUT (≤ k · e^−30 ≈ 1e-10 of a total ≥ 1, under float32 resolution) are left
-                # out; exponents are clamped at −80 (torch's exp is ~10x slower below that)
-                w = max(1, int(torch.searchsorted(neg, torch.full((m, 1), CUT * tau)).max()))
-                total = torch.div(zs[:, :w], tau, out=e[:, :w]).clamp_min_(-80.0).exp_().sum(1)  # ≥ 1
-                hit_mass = torch.zeros(m).index_add_(0, r, (zh_shift / tau).clamp_min_(-80.0).exp_())  # ≥ 1 if hits
-                lp = torch.log(hit_mass) + zmax_h / tau - torch.log(total)
-            out[i, s0:s1] = lp.double().numpy()
+    sweep_kernel(scores, hit, valid, inv_taus, CUT, out)
     return out
 
 

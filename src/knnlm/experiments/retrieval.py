@@ -213,12 +213,16 @@ def load_settings(job: Job):
 def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
     """Mean over queries of |approx ∩ exact| / k: how many of the exact top-k neighbours ([t, k] ids, −1 = none)
     the approximate search found, i.e. how approximate "approximate" was (Xu et al. 2023, Sec. 5)."""
-    a, e = np.asarray(approx, dtype=np.int64), np.asarray(exact, dtype=np.int64)
+    from .._select import overlap_counts_kernel
+
+    a, e = np.asarray(approx), np.asarray(exact)
+    if a.ndim != 2 or e.ndim != 2 or len(a) != len(e):
+        raise ValueError(f"approx and exact must be [t, k] ids of the same t, found {a.shape} and {e.shape}")
     if a.size == 0:
         return float("nan")
-    off = (np.arange(len(a), dtype=np.int64) * (int(max(a.max(), e.max())) + 2))[:, None]  # rows never collide
-    found = np.isin(np.where(a >= 0, a + off, -1), np.where(e >= 0, e + off, -2)).reshape(a.shape)
-    return float(found.sum(1).mean() / e.shape[1])
+    found = np.empty(len(a), dtype=np.int64)
+    overlap_counts_kernel(a, e, found)  # numba, rows in parallel (np.isin over all rows took ~27 s at 16k x 1024)
+    return float(found.mean() / e.shape[1])
 
 
 TUNED = " τ*"  # suffix of a setting at its τ tuned on valid (λ re-tuned), e.g. "real_mask_real_score τ*"

@@ -1,0 +1,102 @@
+"""numba kernel of the τ sweep (knnlm.scoring.sweep_temperature): log p_kNN(target) for every τ from one pass per row.
+
+For each query row (rows in parallel): the valid scores are shifted by the row's best score (in float64, then
+stored as float32, so every exponent is ≤ 0), and for each τ the softmax denominator Σ_j exp(z_j / τ) is summed
+with a vectorised float32 exp (2^x = 2^round(x) · 2^frac(x): the integer part built in the float's exponent bits,
+the fraction by a degree-7 polynomial, relative error < 1e-7). Rows sorted best first (neighbour caches are) sum
+only the prefix whose terms are above e^−cut of the best one. The hits' mass (few terms per row) is summed in
+float64 with math.exp, shifted by the best hit's score so it never underflows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+_LOG2E = np.float32(1.4426950408889634)
+_LN2 = 0.6931471805599453
+# Taylor coefficients of e^y, y = r·ln 2 with |r| ≤ 0.5: |y| ≤ 0.347, truncation error y^8/8! < 6e-9
+_C = tuple(np.float32(_LN2 ** i / math.factorial(i)) for i in range(8))
+
+
+@njit(cache=True, fastmath=True, inline='always')
+def _exp_sum(z, w, inv_tau, frac, expo):
+    """Σ_{j < w} exp(z[j] · inv_tau) for z ≤ 0 (float32; terms below 2^−126 are flushed to 2^−126 · poly, i.e.
+    kept at ~1e-38, far under float32 resolution of a total ≥ 1). frac/expo: [≥ w] float32/int32 scratch."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = _C
+    a = inv_tau * _LOG2E
+    for j in range(w):
+        x = max(z[j] * a, np.float32(-126.0))
+        n = np.floor(x + np.float32(0.5))
+        r = x - n  # in [−0.5, 0.5]
+        frac[j] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
+        expo[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    scale = expo.view(np.float32)
+    total = np.float32(0.0)
+    for j in range(w):
+        total += frac[j] * scale[j]
+    return total
+
+
+@njit(parallel=True, cache=True)
+def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
+    """out[i, t] = log p_kNN(target of t) at τ_i = 1 / inv_taus[i] (inv_taus[i] = inf: the τ → 0 limit, the mass of
+    the neighbours tied at the best score). scores [T, k] float, hit/valid [T, k] bool, out [n_tau, T] float64.
+    Rows with no valid hit get −inf for every τ."""
+    T, k = scores.shape
+    n_tau = inv_taus.shape[0]
+    for t in prange(T):
+        z = np.empty(k, dtype=np.float32)
+        hz = np.empty(k, dtype=np.float64)
+        frac = np.empty(k, dtype=np.float32)
+        expo = np.empty(k, dtype=np.int32)
+        m = 0
+        nh = 0
+        best = -np.inf
+        for j in range(k):
+            if valid[t, j]:
+                best = max(best, np.float64(scores[t, j]))
+        is_sorted = True
+        n_top = 0
+        n_top_hit = 0
+        best_hit = -np.inf
+        for j in range(k):
+            if valid[t, j]:
+                s = np.float64(scores[t, j]) - best  # exact in float64 (scores are float32)
+                z[m] = np.float32(s)
+                if m > 0 and z[m] > z[m - 1]:
+                    is_sorted = False
+                m += 1
+                if s == 0.0:
+                    n_top += 1
+                if hit[t, j]:
+                    hz[nh] = s
+                    nh += 1
+                    best_hit = max(best_hit, s)
+                    if s == 0.0:
+                        n_top_hit += 1
+        for i in range(n_tau):
+            if nh == 0:
+                out[i, t] = -np.inf
+                continue
+            it = inv_taus[i]
+            if np.isinf(it):
+                out[i, t] = -np.inf if n_top_hit == 0 else math.log(n_top_hit / n_top)
+                continue
+            w = m
+            if is_sorted:  # the terms above e^−cut are a prefix: binary search its length
+                lim = np.float32(-cut / it)
+                lo, hi = 1, m
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if z[mid] > lim:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                w = lo
+            total = _exp_sum(z, w, np.float32(it), frac, expo)
+            hm = 0.0
+            for h in range(nh):
+                hm += math.exp((hz[h] - best_hit) * it)
+            out[i, t] = math.log(hm) + best_hit * it - math.log(np.float64(total))
