@@ -250,3 +250,24 @@ def test_hf_dataset_download_writes_the_split_files(tmp_path, monkeypatch):
     cfg["data"]["hf_dataset"]["text_field"] = "content"
     with pytest.raises(ConfigError, match="has no column 'content'"):
         download(cfg)
+
+
+def test_dump_refuses_keys_outside_fp16(tmp_path):
+    """A hidden state beyond fp16's range would be stored as inf: the dump names the key file and rows, and
+    leaves no datastore behind."""
+    import torch
+
+    from knnlm.dump import LMPass, dump_datastore
+
+    def states(split, with_log_probs):
+        for start in (0, 4):
+            att = torch.ones(4, 3)
+            if start == 4:
+                att[1, 2] = 1e5  # > 65504
+            yield {"att": att, "ffn": torch.zeros(4, 3), "target": torch.arange(4)}
+
+    lm = LMPass(n=lambda split: 8, d=3, states=states, identity=lambda split: {})
+    paths = {"att": tmp_path / "att.npy", "ffn": tmp_path / "ffn.npy"}
+    with pytest.raises(ArtifactError, match=r"att.npy: non-finite att keys in rows 4\.\.7"):
+        dump_datastore(lm, paths, tmp_path / "vals.npy", tmp_path / "manifest.json", threads=1)
+    assert not any(p.exists() for p in [*paths.values(), tmp_path / "vals.npy", tmp_path / "manifest.json"])

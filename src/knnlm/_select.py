@@ -128,26 +128,32 @@ def overlap_counts_kernel(approx, exact, out):
 
 
 @njit(cache=True, fastmath=True, inline='always')
-def _half_row(src, dst_bits):
-    """fp16 bits (uint16 [D]) to fp32 bits in dst_bits (uint32 [D]), branch-free (vectorised): the exponent and
-    mantissa shifted into place; the caller's multiply by 2^112 (viewing dst_bits as float32) then rebiases the
-    exponent and turns fp16 subnormals into the right fp32 normals; the sign is OR-ed back here. fp16 inf/NaN
-    (never in a datastore: the dump refuses non-finite keys) would come out finite."""
-    for j in range(src.shape[0]):
-        h = np.uint32(src[j])
-        dst_bits[j] = ((h & np.uint32(0x7FFF)) << np.uint32(13))
+def _distance(x, q, l2):
+    """‖q − x‖² (l2) or q · x of two float32 [D] rows, summed in float32."""
+    acc = np.float32(0.0)
+    if l2:
+        for c in range(q.shape[0]):
+            v = x[c] - q[c]
+            acc += v * v
+    else:
+        for c in range(q.shape[0]):
+            acc += x[c] * q[c]
+    return acc
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
     """out[t, j] = ‖q_t − k_{ids[t,j]}‖² (l2) or q_t · k_{ids[t,j]} (ip) in fp32, from fp16 keys given as their
-    uint16 bits ([N, D]); ids < 0 give +inf (l2) / −inf (ip). queries [T, D] float32, out [T, k] float32."""
+    uint16 bits ([N, D]); ids < 0 give +inf (l2) / −inf (ip). queries [T, D] float32, out [T, k] float32.
+
+    Each key row is converted to fp32 in a reused buffer, branch-free (vectorised): exponent and mantissa shifted
+    into an fp32's place, then a multiply by 2^112 rebiases the exponent and turns fp16 subnormals into the right
+    fp32 normals, and the sign is applied. fp16 inf/NaN would come out finite: the dump refuses non-finite keys."""
     T, k = ids.shape
     D = queries.shape[1]
     for t in prange(T):
         bits = np.empty(D, dtype=np.uint32)
         x = bits.view(np.float32)
-        sign = np.empty(D, dtype=np.float32)
         q = queries[t]
         for j in range(k):
             i = ids[t, j]
@@ -155,39 +161,19 @@ def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
                 out[t, j] = np.inf if l2 else -np.inf
                 continue
             row = keys_bits[i]
-            _half_row(row, bits)
             for c in range(D):
-                sign[c] = np.float32(-1.0) if row[c] & np.uint16(0x8000) else np.float32(1.0)
-            acc = np.float32(0.0)
-            if l2:
-                for c in range(D):
-                    v = x[c] * np.float32(5.192296858534828e33) * sign[c] - q[c]  # 2^112
-                    acc += v * v
-            else:
-                for c in range(D):
-                    acc += x[c] * np.float32(5.192296858534828e33) * sign[c] * q[c]
-            out[t, j] = acc
+                bits[c] = (np.uint32(row[c]) & np.uint32(0x7FFF)) << np.uint32(13)
+            for c in range(D):
+                sign = np.float32(-5.192296858534828e33) if row[c] & np.uint16(0x8000) else np.float32(5.192296858534828e33)
+                x[c] = x[c] * sign  # × ±2^112
+            out[t, j] = _distance(x, q, l2)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def neighbour_distances_f32(keys, queries, ids, l2, out):
     """neighbour_distances_f16 for fp32 keys [N, D]."""
-    T, k = ids.shape
-    D = queries.shape[1]
-    for t in prange(T):
+    for t in prange(ids.shape[0]):
         q = queries[t]
-        for j in range(k):
+        for j in range(ids.shape[1]):
             i = ids[t, j]
-            if i < 0:
-                out[t, j] = np.inf if l2 else -np.inf
-                continue
-            row = keys[i]
-            acc = np.float32(0.0)
-            if l2:
-                for c in range(D):
-                    v = row[c] - q[c]
-                    acc += v * v
-            else:
-                for c in range(D):
-                    acc += row[c] * q[c]
-            out[t, j] = acc
+            out[t, j] = (np.inf if l2 else -np.inf) if i < 0 else _distance(keys[i], q, l2)

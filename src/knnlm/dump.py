@@ -150,7 +150,8 @@ def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, thread
 
     Writes key_paths['att'], key_paths['ffn']: [N, D] float16 .npy; vals_path: [N] int32 (next-token ids);
     manifest_path (N, D, dtypes, key types, the LM's identity: checkpoint sha256, data sha256, context settings).
-    Atomic per file; the manifest is written last. Raises ArtifactError if the pass yields another count than N.
+    Atomic per file; the manifest is written last. Raises ArtifactError if the pass yields another count than N, or a
+    key that is not finite in fp16 (the exact-distance kernels rely on finite keys).
     """
     torch.set_num_threads(threads)
     n, d = lm.n("train"), lm.d
@@ -160,8 +161,12 @@ def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, thread
         ptr = 0
         for b in lm.states("train", False):
             m = b["target"].shape[0]
-            k_att[ptr:ptr + m] = b["att"].numpy()
-            k_ffn[ptr:ptr + m] = b["ffn"].numpy()
+            for name, arr in (("att", k_att), ("ffn", k_ffn)):
+                with np.errstate(over="ignore"):  # an overflow is reported below, with the file and rows
+                    arr[ptr:ptr + m] = b[name].numpy()
+                if not np.isfinite(arr[ptr:ptr + m]).all():  # fp16 overflow (|h| > 65504) or a NaN state
+                    raise ArtifactError(f"{key_paths[name]}: non-finite {name} keys in rows {ptr}..{ptr + m - 1} "
+                                        f"(a hidden state outside fp16's range ±65504, or NaN)")
             vals[ptr:ptr + m] = b["target"].numpy()
             ptr += m
         if ptr != n:
