@@ -128,3 +128,27 @@ def test_recompute_distances_every_fp16_class(tmp_path, dtype, metric):
     assert (np.abs(got - want)[ok] <= (2e-6 * np.abs(want) + 1e-6 * mag)[ok]).all()  # fp32 sums of exact products
     with pytest.raises(IndexError, match="out of range"):
         recompute_distances(keys, q, np.full((2, 2), n), metric)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_nested_subsets_in_one_scan_equal_separate_searches(metric):
+    """exact_topk with stops over knnlm.stores.nested_scan rows gives, at each stop, the exact search of that
+    subset alone (Sec. 5's datastore sizes in one pass); the first chunk seeds every subset's threshold."""
+    from knnlm.stores import nested_scan, subsample_rows
+
+    rng = np.random.default_rng(3)
+    keys = rng.normal(size=(6000, 16)).astype(np.float16)
+    q = rng.normal(size=(50, 16)).astype(np.float32)
+    ratios = [0.25, 1.0, 0.5]
+    rows, stops = nested_scan(len(keys), ratios, seed=7)
+    assert stops == [1500, 3000, 6000]
+    got = exact_topk(keys, q, 20, metric, key_chunk=512, query_chunk=16, rows=rows, stops=stops, progress=False)
+    for r, (ids, d) in zip(sorted(ratios), got):
+        sub = subsample_rows(len(keys), r, 7)
+        assert set(rows[:len(sub)].tolist()) == set(sub.tolist())
+        want_i, want_d = exact_topk(keys, q, 20, metric, key_chunk=512, query_chunk=16, rows=sub, progress=False)
+        np.testing.assert_allclose(d, want_d, rtol=1e-5)
+        assert (np.sort(ids, 1) == np.sort(want_i, 1)).mean() > 0.99  # ids up to ties
+        assert np.isin(ids, sub).all()
+    with pytest.raises(ValueError, match="stops"):
+        exact_topk(keys, q, 20, metric, rows=rows, stops=[3000, 1500, 6000], progress=False)

@@ -29,8 +29,8 @@ class KeyReader:
     """Reads row blocks of an [N, D] key array into a reused buffer.
 
     keys: a C-contiguous np.memmap (read with os.pread: the file's pages never count in this process's
-    RSS), or any array (sliced). rows: optional sorted int64 datastore row ids (a datastore subset);
-    block i then covers rows[start:stop]. Raises ValueError if rows are out of range.
+    RSS), or any array (sliced). rows: optional int64 datastore row ids (a datastore subset, or nested subsets
+    in scan order; ascending runs read fastest); block i then covers rows[start:stop]. Raises ValueError if rows are out of range.
     """
 
     def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
@@ -205,19 +205,20 @@ def _load_keys(reader: KeyReader, start: int, stop: int, xbuf: torch.Tensor, met
 
 
 def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torch.Tensor, sbuf: torch.Tensor,
-                     metric: str, query_chunk: int, runs: int) -> None:
+                     metric: str, query_chunk: int, runs: int, n: int) -> None:
     """Start every query's threshold at a lower bound of its final k-th best score, from a key sample.
 
-    The sample is `runs` evenly spaced runs of key_chunk // runs contiguous keys. The k-th best score in the
+    The sample is `runs` evenly spaced runs of key_chunk // runs contiguous keys among the first n of the scan (the
+    smallest of nested subsets, so the bound holds for each of them). The k-th best score in the
     sample is ≤ the final k-th best, so the bound is safe, and the scan's first chunks no longer pass most of
     their scores as candidates.
     """
     key_chunk = xbuf.shape[0]
     run = key_chunk // max(1, runs) // GROUP * GROUP
     k = tops[0].k
-    if runs <= 0 or run == 0 or runs * run < k or reader.n < runs * run * 4:
+    if runs <= 0 or run == 0 or runs * run < k or n < runs * run * 4:
         return
-    for j, start in enumerate(np.linspace(0, reader.n - run, runs).astype(np.int64)):
+    for j, start in enumerate(np.linspace(0, n - run, runs).astype(np.int64)):
         _load_keys(reader, int(start), int(start) + run, xbuf[j * run:(j + 1) * run], metric)  # fills xbuf in place
     xa = xbuf[:runs * run]
     for top, qs in zip(tops, range(0, qa.shape[0], query_chunk)):
@@ -229,7 +230,7 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
 @torch.no_grad()
 def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_chunk: int = 32768,
                query_chunk: int = 1024, query_block: int = 16384, rows: np.ndarray | None = None, sample_runs: int = 16,
-               device: str | None = None, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+               device: str | None = None, progress: bool = True, stops: list[int] | None = None):
     """Exact top-k neighbours of each query over all keys (the sharded exact search of the paper, Sec. 5).
 
     keys: [N, D] float16/float32 (memmap ok), queries: [T, D] float32, k ≤ N (or ≤ len(rows)),
@@ -238,7 +239,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     convention). L2 ranks by q·x − |x|²/2 (the query norm is added back at the end), accumulated in fp32.
     sample_runs: contiguous runs of keys (key_chunk keys in all) scored first to seed the thresholds (0 = off).
     Peak memory ≈ query_chunk × key_chunk × 4 bytes (score buffer) + query_block × k × 12 bytes (running
-    top-k) + one key chunk, independent of N. Raises ValueError on a bad metric, k or rows.
+    top-k) + one key chunk, independent of N. Raises ValueError on a bad metric, k, rows or stops.
+    stops: nested subsets in one scan (Sec. 5's datastore sizes): increasing positions in the scanned rows, the
+    last = N (or len(rows)); the result at stop s is the exact top-k of rows[:s], taken when the scan passes s.
+    Then returns [(ids, dists)], one pair per stop ([T, k] each), instead of one pair.
     """
     if metric not in ("l2", "ip"):
         raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
@@ -246,14 +250,17 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     n, t = reader.n, queries.shape[0]
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, N={n}], found {k}")
+    cuts = [n] if stops is None else [int(x) for x in stops]
+    if not cuts or cuts[-1] != n or cuts[0] < k or any(a >= b for a, b in zip(cuts, cuts[1:])):
+        raise ValueError(f"stops must increase from >= k={k} to N={n}, found {stops}")
     dev = _device(device)
     key_chunk = max(GROUP, key_chunk // GROUP * GROUP)
-    out_ids = np.empty((t, k), dtype=np.int64)
-    out_d = np.empty((t, k), dtype=np.float32)
+    outs = [(np.empty((t, k), dtype=np.int64), np.empty((t, k), dtype=np.float32)) for _ in cuts]
     d = reader.d
     sbuf = torch.empty((min(query_chunk, t), key_chunk), device=dev)
     xbuf = torch.zeros((key_chunk, d + 1), device=dev)  # fp32 keys plus the L2 bias column (0 for IP)
-    n_chunks = -(-n // key_chunk)
+    segments = list(zip([0] + cuts[:-1], cuts))
+    n_chunks = sum(-(-(b - a) // key_chunk) for a, b in segments)
     bar = tqdm(total=n_chunks * (-(-t // query_block)), desc=f"exact {metric}", unit=" chunk", disable=not progress,
                mininterval=10)
     try:
@@ -264,37 +271,38 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
             tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) if dev.type != "cpu"
                     else _RunningTopKCPU(min(query_chunk, nb - qs), k) for qs in range(0, nb, query_chunk)]
             if dev.type != "cpu":  # the CPU seeds its thresholds from the first key chunk's own scores (below)
-                _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs)
-            for ks in range(0, n, key_chunk):
-                ke = min(n, ks + key_chunk)
-                xa = _load_keys(reader, ks, ke, xbuf, metric)
-                width = -(-(ke - ks) // GROUP) * GROUP
-                col_ids = torch.full((width,), -1, dtype=torch.int64, device=dev)
-                col_ids[:ke - ks] = torch.as_tensor(reader.ids(ks, ke), device=dev)
-                for top, qs in zip(tops, range(0, nb, query_chunk)):
-                    qe = min(nb, qs + query_chunk)
-                    sc = sbuf[:qe - qs, :width]
-                    _scores(qa[qs:qe], xa, sc[:, :ke - ks])
-                    if width > ke - ks:
-                        sc[:, ke - ks:].fill_(-torch.inf)
-                    if ks == 0 and dev.type == "cpu" and ke - ks >= 4 * k:
-                        # the first chunk's k-th best is a lower bound of the final one: starting there, the
-                        # chunk passes ~k candidates per row instead of all of them (measured: the first
-                        # chunk cost 10x a later one)
-                        top.thr = torch.maximum(top.thr, _kth_best(sc[:, :ke - ks], k))
-                    top.add_block(sc, col_ids)
-                bar.update(1)
-            for top, qs in zip(tops, range(0, nb, query_chunk)):
-                best_s, best_i = top.result()
-                qe = qs + best_s.shape[0]
-                if metric == "l2":
-                    best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
-                out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
-                out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
+                _seed_thresholds(tops, qa, reader, xbuf, sbuf, metric, query_chunk, sample_runs, cuts[0])
+            for (seg_start, seg_stop), (out_ids, out_d) in zip(segments, outs):
+                for ks in range(seg_start, seg_stop, key_chunk):
+                    ke = min(seg_stop, ks + key_chunk)
+                    xa = _load_keys(reader, ks, ke, xbuf, metric)
+                    width = -(-(ke - ks) // GROUP) * GROUP
+                    col_ids = torch.full((width,), -1, dtype=torch.int64, device=dev)
+                    col_ids[:ke - ks] = torch.as_tensor(reader.ids(ks, ke), device=dev)
+                    for top, qs in zip(tops, range(0, nb, query_chunk)):
+                        qe = min(nb, qs + query_chunk)
+                        sc = sbuf[:qe - qs, :width]
+                        _scores(qa[qs:qe], xa, sc[:, :ke - ks])
+                        if width > ke - ks:
+                            sc[:, ke - ks:].fill_(-torch.inf)
+                        if ks == 0 and dev.type == "cpu" and ke - ks >= 4 * k:
+                            # the first chunk's k-th best is a lower bound of the final one (and of every nested
+                            # subset's): starting there, the chunk passes ~k candidates per row instead of all of
+                            # them (measured: the first chunk cost 10x a later one)
+                            top.thr = torch.maximum(top.thr, _kth_best(sc[:, :ke - ks], k))
+                        top.add_block(sc, col_ids)
+                    bar.update(1)
+                for top, qs in zip(tops, range(0, nb, query_chunk)):  # the top-k of rows[:seg_stop]; the scan goes on
+                    best_s, best_i = top.result()
+                    qe = qs + best_s.shape[0]
+                    if metric == "l2":
+                        best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
+                    out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
+                    out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
     finally:
         reader.close()
         bar.close()
-    return out_ids, out_d
+    return outs[0] if stops is None else outs
 
 
 @torch.no_grad()

@@ -28,7 +28,7 @@ STAGES = {
     "LM training": ["train_lm", "register_hf"],
     "dumps (datastore, queries)": ["dump_datastore", "dump_queries", "dump_queries_hf"],
     "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
-    "exact search and real score": ["exact_search", "real_score"],
+    "exact search and real score": ["exact_search", "exact_search_nested", "real_score"],
     "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_datastore_size",
                                             "write_temperature", "write_store_table", "write_pca", "write_variance", "write_findings",
                                             "write_table4"],

@@ -73,6 +73,17 @@ def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
     return np.sort(perm[:size]).astype(np.int64)
 
 
+def nested_scan(n: int, ratios: list[float], seed: int) -> tuple[np.ndarray, list[int]]:
+    """One scan order over the nested subsets of `ratios` (subsample_rows with this seed): (rows [n_max] int64,
+    stops), where rows[:stops[i]] holds exactly the rows of the i-th smallest ratio's subset, each segment in
+    ascending order (exact search of every size in one pass, knnlm.exact.exact_topk's `stops`).
+    Raises ValueError as subsample_rows."""
+    sizes = sorted({len(subsample_rows(n, r, seed)) for r in ratios})
+    perm = np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+    segs = [np.sort(perm[a:b]) for a, b in zip([0] + sizes[:-1], sizes)]
+    return np.concatenate(segs).astype(np.int64), sizes
+
+
 IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
 
 

@@ -1,6 +1,42 @@
 # Datastore size (Xu et al. 2023, Sec. 5, Figures 2 and 4): the mask/score settings of the stores
 # r<ratio> (seeded random subsets, knnlm.stores) and the full one.
 SIZE_STORES = [store_name(r) for r in DS["ratios"]]
+NESTED_STORES = [store_name(r) for r in sorted(DS["ratios"])]
+
+
+if len(NESTED_STORES) > 1:
+
+    # The real mask of every size in one scan (the subsets are nested: each is a prefix of one scan order), for
+    # the cost of the largest: knnlm.experiments.retrieval.exact_search_nested. Other stores: rule exact_search.
+    rule exact_search_nested:
+        input:
+            **datastore("{key}"),
+            **queries("{split}", "{key}"),
+            stores=expand(P("store_prep"), store=NESTED_STORES, allow_missing=True),
+            scope=P("scope"),
+        output:
+            ids=expand(P("exact_ids"), store=NESTED_STORES, allow_missing=True),
+            dists=expand(P("exact_dists"), store=NESTED_STORES, allow_missing=True),
+            meta=expand(P("exact_meta"), store=NESTED_STORES, allow_missing=True),
+        wildcard_constraints:
+            key="|".join(DS["key_types"]),
+            metric="|".join(DS["metrics"]),
+        params:
+            cfg=cfg_json("retrieval", "knn"),
+            io=io(),
+        threads: THREADS
+        resources:
+            mem_mb=8000,
+        log:
+            log_of("exact_search_nested", "lm", "key", "metric", "split"),
+        benchmark:
+            bench_of("exact_search_nested", "lm", "key", "metric", "split")
+        conda:
+            ENV
+        shell:
+            knnlm("retrieval.exact_search_nested")
+
+    ruleorder: exact_search_nested > exact_search
 
 
 rule write_datastore_size:

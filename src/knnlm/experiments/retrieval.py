@@ -143,26 +143,66 @@ def real_score(job: Job) -> dict:
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
 
 
+def _write_exact(job: Job, i: int, ids: np.ndarray, d: np.ndarray, n: int, secs: float, flop: float, man: dict,
+                 **extra) -> dict:
+    """Write the i-th store's exact ids, dists and meta of the job (outputs 'ids', 'dists', 'meta'); the meta."""
+    with create_npy(job.paths("ids")[i], ids.shape, np.int32) as a:
+        a[:] = ids
+    with create_npy(job.paths("dists")[i], d.shape, np.float32) as a:
+        a[:] = d
+    meta = {"T": len(ids), "k": ids.shape[1], "N": n, "seconds": secs, "gflops": flop / secs / 1e9,
+            "checkpoint_sha256": man["checkpoint_sha256"], **extra}
+    write_json(job.paths("meta")[i], meta)
+    return meta
+
+
 def exact_search(job: Job) -> dict:
     """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries."""
     from ..exact import exact_topk
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
-    t = len(sc)
     k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
     t0 = time.time()
     ids, d = exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
                         r["exact_key_chunk"], r["exact_query_chunk"], r["exact_query_block"], rows=store.rows)
-    with create_npy(job.path("ids"), ids.shape, np.int32) as a:
-        a[:] = ids
-    with create_npy(job.path("dists"), d.shape, np.float32) as a:
-        a[:] = d
     secs = time.time() - t0
-    gflops = 2.0 * t * store.size * store.keys.shape[1] / secs / 1e9
-    write_json(job.path("meta"), {"T": t, "k": k, "N": int(store.keys.shape[0]), "seconds": secs, "gflops": gflops,
-                                  "checkpoint_sha256": man["checkpoint_sha256"]})
-    return {"metrics": {"T": t, "seconds": secs, "gflops": gflops}}
+    meta = _write_exact(job, 0, ids, d, int(store.keys.shape[0]), secs, 2.0 * len(sc) * store.size * store.keys.shape[1], man)
+    return {"metrics": {"T": meta["T"], "seconds": secs, "gflops": meta["gflops"]}}
+
+
+def exact_search_nested(job: Job) -> dict:
+    """Exact top-k over each of the nested datastore subsets (the stores of input 'stores': r<ratio> of one seed
+    and the full one; Sec. 5, Figures 2 and 4) in one scan: the keys in an order where every subset is a prefix
+    (knnlm.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
+    exact_search per store, for the cost of the largest. Raises ArtifactError if a store is not such a subset."""
+    from ..exact import exact_topk
+    from ..stores import nested_scan, open_store
+
+    keys, _, man = open_datastore(job)
+    stores = job.paths("stores")
+    opened = [open_store(p, keys, man) for p in stores]
+    seeds = {st.meta["seed"] for st in opened if st.rows is not None}
+    bad = [str(p) for p, st in zip(stores, opened) if st.transform is not None or st.meta.get("dim") != man["D"]
+           or (st.rows is not None and "ratio" not in st.meta)]
+    if bad or len(seeds) > 1:
+        raise ArtifactError(f"nested exact search takes seeded subsets of one seed and the full store; found {bad or seeds}")
+    ratios = [st.meta["ratio"] if st.rows is not None else 1.0 for st in opened]
+    rows, stops = nested_scan(man["N"], ratios, seeds.pop() if seeds else 0)
+    for p, st in zip(stores, opened):
+        if not np.array_equal(np.sort(rows[:st.size]), np.arange(man["N"]) if st.rows is None else st.rows):
+            raise ArtifactError(f"{p}: its rows are not the first {st.size} of the nested scan (another subset seed?)")
+    q, queries, sc = _scoped(job, man)
+    k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
+    t0 = time.time()
+    res = dict(zip(stops, exact_topk(keys, queries, k, job.wildcards["metric"], r["exact_key_chunk"], r["exact_query_chunk"],
+                                     r["exact_query_block"], rows=rows, stops=stops)))
+    secs = time.time() - t0
+    for i, st in enumerate(opened):
+        _write_exact(job, i, *res[st.size], int(keys.shape[0]), secs, 2.0 * len(sc) * stops[-1] * keys.shape[1], man,
+                     nested_scan={"stops": stops, "store_size": st.size})
+    return {"metrics": {"T": len(sc), "seconds": secs, "gflops": 2.0 * len(sc) * stops[-1] * keys.shape[1] / secs / 1e9,
+                        "stores": len(opened)}}
 
 
 def load_settings(job: Job):
