@@ -128,17 +128,20 @@ def overlap_counts_kernel(approx, exact, out):
 
 
 @njit(cache=True, fastmath=True, inline='always')
-def _distance(x, q, l2):
-    """‖q − x‖² (l2) or q · x of two float32 [D] rows, summed in float32."""
+def _distance(x, scale, q, l2):
+    """‖q − scale·x‖² (l2) or q · (scale·x) of two float32 [D] rows, summed in float32."""
     acc = np.float32(0.0)
     if l2:
         for c in range(q.shape[0]):
-            v = x[c] - q[c]
+            v = x[c] * scale - q[c]
             acc += v * v
     else:
         for c in range(q.shape[0]):
-            acc += x[c] * q[c]
+            acc += x[c] * scale * q[c]
     return acc
+
+
+AHEAD = 4  # neighbour_distances_f16 touches the key row this many neighbours ahead (random rows: DRAM latency)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -146,27 +149,34 @@ def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
     """out[t, j] = ‖q_t − k_{ids[t,j]}‖² (l2) or q_t · k_{ids[t,j]} (ip) in fp32, from fp16 keys given as their
     uint16 bits ([N, D]); ids < 0 give +inf (l2) / −inf (ip). queries [T, D] float32, out [T, k] float32.
 
-    Each key row is converted to fp32 in a reused buffer, branch-free (vectorised): exponent and mantissa shifted
-    into an fp32's place, then a multiply by 2^112 rebiases the exponent and turns fp16 subnormals into the right
-    fp32 normals, and the sign is applied. fp16 inf/NaN would come out finite: the dump refuses non-finite keys."""
+    Each key row is converted to fp32 in a reused buffer, branch-free (vectorised): sign, exponent and mantissa
+    shifted into an fp32's place, then the distance loop's multiply by 2^112 rebiases the exponent and turns fp16
+    subnormals into the right fp32 normals. fp16 inf/NaN would come out finite: the dump refuses non-finite keys."""
     T, k = ids.shape
     D = queries.shape[1]
+    two112 = np.float32(5.192296858534828e33)
+    touched = np.zeros(T, dtype=np.uint16)
     for t in prange(T):
         bits = np.empty(D, dtype=np.uint32)
         x = bits.view(np.float32)
         q = queries[t]
+        sink = np.uint16(0)
         for j in range(k):
+            if j + AHEAD < k:  # read one value per cache line of a row AHEAD neighbours on: its lines load meanwhile
+                nxt = ids[t, j + AHEAD]
+                if nxt >= 0:
+                    for c in range(0, D, 32):
+                        sink ^= keys_bits[nxt, c]
             i = ids[t, j]
             if i < 0:
                 out[t, j] = np.inf if l2 else -np.inf
                 continue
             row = keys_bits[i]
             for c in range(D):
-                bits[c] = (np.uint32(row[c]) & np.uint32(0x7FFF)) << np.uint32(13)
-            for c in range(D):
-                sign = np.float32(-5.192296858534828e33) if row[c] & np.uint16(0x8000) else np.float32(5.192296858534828e33)
-                x[c] = x[c] * sign  # × ±2^112
-            out[t, j] = _distance(x, q, l2)
+                h = np.uint32(row[c])
+                bits[c] = ((h & np.uint32(0x8000)) << np.uint32(16)) | ((h & np.uint32(0x7FFF)) << np.uint32(13))
+            out[t, j] = _distance(x, two112, q, l2)
+        touched[t] = sink  # keeps the early reads
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -176,4 +186,4 @@ def neighbour_distances_f32(keys, queries, ids, l2, out):
         q = queries[t]
         for j in range(ids.shape[1]):
             i = ids[t, j]
-            out[t, j] = (np.inf if l2 else -np.inf) if i < 0 else _distance(keys[i], q, l2)
+            out[t, j] = (np.inf if l2 else -np.inf) if i < 0 else _distance(keys[i], np.float32(1.0), q, l2)
