@@ -1,6 +1,7 @@
 """Benchmark: a full τ × λ sweep over the neighbour cache vs one retrieval pass over the same queries. Prints ratios.
 
-  python benchmarks/bench_sweep.py --results results --name wikitext2 [--lm base] [--key att] [--metric l2] [--t 8192] [--exact]
+  python benchmarks/bench_sweep.py --results results --name wikitext2 [--lm base] [--key att] [--metric l2] [--split valid]
+                                   [--t 8192] [--exact]
 
 The sweep (31 temperatures 0..3 × 200 λ values, on valid, from cached ids and distances, no search) is what
 replaces the paper's one evaluation run per τ. The retrieval pass is the IVFPQ search (k = 1024, the
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--lm", default="base")
     ap.add_argument("--key", default="att")
     ap.add_argument("--metric", default="l2")
+    ap.add_argument("--split", default="valid", help="the split whose neighbour cache is swept (the run's valid by default)")
     ap.add_argument("--t", type=int, default=8192)
     ap.add_argument("--nprobe", type=int, default=None, help="default: the run's (from the index's .json)")
     ap.add_argument("--threads", type=int, default=2)
@@ -47,7 +49,7 @@ def main() -> None:
     faiss.omp_set_num_threads(a.threads)
     torch.set_num_threads(a.threads)
     L = Layout(a.results, a.name)
-    at = {"lm": a.lm, "store": "full", "key": a.key, "metric": a.metric, "split": "valid"}
+    at = {"lm": a.lm, "store": "full", "key": a.key, "metric": a.metric, "split": a.split}
     keys, vals, man = open_datastore(L.path("datastore_manifest", **at), L.path("vals", **at), L.path("keys", **at), a.key)
     q = open_queries(L.path("queries_manifest", **at), L.path("targets", **at), L.path("lm_logprobs", **at),
                      L.path("queries", **at), man["checkpoint_sha256"])
@@ -79,7 +81,7 @@ def main() -> None:
     t_search = time.perf_counter() - t0
 
     best = (int(np.argmin(nll)), int(idx[np.argmin(nll)]))
-    print(f"{t} valid queries, k = {k}: τ × λ sweep ({len(taus)} × {len(lams)}) {t_sweep:.2f} s "
+    print(f"{t} {a.split} queries ({a.key}/{a.metric}), k = {k}: τ × λ sweep ({len(taus)} × {len(lams)}) {t_sweep:.2f} s "
           f"(cold {t_sweeps[0]:.2f} s; best τ {taus[best[0]]}, λ {lams[best[1]]:.3f}); IVFPQ search (nprobe {a.nprobe}) {t_search:.2f} s; "
           f"ratio {t_sweep / t_search:.3f} (goal <= 0.05)")
     if a.exact:

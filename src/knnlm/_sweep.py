@@ -4,8 +4,8 @@ For each query row (rows in parallel): the valid scores are shifted by the row's
 stored as float32, so every exponent is ≤ 0), and for each τ the softmax denominator Σ_j exp(z_j / τ) is summed
 with a vectorised float32 exp (2^x = 2^round(x) · 2^frac(x): the integer part built in the float's exponent bits,
 the fraction by a degree-7 polynomial, relative error < 1e-7). Rows sorted best first (neighbour caches are) sum
-only the prefix whose terms are above e^−cut of the best one. The hits' mass (few terms per row) is summed in
-float64 with math.exp, shifted by the best hit's score so it never underflows.
+only the prefix whose terms are above e^−cut of the best one. The hits' mass is summed the same way over the hits'
+scores shifted by the best hit's (so it is ≥ 1 and never underflows).
 """
 from __future__ import annotations
 
@@ -76,6 +76,9 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
                     best_hit = max(best_hit, s)
                     if s == 0.0:
                         n_top_hit += 1
+        hz32 = np.empty(nh, dtype=np.float32)  # the hits' scores shifted by the best hit's: ≤ 0, 0 at the best
+        for h in range(nh):
+            hz32[h] = np.float32(hz[h] - best_hit)
         for i in range(n_tau):
             if nh == 0:
                 out[i, t] = -np.inf
@@ -96,7 +99,5 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
                         hi = mid
                 w = lo
             total = _exp_sum(z, w, np.float32(it), frac, expo)
-            hm = 0.0
-            for h in range(nh):
-                hm += math.exp((hz[h] - best_hit) * it)
-            out[i, t] = math.log(hm) + best_hit * it - math.log(np.float64(total))
+            hm = _exp_sum(hz32, nh, np.float32(it), frac, expo)  # ≥ 1: the best hit's term is 1
+            out[i, t] = math.log(np.float64(hm)) + best_hit * it - math.log(np.float64(total))
