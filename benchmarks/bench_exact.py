@@ -38,14 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from knnlm.exact import exact_topk  # noqa: E402
 
-
-def make_keys(path: Path, n: int, d: int) -> np.ndarray:
-    keys = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(n, d))
-    rng = np.random.default_rng(0)
-    for s in range(0, n, 65536):
-        keys[s:s + 65536] = rng.normal(size=(min(65536, n - s), d)).astype(np.float16)
-    keys.flush()
-    return np.load(path, mmap_mode="r")
+from _data import make_keys  # noqa: E402  (benchmarks/_data.py, beside this script)
 
 
 def child(path: str, t: int, k: int) -> None:

@@ -30,7 +30,8 @@ class KeyReader:
 
     keys: a C-contiguous np.memmap (read with os.pread: the file's pages never count in this process's
     RSS), or any array (sliced). rows: optional int64 datastore row ids (a datastore subset, or nested subsets
-    in scan order; ascending runs read fastest); block i then covers rows[start:stop]. Raises ValueError if rows are out of range.
+    in scan order; ascending runs read fastest); block i then covers rows[start:stop]. Raises ValueError if
+    rows are out of range.
     """
 
     def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
@@ -345,7 +346,7 @@ def _recompute_cpu(keys: np.ndarray, queries: np.ndarray, ids: np.ndarray, metri
     q = np.ascontiguousarray(queries, dtype=np.float32)
     idx = np.ascontiguousarray(ids)
     out = np.empty(idx.shape, dtype=np.float32)
-    if len(idx) and idx.size and int(idx.max()) >= keys.shape[0]:
+    if idx.size and int(idx.max()) >= keys.shape[0]:
         raise IndexError(f"neighbour id {int(idx.max())} is out of range for a datastore of {keys.shape[0]} keys")
     k_arr = np.asarray(keys)  # a memmap's ndarray view: pages are read as the kernel touches them
     if k_arr.dtype == np.float16:

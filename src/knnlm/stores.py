@@ -62,15 +62,25 @@ def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
     datastores that differ only in the rows added. Raises ValueError unless 0 < ratio ≤ 1 and the subset is
     non-empty.
     """
+    size = _subset_size(n, ratio)
+    if size == n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(_permutation(n, seed)[:size]).astype(np.int64)
+
+
+def _subset_size(n: int, ratio: float) -> int:
+    """round(ratio × n); ValueError unless 0 < ratio ≤ 1 and the subset is non-empty."""
     if not 0 < ratio <= 1:
         raise ValueError(f"datastore ratio must be in (0, 1], found {ratio}")
     size = int(round(ratio * n))
     if size < 1:
         raise ValueError(f"ratio {ratio} of a datastore of {n} keys is empty")
-    if size == n:
-        return np.arange(n, dtype=np.int64)
-    perm = np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
-    return np.sort(perm[:size]).astype(np.int64)
+    return size
+
+
+def _permutation(n: int, seed: int) -> np.ndarray:
+    """The seeded permutation of the n datastore rows whose prefixes are the subsets of that seed."""
+    return np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
 
 
 def nested_scan(n: int, ratios: list[float], seed: int) -> tuple[np.ndarray, list[int]]:
@@ -78,8 +88,8 @@ def nested_scan(n: int, ratios: list[float], seed: int) -> tuple[np.ndarray, lis
     stops), where rows[:stops[i]] holds exactly the rows of the i-th smallest ratio's subset, each segment in
     ascending order (exact search of every size in one pass, knnlm.exact.exact_topk's `stops`).
     Raises ValueError as subsample_rows."""
-    sizes = sorted({len(subsample_rows(n, r, seed)) for r in ratios})
-    perm = np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int32 if n < 2**31 else np.int64))
+    sizes = sorted({_subset_size(n, r) for r in ratios})
+    perm = _permutation(n, seed)
     segs = [np.sort(perm[a:b]) for a, b in zip([0] + sizes[:-1], sizes)]
     return np.concatenate(segs).astype(np.int64), sizes
 

@@ -198,11 +198,11 @@ def exact_search_nested(job: Job) -> dict:
     res = dict(zip(stops, exact_topk(keys, queries, k, job.wildcards["metric"], r["exact_key_chunk"], r["exact_query_chunk"],
                                      r["exact_query_block"], rows=rows, stops=stops)))
     secs = time.time() - t0
+    flop = 2.0 * len(sc) * stops[-1] * keys.shape[1]  # one scan of the largest store
     for i, st in enumerate(opened):
-        _write_exact(job, i, *res[st.size], int(keys.shape[0]), secs, 2.0 * len(sc) * stops[-1] * keys.shape[1], man,
-                     nested_scan={"stops": stops, "store_size": st.size})
-    return {"metrics": {"T": len(sc), "seconds": secs, "gflops": 2.0 * len(sc) * stops[-1] * keys.shape[1] / secs / 1e9,
-                        "stores": len(opened)}}
+        meta = _write_exact(job, i, *res[st.size], int(keys.shape[0]), secs, flop, man,
+                            nested_scan={"stops": stops, "store_size": st.size})
+    return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
 def load_settings(job: Job):
