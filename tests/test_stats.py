@@ -133,3 +133,43 @@ def test_appendix_a_verdict_orders_lms_by_strength():
     assert "gain: inconclusive." in appendix_a_verdict(rows, mixed)
     wrong = cross(("strong", "mid", 1, 3), ("mid", "weak", -4, -2), ("strong", "weak", 3, 7))
     assert "gain: contradicted." in appendix_a_verdict(rows, wrong) and "mid vs weak: -3.00" in appendix_a_verdict(rows, wrong)
+
+
+def test_findings_family_claim_and_datastore_size():
+    """A claim about a family of alternatives (App. B-C) is tested on every member the run trained, each with the
+    paper's own number for that member; 'a larger datastore is better' (Figure 2) is a paired comparison of the
+    small store's per-document NLL against the full store's on the same documents."""
+    import pandas as pd
+
+    from knnlm.experiments.findings import CLAIMS, _tested, size_comparisons
+
+    family = next(c for c in CLAIMS if c["source"] == "parametric" and isinstance(c["paper"], dict))
+    df = pd.DataFrame([
+        {"split": "test", "comparison": c, "relative difference": -0.05, "CI low": -0.07, "CI high": -0.03,
+         "verdict": "lower"}
+        for c in ("kNN-LM att/L2 vs 3V embeddings att", "kNN-LM att/L2 vs MoS R=2 (only) att",
+                  "kNN-LM att/L2 vs W_ds (learned) att", "3V embeddings att vs base")])
+    sel = df[df["comparison"].str.fullmatch(family["pattern"])]
+    counts = {}
+    rows = [_tested(family, r, "", counts) for _, r in sel.iterrows()]
+    assert [r["comparison (a vs b)"] for r in rows] == ["kNN-LM att/L2 vs 3V embeddings att",
+                                                         "kNN-LM att/L2 vs MoS R=2 (only) att"]
+    assert rows[0]["paper"].startswith("19.095 vs 20.395") and rows[1]["paper"].startswith("19.095 vs 21.011")
+    assert counts == {"reproduced": 2}
+
+    rng = np.random.default_rng(3)
+    words = rng.integers(300, 900, size=40).astype(float)
+    full_nll = words * (4.0 + rng.normal(0, 0.3, 40))
+    small_nll = full_nll + words * 0.05  # every document worse by 0.05 nats/word: PPL × e^0.05
+    setting = "faiss_mask_faiss_score"
+    mk = lambda store, nll, ids: {"store": store, "doc_ids": {"test": ids}, "doc_words": {"test": words.tolist()},
+                                  "doc_nll": {"test": {"base": (nll + 1).tolist(), setting: nll.tolist()}}}
+    out = size_comparisons(mk("r0.05", small_nll, list(range(40))), mk("full", full_nll, list(range(40))),
+                           {"resamples": 500, "seed": 0, "level": 0.95})
+    assert list(out["comparison"]) == [f"{setting} (small store vs full)"]  # 'base' is not a setting
+    r = out.iloc[0]
+    assert r["relative difference"] == pytest.approx(np.expm1(0.05)) and r["verdict"] == "higher"
+    assert r["CI low"] <= r["relative difference"] <= r["CI high"]
+    with pytest.raises(ValueError, match="different test documents"):
+        size_comparisons(mk("r0.05", small_nll, list(range(40))), mk("full", full_nll, list(range(1, 41))),
+                         {"resamples": 10, "seed": 0, "level": 0.95})

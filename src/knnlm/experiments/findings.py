@@ -6,6 +6,7 @@ its 95 % CI (paired bootstrap over documents, knnlm.stats) and a verdict compute
 A claim that two settings are about as good ("τ = 1 is close to optimal") is tested against a margin m instead:
 reproduced when the whole CI lies above −m (tuning gains less than m), contradicted when it lies below −m. A
 claimed share of a gain ("W_ds recovers ~55 %") is reproduced when our CI of the share holds the paper's value.
+A claim about a family of settings (every parametric alternative the run trained) gets one row per member.
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
@@ -19,7 +20,7 @@ import pandas as pd
 
 from ..cli import Job
 from ..io import atomic_path, read_json
-from ..stats import comparison_rows
+from ..stats import compare, comparison_rows
 
 T = " τ*"  # a setting at its tuned τ (knnlm.experiments.retrieval.TUNED)
 FF, FR, RR = "faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score"
@@ -27,10 +28,12 @@ MARGIN = 0.01  # "close to optimal": tuning τ gains less than 1 % of perplexity
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False):
-    """One claim: its `source` table ('table1', 'table3', 'parametric' or 'small_store': the settings of the
-    smallest store of config 'temperature.ratios'), the `comparison` (a vs b; a regular expression if `regex`) in it, the
-    paper's (a, b) perplexities or the sign of a / b − 1 it states without numbers, `within` = a margin m for
-    claims of no (practical) difference, or `share` = the paper's share of a gain (reproduced when our CI holds it)."""
+    """One claim: its `source` table ('table1', 'table3', 'parametric', 'small_store': the settings of the
+    smallest store of config 'temperature.ratios', or 'size': that store against the full one), the `comparison`
+    (a vs b; a regular expression if `regex`, every matching row is tested) in it, the paper's (a, b) perplexities
+    (or {b: (a, b)} when a regular expression matches several b), or the sign of a / b − 1 it states without numbers,
+    `within` = a margin m for claims of no (practical) difference, or `share` = the paper's share of a gain
+    (reproduced when our CI holds it)."""
     return {"section": section, "claim": claim, "source": source, "paper": paper, "sign": sign, "within": within,
             "share": share, "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
@@ -50,6 +53,19 @@ CLAIMS = [
            r"kNN-LM \S+ vs W_ds \(learned\) att", (19.174, 20.353), regex=True),
     _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers ~55 % of the kNN-LM's gain", "parametric",
            r"share of the gain: W_ds \(learned\) att of kNN-LM \S+", share=(21.750 - 20.353) / (21.750 - 19.174), regex=True),
+    # App. B/C, Tables 5-7 (h_ds = att, IP): the kNN-LM's 19.095 against each alternative's interpolated perplexity
+    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity (nV, adaptive counts, MoS, clustered datastore) "
+           "closes the gap to the kNN-LM", "parametric",
+           r"kNN-LM \S+ vs (\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+",
+           {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
+            "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
+            "adaptive counts by base-LM loss att": (19.095, 20.440), "MoS R=2 (+ embed) att": (19.095, 20.720),
+            "MoS R=3 (+ embed) att": (19.095, 20.779), "MoS R=2 (only) att": (19.095, 21.011),
+            "MoS R=3 (only) att": (19.095, 21.024)}, sign=-1, regex=True),
+    _claim("Sec. 4, Figure 2", "a larger datastore is better: the smallest swept store vs the full one (FAISS mask "
+           "+ FAISS score, τ = 1)", "size", f"{FF} (small store vs full)", sign=+1),
+    _claim("Sec. 4, Figure 2", "a larger datastore is better, at the tuned τ too", "size",
+           f"{FF}{T} (small store vs full)", sign=+1),
     _claim("Sec. 5.1, Table 3", "the FAISS score beats the real score (FAISS mask)", "table3", f"{FR} vs {FF}",
            (19.672, 19.174)),
     _claim("Sec. 5.1, Table 3", "the FAISS mask beats the real mask (real score)", "table3", f"{RR} vs {FR}",
@@ -66,6 +82,10 @@ CLAIMS = [
            "table3", f"{RR}{T} vs {FR}{T}", sign=+1),
     _claim("Sec. 5.2, Figure 5b", "full datastore, tuned τ: the real score beats the FAISS score (FAISS mask)", "table3",
            f"{FR}{T} vs {FF}{T}", sign=-1),
+    _claim("Sec. 5.1, Figure 4", "5 % datastore, τ = 1: the FAISS mask beats the real mask (real score)",
+           "small_store", f"{RR} vs {FR}", sign=+1),
+    _claim("Sec. 5.1, Figure 4", "5 % datastore, τ = 1: the FAISS score beats the real score (FAISS mask)",
+           "small_store", f"{FR} vs {FF}", sign=+1),
     _claim("Sec. 5.2, Figure 5a", "5 % datastore, tuned τ: the FAISS score beats the real score (FAISS mask)",
            "small_store", f"{FR}{T} vs {FF}{T}", sign=+1),
     _claim("Sec. 5.2, Figure 5a", "τ = 1 is close to optimal for FAISS mask + FAISS score (5 % datastore)",
@@ -106,8 +126,30 @@ def _sources(job: Job) -> dict[str, tuple[pd.DataFrame, str]]:
     if job.input.get("small_store"):
         s = read_json(job.path("small_store"))
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
-        out["small_store"] = (pd.DataFrame(rows), f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store")
+        label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store"
+        out["small_store"] = (pd.DataFrame(rows), label)
+        if job.input.get("full_store"):
+            out["size"] = (size_comparisons(s, read_json(job.path("full_store")), job.cfg["stats"]),
+                           f"{label} vs full")
     return out
+
+
+def size_comparisons(small: dict, full: dict, stats: dict) -> pd.DataFrame:
+    """Rows (split, comparison '<setting> (small store vs full)', relative difference, CI low, CI high, verdict):
+    each mask/score setting (and its tuned-τ twin) on a store subset against the full store, paired over the same
+    documents from the two settings JSONs' per-document NLL (Sec. 4, Figure 2). Raises ValueError when the two were
+    scored on different documents."""
+    rows = []
+    for split, names in small["doc_nll"].items():
+        if small["doc_ids"][split] != full["doc_ids"][split]:
+            raise ValueError(f"store {small['store']} and {full['store']} were scored on different {split} documents")
+        for name in names:
+            if name == "base" or name not in full["doc_nll"][split]:
+                continue
+            c = compare([small["doc_nll"][split][name], full["doc_nll"][split][name]], small["doc_words"][split],
+                        ["a", "b"], [("a", "b")], stats["resamples"], stats["seed"], stats["level"])
+            rows += comparison_rows({"diff": {f"{name} (small store vs full)": c["diff"]["a vs b"]}}, split=split)
+    return pd.DataFrame(rows)
 
 
 def scope_power(job: Job, target: float = 0.01) -> str:
@@ -128,36 +170,47 @@ def scope_power(job: Job, target: float = 0.01) -> str:
             f"half-width of Table 3's test comparisons is {100 * half:.2f} % of perplexity; {verdict}.")
 
 
+def _paper(c: dict, b: str | None) -> tuple[str, int]:
+    """(the paper's number as text, the sign of its a / b − 1) for claim `c` tested on a row whose b is `b`."""
+    a_b = c["paper"].get(b) if isinstance(c["paper"], dict) else c["paper"]
+    text = (f"{a_b[0]:.3f} vs {a_b[1]:.3f} ({100 * (a_b[0] / a_b[1] - 1):+.1f} %)" if a_b
+            else f"within {100 * c['within']:.0f} %" if c["within"] else f"{100 * c['share']:.0f} %" if c["share"]
+            else "direction only")
+    sign = c["sign"] if c["sign"] is not None else (-1 if a_b and a_b[0] < a_b[1] else 1 if a_b else 0)
+    return text, sign
+
+
+def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
+    """The findings row of claim `c` on comparison row `r` (its verdict counted in `counts`)."""
+    paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
+    if c["share"] is not None:
+        v = "reproduced" if r["CI low"] <= c["share"] <= r["CI high"] else "contradicted"
+    elif c["within"] is not None:
+        v = within_verdict(r["CI low"], r["CI high"], c["within"])
+    else:
+        v = verdict(r["verdict"], sign)
+    counts[v] = counts.get(v, 0) + 1
+    fmt = "{:.1f}" if c["share"] is not None else "{:+.1f}"
+    ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
+                     f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
+    return {"section": c["section"], "claim": c["claim"], "comparison (a vs b)": r["comparison"], "paper": paper,
+            "ours (test, 95% CI)": ours, "on": label or "all tokens", "verdict": v}
+
+
 def findings(job: Job) -> dict:
     """The findings report (Markdown): every claim of CLAIMS with the paper's number, ours (test split) with its
     95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
     sources = _sources(job)
     rows, counts = [], {}
     for c in CLAIMS:
-        a_b = c["paper"]
-        paper = (f"{a_b[0]:.3f} vs {a_b[1]:.3f} ({100 * (a_b[0] / a_b[1] - 1):+.1f} %)" if a_b
-                 else f"within {100 * c['within']:.0f} %" if c["within"] else f"{100 * c['share']:.0f} %" if c["share"]
-                 else "direction only")
-        sign = c["sign"] if c["sign"] is not None else (-1 if a_b and a_b[0] < a_b[1] else 1 if a_b else 0)
-        row = {"section": c["section"], "claim": c["claim"], "comparison (a vs b)": c["comparison"], "paper": paper}
         df, label = sources.get(c["source"], (None, ""))
         sel = None if df is None or df.empty else df[(df["split"] == "test") & df["comparison"].str.fullmatch(c["pattern"])]
         if sel is None or sel.empty:
-            rows.append({**row, "ours (test, 95% CI)": "not run", "on": "-", "verdict": "not run"})
+            rows.append({"section": c["section"], "claim": c["claim"], "comparison (a vs b)": c["comparison"],
+                         "paper": _paper(c, None)[0], "ours (test, 95% CI)": "not run", "on": "-", "verdict": "not run"})
             continue
-        r = sel.iloc[0]
-        if c["share"] is not None:
-            v = "reproduced" if r["CI low"] <= c["share"] <= r["CI high"] else "contradicted"
-        elif c["within"] is not None:
-            v = within_verdict(r["CI low"], r["CI high"], c["within"])
-        else:
-            v = verdict(r["verdict"], sign)
-        counts[v] = counts.get(v, 0) + 1
-        fmt = "{:.1f}" if c["share"] is not None else "{:+.1f}"
-        ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
-                         f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
-        rows.append({**row, "comparison (a vs b)": r["comparison"], "ours (test, 95% CI)": ours,
-                     "on": label or "all tokens", "verdict": v})
+        for _, r in sel.iterrows():
+            rows.append(_tested(c, r, label, counts))
     cfg = job.cfg
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
