@@ -156,6 +156,29 @@ def test_findings_family_claim_and_datastore_size():
                                                          "kNN-LM att/L2 vs MoS R=2 (only) att"]
     assert rows[0]["paper"].startswith("19.095 vs 20.395") and rows[1]["paper"].startswith("19.095 vs 21.011")
     assert counts == {"reproduced": 2}
+    # under-trained: "the kNN-LM beats ALT" rests on ALT looking worse, so it cannot be claimed; ALT beating the
+    # base LM, or beating the kNN-LM against the claim, stands
+    under = sel.iloc[0].copy()
+    under["converged"], under["steps"] = "no (under-trained)", 98
+    r = _tested(family, under, "", counts)
+    assert r["verdict"] == "inconclusive (under-trained)" and r["on"] == "all tokens; 98 steps, under-trained"
+    under[["relative difference", "CI low", "CI high", "verdict"]] = [0.05, 0.03, 0.07, "higher"]
+    assert _tested(family, under, "", counts)["verdict"] == "contradicted"
+    beats_base = next(c for c in CLAIMS if c["comparison"].startswith("W_ds \\(learned\\) att vs base"))
+    under["comparison"], under["verdict"] = "W_ds (learned) att vs base", "lower"
+    under[["relative difference", "CI low", "CI high"]] = [-0.05, -0.07, -0.03]
+    assert _tested(beats_base, under, "", counts)["verdict"] == "reproduced"
+    under["verdict"] = "higher"
+    assert _tested(beats_base, under, "", counts)["verdict"] == "inconclusive (under-trained)"
+
+    from knnlm.experiments.parametric import comparison_variant
+
+    names = ["W_ds (learned) att", "3V embeddings att"]
+    assert comparison_variant("kNN-LM att/L2 vs 3V embeddings att", names) == "3V embeddings att"
+    assert comparison_variant("W_ds (learned) att vs base", names) == "W_ds (learned) att"
+    assert comparison_variant("share of the gain: W_ds (learned) att of kNN-LM att/L2", names) == "W_ds (learned) att"
+    with pytest.raises(ValueError, match="names none"):
+        comparison_variant("kNN-LM att/L2 vs MoS R=2 (only) att", names)
 
     rng = np.random.default_rng(3)
     words = rng.integers(300, 900, size=40).astype(float)

@@ -7,6 +7,9 @@ A claim that two settings are about as good ("τ = 1 is close to optimal") is te
 reproduced when the whole CI lies above −m (tuning gains less than m), contradicted when it lies below −m. A
 claimed share of a gain ("W_ds recovers ~55 %") is reproduced when our CI of the share holds the paper's value.
 A claim about a family of settings (every parametric alternative the run trained) gets one row per member.
+A parametric alternative that stopped before its valid NLL stopped improving is under-trained: a verdict that rests
+on it looking worse than the claim needs (worse than the kNN-LM or the base LM, or a smaller share of the gain) is
+'inconclusive (under-trained)', since more training could change it; one where it already looks better stands.
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
@@ -180,6 +183,17 @@ def _paper(c: dict, b: str | None) -> tuple[str, int]:
     return text, sign
 
 
+def _alternative_looks_worse(c: dict, r: pd.Series) -> bool:
+    """Whether a parametric comparison row shows the trained alternative worse than what it is compared with: worse
+    than the kNN-LM ('kNN-LM X vs ALT' lower), than the base LM ('ALT vs base' higher), or recovering less of the
+    gain than the claimed share (CI below it)."""
+    if c["share"] is not None:
+        return r["CI high"] < c["share"]
+    if r["comparison"].startswith("kNN-LM "):
+        return r["verdict"] == "lower"
+    return r["verdict"] == "higher"
+
+
 def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
     """The findings row of claim `c` on comparison row `r` (its verdict counted in `counts`)."""
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
@@ -189,6 +203,11 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
     else:
         v = verdict(r["verdict"], sign)
+    if str(r.get("converged", "yes")).startswith("no") and v != "inconclusive" and _alternative_looks_worse(c, r):
+        v = "inconclusive (under-trained)"
+    if "converged" in r:
+        trained = "" if r["converged"] == "yes" else ", under-trained"
+        label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
     counts[v] = counts.get(v, 0) + 1
     fmt = "{:.1f}" if c["share"] is not None else "{:+.1f}"
     ours = " ".join([fmt.format(100 * r["relative difference"]), "%",

@@ -275,6 +275,19 @@ def _variant_name(result: dict) -> str:
     return f"{_label(result)[1]} {result['key_type']}"
 
 
+def comparison_variant(comparison: str, variants: list[str]) -> str:
+    """The trained variant among `variants` that a parametric comparison names: 'ALT vs base', 'kNN-LM X vs ALT'
+    or 'share of the gain: ALT of kNN-LM X'. Raises ValueError when it names none."""
+    if comparison.startswith("share of the gain: "):
+        parts = [comparison[len("share of the gain: "):].rsplit(" of kNN-LM ", 1)[0]]
+    else:
+        parts = comparison.split(" vs ", 1)
+    for part in parts:
+        if part in variants:
+            return part
+    raise ValueError(f"comparison {comparison!r} names none of the trained variants {variants}")
+
+
 def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) -> list[str]:
     """Table 'parametric_comparisons': every variant's interpolated perplexity vs the base LM and vs the best
     kNN-LM (Table 1, chosen on valid), and the share of that kNN-LM's gain it recovers (Sec. 4: the learned W_ds
@@ -310,11 +323,16 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         rows += comparison_rows(c, split=split)
         rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
                   "CI low": v["lo"], "CI high": v["hi"], "verdict": "-"} for k, v in c["share"].items()]
+    history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
+    for row in rows:  # the training of the variant each comparison involves: under-trained rows prove less
+        h = history[comparison_variant(row["comparison"], par_names)]
+        row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)"})
     boot = (f"95% CI: paired bootstrap over documents ({st['documents']}, {st['resamples']} resamples, seed "
             f"{st['seed']}); all tokens of valid and test.")
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
            f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid), and 'share of the gain: "
-           f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %).")
+           f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %). "
+           f"steps / converged: the training of the variant the comparison involves.")
     write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot)
     return [str(job.path("cmp_csv")), str(job.path("cmp_md"))]
 
