@@ -1,8 +1,10 @@
-"""Datastore size (Xu et al. 2023, Sec. 5, Figures 2 and 4): the three mask/score settings on seeded random
+"""Datastore size (Xu et al. 2023, Sec. 4, Figure 2, and Sec. 5.1, Figure 4): the three mask/score settings on seeded random
 subsets of the datastore (stores 'r<ratio>', knnlm.stores) and the full one, from their settings JSONs.
 
-Figure 2: interpolated perplexity vs datastore size (FAISS mask + FAISS score, the usual kNN-LM).
-Figure 4: the three mask/score settings (Table 3) vs datastore size. Test and valid panels, per word.
+Figure 2: interpolated perplexity vs datastore size (FAISS mask + FAISS score, the usual kNN-LM), and its paired
+change against the base LM.
+Figure 4: the three mask/score settings (Table 3) vs datastore size, each panel followed by the paired change of the
+exact settings against FAISS mask + FAISS score; test and valid, per word; FAISS recall@k per size.
 """
 from __future__ import annotations
 
@@ -29,6 +31,21 @@ def _err(rows: pd.DataFrame):
     return [rows["interp PPL (word)"] - rows["CI low"], rows["CI high"] - rows["interp PPL (word)"]]
 
 
+def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt: str) -> None:
+    """Plot the paired relative difference `comparison` ('a vs b' of the settings JSONs' CIs, knnlm.stats) in % with
+    its 95 % CI as error bars, against the fraction of the datastore, for the settings JSONs `sweeps` of one
+    (key, metric)."""
+    here = sorted(sweeps, key=lambda s: s["ratio"])
+    d = [s["ci"][split]["diff"][comparison] for s in here]
+    v = [100 * x["value"] for x in d]
+    ax.errorbar([s["ratio"] for s in here], v, yerr=[[a - 100 * x["lo"] for a, x in zip(v, d)],
+                                                     [100 * x["hi"] - a for a, x in zip(v, d)]],
+                fmt=fmt, capsize=3, label=label)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("fraction of the datastore")
+
+
 def figures(job: Job) -> dict:
     """Table datastore_size (CSV + Markdown), Figures 2 and 4 (PNG + PDF)."""
     plt = pyplot()
@@ -47,7 +64,13 @@ def figures(job: Job) -> dict:
 
     pairs = sorted({(s["key_type"], s["metric"]) for s in sweeps})
     splits = ("test", "valid")
-    fig, axes = plt.subplots(1, 2, figsize=(9.2, 3.6), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(2, 2, figsize=(9.2, 7.0), squeeze=False, layout="constrained")
+    for ax, split in zip(axes[1], splits):  # the paired view: the same documents with and without retrieval
+        for key, metric in pairs:
+            _paired(ax, [s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)], split,
+                    f"{SETTINGS[0]} vs base", f"kNN-LM {key}/{METRIC_NAME[metric]}", "-o")
+        ax.set_ylabel(f"{split}: change vs base LM (%, paired 95% CI)")
+    axes[1][0].legend(fontsize=8)
     for ax, split in zip(axes[0], splits):
         part = size[size["split"] == split]
         for key, metric in pairs:
@@ -64,8 +87,16 @@ def figures(job: Job) -> dict:
     written += save_figure(fig, job.paths("fig2"))
     plt.close(fig)
 
-    fig, axes = plt.subplots(3, len(pairs), figsize=(4.6 * len(pairs), 10.2), squeeze=False, layout="constrained")
-    for row, split in enumerate(splits):
+    fig, axes = plt.subplots(5, len(pairs), figsize=(4.6 * len(pairs), 16.5), squeeze=False, layout="constrained")
+    for row, split in zip((1, 3), splits):  # paired: each setting against FAISS mask + FAISS score, same documents
+        for ax, (key, metric) in zip(axes[row], pairs):
+            here = [s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)]
+            for setting in SETTINGS[1:]:
+                _paired(ax, here, split, f"{setting} vs {SETTINGS[0]}", setting_label(setting), STYLE[setting])
+            ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}: vs {setting_label(SETTINGS[0])}", fontsize=10)
+        axes[row][0].set_ylabel(f"{split}: change (%, paired 95% CI)")
+        axes[row][0].legend(fontsize=7)
+    for row, split in zip((0, 2), splits):
         part = size[size["split"] == split]
         for ax, (key, metric) in zip(axes[row], pairs):
             sub = part[(part["h_ds"] == key) & (part["⊗"] == METRIC_NAME[metric])]
@@ -79,7 +110,7 @@ def figures(job: Job) -> dict:
             ax.set_xlabel("fraction of the datastore")
             ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}", fontsize=10)
         axes[row][0].set_ylabel(f"{split} perplexity (per word)")
-    for ax, (key, metric) in zip(axes[2], pairs):  # how approximate the approximation was, per size
+    for ax, (key, metric) in zip(axes[4], pairs):  # how approximate the approximation was, per size
         here = sorted((s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)), key=lambda s: s["ratio"])
         for split in splits:
             ax.plot([s["ratio"] for s in here], [s["recall"][split] for s in here], "-o", label=split)
@@ -87,7 +118,7 @@ def figures(job: Job) -> dict:
         ax.set_xlabel("fraction of the datastore")
         ax.set_title(f"{key}/{METRIC_NAME[metric]}: FAISS recall@{cfg['knn']['k']} of the exact top-k", fontsize=10)
         ax.legend(fontsize=7)
-    axes[2][0].set_ylabel("recall")
+    axes[4][0].set_ylabel("recall")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Fig. 4 ({name}): approximate vs exact retrieval by datastore size", fontsize=10)
     written += save_figure(fig, job.paths("fig4"))
