@@ -1,5 +1,5 @@
-"""Datastore size (Xu et al. 2023, Sec. 4, Figure 2, and Sec. 5.1, Figure 4): the three mask/score settings on seeded random
-subsets of the datastore (stores 'r<ratio>', knnlm.stores) and the full one, from their settings JSONs.
+"""Datastore size (Xu et al. 2023, Sec. 4, Figure 2, and Sec. 5.1, Figure 4): the three mask/score settings on
+seeded random subsets of the datastore (stores 'r<ratio>', knnlm.stores) and the full one, from their settings JSONs.
 
 Figure 2: interpolated perplexity vs datastore size (FAISS mask + FAISS score, the usual kNN-LM), and its paired
 change against the base LM.
@@ -31,7 +31,8 @@ def _err(rows: pd.DataFrame):
     return [rows["interp PPL (word)"] - rows["CI low"], rows["CI high"] - rows["interp PPL (word)"]]
 
 
-def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt: str) -> None:
+def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt: str,
+            color: str | None = None) -> None:
     """Plot the paired relative difference `comparison` ('a vs b' of the settings JSONs' CIs, knnlm.stats) in % with
     its 95 % CI as error bars, against the fraction of the datastore, for the settings JSONs `sweeps` of one
     (key, metric)."""
@@ -40,7 +41,7 @@ def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt
     v = [100 * x["value"] for x in d]
     ax.errorbar([s["ratio"] for s in here], v, yerr=[[a - 100 * x["lo"] for a, x in zip(v, d)],
                                                      [100 * x["hi"] - a for a, x in zip(v, d)]],
-                fmt=fmt, capsize=3, label=label)
+                fmt=fmt, capsize=3, label=label, color=color)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("fraction of the datastore")
@@ -92,7 +93,8 @@ def figures(job: Job) -> dict:
         for ax, (key, metric) in zip(axes[row], pairs):
             here = [s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)]
             for setting in SETTINGS[1:]:
-                _paired(ax, here, split, f"{setting} vs {SETTINGS[0]}", setting_label(setting), STYLE[setting])
+                _paired(ax, here, split, f"{setting} vs {SETTINGS[0]}", setting_label(setting), STYLE[setting],
+                        color=f"C{SETTINGS.index(setting)}")  # each setting's colour in the panel above
             ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}: vs {setting_label(SETTINGS[0])}", fontsize=10)
         axes[row][0].set_ylabel(f"{split}: change (%, paired 95% CI)")
         axes[row][0].legend(fontsize=7)

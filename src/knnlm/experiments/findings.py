@@ -226,7 +226,8 @@ def findings(job: Job) -> dict:
         sel = None if df is None or df.empty else df[(df["split"] == "test") & df["comparison"].str.fullmatch(c["pattern"])]
         if sel is None or sel.empty:
             rows.append({"section": c["section"], "claim": c["claim"], "comparison (a vs b)": c["comparison"],
-                         "paper": _paper(c, None)[0], "ours (test, 95% CI)": "not run", "on": "-", "verdict": "not run"})
+                         "paper": _paper(c, None)[0], "ours (test, 95% CI)": "not run", "on": "-",
+                         "verdict": "not run"})
             continue
         for _, r in sel.iterrows():
             rows.append(_tested(c, r, label, counts))
