@@ -193,6 +193,8 @@ def test_findings_family_claim_and_datastore_size():
     r = out.iloc[0]
     assert r["relative difference"] == pytest.approx(np.expm1(0.05)) and r["verdict"] == "higher"
     assert r["CI low"] <= r["relative difference"] <= r["CI high"]
-    with pytest.raises(ValueError, match="different test documents"):
+    from knnlm.io import ArtifactError
+
+    with pytest.raises(ArtifactError, match="different test documents"):
         size_comparisons(mk("r0.05", small_nll, list(range(40))), mk("full", full_nll, list(range(1, 41))),
                          {"resamples": 10, "seed": 0, "level": 0.95})

@@ -31,15 +31,19 @@ def _err(rows: pd.DataFrame):
     return [rows["interp PPL (word)"] - rows["CI low"], rows["CI high"] - rows["interp PPL (word)"]]
 
 
+def _of(sweeps: list[dict], key: str, metric: str) -> list[dict]:
+    """The settings JSONs of one (key, metric), by datastore fraction."""
+    return sorted((s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)), key=lambda s: s["ratio"])
+
+
 def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt: str,
             color: str | None = None) -> None:
     """Plot the paired relative difference `comparison` ('a vs b' of the settings JSONs' CIs, knnlm.stats) in % with
     its 95 % CI as error bars, against the fraction of the datastore, for the settings JSONs `sweeps` of one
-    (key, metric)."""
-    here = sorted(sweeps, key=lambda s: s["ratio"])
-    d = [s["ci"][split]["diff"][comparison] for s in here]
+    (key, metric), sorted by fraction (_of)."""
+    d = [s["ci"][split]["diff"][comparison] for s in sweeps]
     v = [100 * x["value"] for x in d]
-    ax.errorbar([s["ratio"] for s in here], v, yerr=[[a - 100 * x["lo"] for a, x in zip(v, d)],
+    ax.errorbar([s["ratio"] for s in sweeps], v, yerr=[[a - 100 * x["lo"] for a, x in zip(v, d)],
                                                      [100 * x["hi"] - a for a, x in zip(v, d)]],
                 fmt=fmt, capsize=3, label=label, color=color)
     ax.axhline(0, color="k", lw=0.8)
@@ -68,7 +72,7 @@ def figures(job: Job) -> dict:
     fig, axes = plt.subplots(2, 2, figsize=(9.2, 7.0), squeeze=False, layout="constrained")
     for ax, split in zip(axes[1], splits):  # the paired view: the same documents with and without retrieval
         for key, metric in pairs:
-            _paired(ax, [s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)], split,
+            _paired(ax, _of(sweeps, key, metric), split,
                     f"{SETTINGS[0]} vs base", f"kNN-LM {key}/{METRIC_NAME[metric]}", "-o")
         ax.set_ylabel(f"{split}: change vs base LM (%, paired 95% CI)")
     axes[1][0].legend(fontsize=8)
@@ -91,7 +95,7 @@ def figures(job: Job) -> dict:
     fig, axes = plt.subplots(5, len(pairs), figsize=(4.6 * len(pairs), 16.5), squeeze=False, layout="constrained")
     for row, split in zip((1, 3), splits):  # paired: each setting against FAISS mask + FAISS score, same documents
         for ax, (key, metric) in zip(axes[row], pairs):
-            here = [s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)]
+            here = _of(sweeps, key, metric)
             for setting in SETTINGS[1:]:
                 _paired(ax, here, split, f"{setting} vs {SETTINGS[0]}", setting_label(setting), STYLE[setting],
                         color=f"C{SETTINGS.index(setting)}")  # each setting's colour in the panel above
@@ -113,7 +117,7 @@ def figures(job: Job) -> dict:
             ax.set_title(f"{key}/{METRIC_NAME[metric]}, {split}", fontsize=10)
         axes[row][0].set_ylabel(f"{split} perplexity (per word)")
     for ax, (key, metric) in zip(axes[4], pairs):  # how approximate the approximation was, per size
-        here = sorted((s for s in sweeps if (s["key_type"], s["metric"]) == (key, metric)), key=lambda s: s["ratio"])
+        here = _of(sweeps, key, metric)
         for split in splits:
             ax.plot([s["ratio"] for s in here], [s["recall"][split] for s in here], "-o", label=split)
         ax.set_xscale("log")

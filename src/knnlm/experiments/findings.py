@@ -23,7 +23,8 @@ import pandas as pd
 
 from ..cli import Job
 from ..io import atomic_path, read_json
-from ..stats import compare, comparison_rows
+from ..stats import comparison_rows
+from .retrieval import store_vs_store
 
 T = " τ*"  # a setting at its tuned τ (knnlm.experiments.retrieval.TUNED)
 FF, FR, RR = "faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score"
@@ -140,19 +141,12 @@ def _sources(job: Job) -> dict[str, tuple[pd.DataFrame, str]]:
 def size_comparisons(small: dict, full: dict, stats: dict) -> pd.DataFrame:
     """Rows (split, comparison '<setting> (small store vs full)', relative difference, CI low, CI high, verdict):
     each mask/score setting (and its tuned-τ twin) on a store subset against the full store, paired over the same
-    documents from the two settings JSONs' per-document NLL (Sec. 4, Figure 2). Raises ValueError when the two were
-    scored on different documents."""
-    rows = []
-    for split, names in small["doc_nll"].items():
-        if small["doc_ids"][split] != full["doc_ids"][split]:
-            raise ValueError(f"store {small['store']} and {full['store']} were scored on different {split} documents")
-        for name in names:
-            if name == "base" or name not in full["doc_nll"][split]:
-                continue
-            c = compare([small["doc_nll"][split][name], full["doc_nll"][split][name]], small["doc_words"][split],
-                        ["a", "b"], [("a", "b")], stats["resamples"], stats["seed"], stats["level"])
-            rows += comparison_rows({"diff": {f"{name} (small store vs full)": c["diff"]["a vs b"]}}, split=split)
-    return pd.DataFrame(rows)
+    documents from the two settings JSONs' per-document NLL (Sec. 4, Figure 2; retrieval.store_vs_store, which
+    raises ArtifactError when the two were scored on different documents)."""
+    diffs = {split: {f"{name} (small store vs full)": store_vs_store(small, full, split, name, stats)
+                     for name in names if name != "base" and name in full["doc_nll"][split]}
+             for split, names in small["doc_nll"].items()}
+    return pd.DataFrame([r for split, d in diffs.items() for r in comparison_rows({"diff": d}, split=split)])
 
 
 def scope_power(job: Job, target: float = 0.01) -> str:

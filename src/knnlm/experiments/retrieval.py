@@ -384,6 +384,19 @@ def settings(job: Job) -> dict:
     return {"metrics": metrics, "step_metrics": step, "artifacts": [job.path("out")]}
 
 
+def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> dict:
+    """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
+    or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}
+    of ppl_a / ppl_b − 1 from the per-document NLL of both (knnlm.stats.compare, config section `stats`).
+    Raises ArtifactError when the two were scored on different documents."""
+    from ..stats import compare
+
+    if a["doc_ids"][split] != b["doc_ids"][split]:
+        raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
+    return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
+                   [("a", "b")], stats["resamples"], stats["seed"], stats["level"])["diff"]["a vs b"]
+
+
 def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
                   stats: dict | None = None) -> list[dict]:
     """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
@@ -392,7 +405,7 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
     setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`), from the
     per-document NLL of both stores on the same scope.
     """
-    from ..stats import compare, fmt_ci
+    from ..stats import fmt_ci
 
     keep = ("λ", "interp PPL (word)", "interp PPL (token)", "oracle PPL (word)")
     ref = {(s["key_type"], s["metric"]): s for s in settings_jsons if s["store"] == reference}
@@ -407,11 +420,7 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
                 row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
                        "CI low": ci["lo"], "CI high": ci["hi"]}
                 if reference:
-                    other = ref[(s["key_type"], s["metric"])]
-                    if other["doc_ids"][split] != s["doc_ids"][split]:
-                        raise ArtifactError(f"store {s['store']} and {reference} were scored on different documents")
-                    d = compare([s["doc_nll"][split][setting], other["doc_nll"][split][setting]], s["doc_words"][split],
-                                ["a", "b"], [("a", "b")], stats["resamples"], stats["seed"], stats["level"])["diff"]["a vs b"]
+                    d = store_vs_store(s, ref[(s["key_type"], s["metric"])], split, setting, stats)
                     row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
                 rows.append(row)
     return rows
