@@ -58,6 +58,43 @@ def test_clustered_keys_use_cluster_word_frequencies(hy):
     torch.testing.assert_close(model.log_prob(h, y).double(), p.log()[torch.arange(B), y], rtol=1e-4, atol=1e-4)
 
 
+
+@pytest.mark.parametrize("metric,agg", [("ip", "one"), ("ip", "multi"), ("l2", "multi"), ("l2", "clusters")])
+def test_fused_backward_equals_autograd_through_logsumexp(metric, agg):
+    """The fused log-softmax backward (_TargetLogProb) gives autograd's gradient of the plain formula, including
+    words with several rows, log-weights (clusters) and targets the model gives no row (log p = −inf, left out)."""
+    g = torch.Generator().manual_seed(1)
+    n, vocab, dim = 40, 9, 6
+    if agg == "one":
+        a = Aggregation.from_counts(np.ones(vocab, dtype=int))
+    elif agg == "multi":
+        a = Aggregation.from_counts(np.array([1, 3, 2, 1, 4, 1, 2, 1, 2]))
+    else:  # 4 clusters over words 0..7: word 8 has no row
+        rng = np.random.default_rng(0)
+        a = cluster_aggregation(rng.integers(0, 4, 60), rng.integers(0, 8, 60), 4, vocab)
+    model = AggregatedSoftmax(a, dim, metric=metric)
+    h, y, w = torch.randn(n, dim, generator=g), torch.randint(0, vocab, (n,), generator=g), torch.randn(n, generator=g)
+    y[:3] = vocab - 1
+
+    def reference():
+        logits = model.logits(h)
+        b, rows, lw = a.target_entries(y)
+        m = torch.full((n,), -torch.inf).scatter_reduce(0, b, (logits[b, rows] + lw).detach(), "amax")
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        s = torch.zeros(n).index_add(0, b, torch.exp(logits[b, rows] + lw - m[b]))
+        return torch.log(s) + m - torch.logsumexp(logits, 1)
+
+    got = model.log_prob(h, y)
+    fin = torch.isfinite(got)
+    assert torch.equal(~fin, (y == vocab - 1) if agg == "clusters" else torch.zeros(n, dtype=torch.bool))
+    (got[fin] * w[fin]).sum().backward()
+    grad, model.weight.grad = model.weight.grad.clone(), None
+    ref = reference()
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    (ref[fin] * w[fin]).sum().backward()
+    torch.testing.assert_close(grad, model.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("embed", [False, True])
 def test_mixture_of_softmaxes(hy, embed):
     h, y = hy
