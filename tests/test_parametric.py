@@ -130,10 +130,10 @@ def test_training_learns_and_resumes_identically(tmp_path):
     qv = rng.integers(0, V, 200)
     queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
 
-    def run(ckpt, epochs):
+    def run(ckpt, epochs, lr=0.05, settings=None):
         model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
-        hist = train(model, KeyBatches(keys, vals, None, 64, seed=1), (queries, qv), ckpt, lr=0.05,
-                     max_epochs=epochs, patience=5, bf16=False, log_every=2)
+        hist = train(model, KeyBatches(keys, vals, None, 64, seed=1), (queries, qv), ckpt, lr=lr,
+                     max_epochs=epochs, patience=5, bf16=False, log_every=2, settings=settings)
         return model, hist
 
     before = -np.mean(evaluate_log_probs(AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3),
@@ -144,6 +144,13 @@ def test_training_learns_and_resumes_identically(tmp_path):
     resumed, hist_b = run(tmp_path / "b.pt", 3)  # ... and resumed
     assert hist_b["valid"] == hist["valid"]
     torch.testing.assert_close(resumed.weight, full.weight)
+    # a checkpoint saved under other settings (lr; a settings dict) is not continued: the run starts over
+    fresh, hist_c = run(tmp_path / "c.pt", 2, lr=0.01)
+    other, hist_d = run(tmp_path / "b.pt", 2, lr=0.01)
+    assert hist_d["valid"] == hist_c["valid"] and hist_d["steps"] == 20
+    torch.testing.assert_close(other.weight, fresh.weight)
+    run(tmp_path / "c.pt", 1, lr=0.01, settings={"train_rows": 600})
+    assert torch.load(tmp_path / "c.pt", weights_only=False)["history"]["steps"] == 10  # started over at 1 epoch
 
 
 def test_clustered_training_skips_targets_without_rows(tmp_path):

@@ -281,7 +281,8 @@ def _finite_nll(lp: np.ndarray) -> float:
 
 
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
-          patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1, on_eval=None) -> dict:
+          patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1, on_eval=None,
+          settings: dict | None = None) -> dict:
     """Adam on −log p(val | key) with early stopping on the valid NLL, evaluated `evals_per_epoch` times per epoch;
     resumable at every evaluation.
 
@@ -294,6 +295,11 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     'best_nll', 'steps', 'epochs' (fractional), 'evals', 'converged', 'seconds', 'tokens_per_second'}.
     on_eval(step, {'valid_nll': nll, 'train_loss': ..., 'epoch': ...}) is called at every evaluation (live curves:
     knnlm.cli.Job.curve). Raises ValueError for evals_per_epoch < 1.
+    settings: what the run's trajectory depends on (lr, bf16, batch size, seed, training rows, ...; plain JSON
+    values), saved in the checkpoint: a checkpoint saved under other settings is not resumed but started over
+    (logged), so a changed config never continues a stale run. max_epochs and patience are not settings: raising
+    them continues the saved run, which then equals a fresh run with the new values (per-epoch seeded shuffle,
+    saved optimiser state). A checkpoint from before settings were saved is resumed as it is (logged).
     """
     if evals_per_epoch < 1:
         raise ValueError(f"evals_per_epoch must be >= 1, found {evals_per_epoch}")
@@ -303,8 +309,17 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             "steps": 0, "evals": 0, "seconds": 0.0, "train_tokens": 0}
     best_state = None
     ckpt_path = Path(ckpt_path)
-    if ckpt_path.exists():
-        st = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    settings = dict(settings or {}, lr=lr, bf16=bf16, evals_per_epoch=evals_per_epoch, batches=len(batches))
+    st = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
+    if st is not None and "settings" not in st:
+        log.warning("%s has no saved settings (an older checkpoint): resumed as it is", ckpt_path)
+    elif st is not None and st["settings"] != settings:
+        changed = sorted(k for k in settings.keys() | st["settings"].keys()
+                         if st["settings"].get(k) != settings.get(k))
+        log.warning("%s was saved under other settings (%s): training starts over", ckpt_path,
+                    ", ".join(f"{k}: {st['settings'].get(k)!r} -> {settings.get(k)!r}" for k in changed))
+        st = None
+    if st is not None:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         hist, best_state = st["history"], st["best_state"]
@@ -353,7 +368,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             with atomic_path(ckpt_path) as tmp:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "history": hist,
-                            "best_state": best_state}, tmp)
+                            "best_state": best_state, "settings": settings}, tmp)
             t0 = time.time()
             if not waiting():
                 break

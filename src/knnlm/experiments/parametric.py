@@ -202,7 +202,10 @@ def train_parametric(job: Job) -> dict:
     result["info"] = info
     if epochs > 0:
         hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, tr["patience"], p["bf16"],
-                     evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve)
+                     evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve,
+                     settings={"variant": variant, "key": key, "batch_size": p["batch_size"], "seed": p["seed"],
+                               "train_tokens": tr["train_tokens"], "train_rows": len(batches.rows),
+                               "valid_tokens": len(valid[1]), "info": {k: v for k, v in info.items() if not k.endswith("seconds")}})
         result["history"] = hist
         score(model, "after" if spec["kind"] == "cluster" else "trained")
     final = list(result["stages"])[-1]
