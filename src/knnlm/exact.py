@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 GROUP = 16  # scores per group in the max prefilter (the torch path, for GPUs)
+CPU_GROUP = 64  # consecutive scores per group maximum on the CPU (torch.amax over 64 runs at memory speed, 16 does not)
 
 
 def _device(device: str | None) -> torch.device:
@@ -142,8 +143,9 @@ class _RunningTopK:
 
 
 class _RunningTopKCPU:
-    """The running top-k of m rows on the CPU: one numba pass per block over the scores (knnlm._select), each score
-    compared with its row's threshold (the row's k-th best at the last merge, or the seeded lower bound) and the
+    """The running top-k of m rows on the CPU: per block, group maxima of CPU_GROUP consecutive scores (torch.amax),
+    then one numba pass (knnlm._select.select_groups) over the groups that reach the row's threshold, each of their
+    scores compared with it (the row's k-th best at the last merge, or the seeded lower bound) and the
     few that pass appended to a per-row buffer, merged into the top-k when full. Same results as _RunningTopK
     (up to the order of ties); used for CPU tensors, where the torch version's extra passes over the scores cost
     as much as the matmul."""
@@ -156,6 +158,7 @@ class _RunningTopKCPU:
         self.buf_i = np.full((m, buffer), -1, dtype=np.int64)
         self.fill = np.zeros(m, dtype=np.int64)
         self.thr_np = np.full(m, np.finfo(np.float32).min, dtype=np.float32)
+        self._gmax = None  # [m, n // CPU_GROUP] group maxima, reused
 
     @property
     def thr(self) -> torch.Tensor:
@@ -166,10 +169,18 @@ class _RunningTopKCPU:
         self.thr_np[:] = value.cpu().numpy()
 
     def add_block(self, sc: torch.Tensor, col_ids: torch.Tensor) -> None:
-        """Offer the scores of one [m, n] block; col_ids: [n] int64 datastore ids."""
-        from ._select import select_block
+        """Offer the scores of one [m, n] block (n a multiple of CPU_GROUP); col_ids: [n] int64 datastore ids. The group
+        maxima come from torch.amax (vectorised, multithreaded) and the kernel reads only the groups that reach a
+        row's threshold."""
+        from ._select import select_groups
 
-        select_block(sc.numpy(), col_ids.numpy(), self.thr_np, self.buf_s, self.buf_i, self.fill, self.s, self.i)
+        m, n = sc.shape
+        if self._gmax is None or self._gmax.shape[1] < n // CPU_GROUP:
+            self._gmax = torch.empty((self.s.shape[0], n // CPU_GROUP))
+        gmax = self._gmax[:m, :n // CPU_GROUP]
+        torch.amax(sc.view(m, n // CPU_GROUP, CPU_GROUP), 2, out=gmax)
+        select_groups(sc.numpy(), gmax.numpy(), col_ids.numpy(), self.thr_np, self.buf_s, self.buf_i, self.fill,
+                      self.s, self.i)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores [m, k], ids [m, k]) sorted best first."""
@@ -255,7 +266,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     if not cuts or cuts[-1] != n or cuts[0] < k or any(a >= b for a, b in zip(cuts, cuts[1:])):
         raise ValueError(f"stops must increase from >= k={k} to N={n}, found {stops}")
     dev = _device(device)
-    key_chunk = max(GROUP, key_chunk // GROUP * GROUP)
+    key_chunk = max(CPU_GROUP, key_chunk // CPU_GROUP * CPU_GROUP)
     outs = [(np.empty((t, k), dtype=np.int64), np.empty((t, k), dtype=np.float32)) for _ in cuts]
     d = reader.d
     sbuf = torch.empty((min(query_chunk, t), key_chunk), device=dev)
@@ -277,7 +288,8 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                 for ks in range(seg_start, seg_stop, key_chunk):
                     ke = min(seg_stop, ks + key_chunk)
                     xa = _load_keys(reader, ks, ke, xbuf, metric)
-                    width = -(-(ke - ks) // GROUP) * GROUP
+                    g = GROUP if dev.type != "cpu" else CPU_GROUP
+                    width = -(-(ke - ks) // g) * g
                     col_ids = torch.full((width,), -1, dtype=torch.int64, device=dev)
                     col_ids[:ke - ks] = torch.as_tensor(reader.ids(ks, ke), device=dev)
                     for top, qs in zip(tops, range(0, nb, query_chunk)):
