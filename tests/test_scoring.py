@@ -203,6 +203,35 @@ def test_temperature_sweep_with_l2_scale_scores_and_unsorted_columns():
         np.testing.assert_allclose(sweep[i][fin], direct[fin], rtol=1e-5, atol=1e-5)
 
 
+def test_temperature_sweep_sorted_rows_hits_near_and_far_from_the_best():
+    """Rows sorted best first (neighbour caches): the hits' mass comes from the denominator's pass while the best
+    hit's term is within e^−HIT_SHIFT of the best neighbour's, else from its own pass, and the prefix covers the hits
+    above e^−cut of the best hit. Both branches, at every τ, match direct float64 scoring."""
+    from knnlm._sweep import HIT_SHIFT
+    from knnlm.scoring import neighbour_hits, sweep_temperature
+
+    rng = np.random.default_rng(11)
+    N, T, k = 400, 96, 128
+    vals = rng.integers(0, 10, N).astype(np.int32)
+    ids = rng.integers(0, N, (T, k))
+    targets = rng.integers(0, 10, T)
+    scores = -np.sort(rng.uniform(0, 400, (T, k)), 1).astype(np.float32)  # sorted best first
+    hit, valid = neighbour_hits(ids, vals, targets)
+    for t in range(T):  # the best hit at least 40 ranks down: its shift ranges over both sides of HIT_SHIFT
+        ids[t, :40] = np.flatnonzero(vals != targets[t])[0]
+    hit, valid = neighbour_hits(ids, vals, targets)
+    taus = [0.5, 1.0, 2.0, 5.0, 20.0]
+    sweep = sweep_temperature(scores, hit, valid, taus)
+    shift = np.array([(np.where(hit[t], scores[t], -np.inf).max() - scores[t].max()) for t in range(T)])
+    sides = {bool(shift[t] / tau >= -HIT_SHIFT) for t in range(T) if np.isfinite(shift[t]) for tau in taus}
+    assert sides == {True, False}
+    for i, tau in enumerate(taus):
+        direct = knn_log_prob(scores.astype(np.float64), vals[np.maximum(ids, 0)], targets, tau, ids >= 0)
+        assert np.array_equal(np.isneginf(sweep[i]), np.isneginf(direct))
+        fin = np.isfinite(direct)
+        np.testing.assert_allclose(sweep[i][fin], direct[fin], rtol=1e-5, atol=1e-5)
+
+
 def test_best_lambda_per_tau_is_the_grid_argmin():
     """The binary search over λ (the NLL is convex in λ) finds nll_grid's first minimum for every τ, including
     τ rows where p_kNN = 0 for some tokens (λ = 1 costs inf) and flat rows (p_kNN = p_LM: every λ ties)."""

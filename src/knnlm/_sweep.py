@@ -5,7 +5,8 @@ stored as float32, so every exponent is ≤ 0), and for each τ the softmax deno
 with a vectorised float32 exp (2^x = 2^round(x) · 2^frac(x): the integer part built in the float's exponent bits,
 the fraction by a degree-7 polynomial, relative error < 1e-7). Rows sorted best first (neighbour caches are) sum
 only the prefix whose terms are above e^−cut of the best one. The hits' mass is summed the same way over the hits'
-scores shifted by the best hit's (so it is ≥ 1 and never underflows).
+scores shifted by the best hit's (so it is ≥ 1 and never underflows), or, while the best hit's term is not far below
+the best neighbour's (HIT_SHIFT), in the same pass as the denominator, masked.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ _LN2 = 0.6931471805599453
 _C = tuple(np.float32(_LN2 ** i / math.factorial(i)) for i in range(8))
 
 
-@njit(cache=True, fastmath=True, inline='always')
+@njit(cache=True, fastmath=True)  # not inlined at numba's IR level: the caller (no fastmath) would make the sum scalar
 def _exp_sum(z, w, inv_tau, frac, expo):
     """Σ_{j < w} exp(z[j] · inv_tau) for z ≤ 0 (float32; terms below 2^−126 are flushed to 2^−126 · poly, i.e.
     kept at ~1e-38, far under float32 resolution of a total ≥ 1). frac/expo: [≥ w] float32/int32 scratch."""
@@ -39,6 +40,47 @@ def _exp_sum(z, w, inv_tau, frac, expo):
     return total
 
 
+@njit(cache=True, fastmath=True)
+def _exp_sum_hits(z, hmask, w, inv_tau, frac, expo):
+    """(Σ_{j < w} exp(z[j] · inv_tau), Σ_{j < w} hmask[j] · exp(z[j] · inv_tau)): _exp_sum with the hits' mass from
+    the same terms (hmask [≥ w] float32, 1 at a hit, else 0)."""
+    c0, c1, c2, c3, c4, c5, c6, c7 = _C
+    a = inv_tau * _LOG2E
+    for j in range(w):
+        x = max(z[j] * a, np.float32(-126.0))
+        n = np.floor(x + np.float32(0.5))
+        r = x - n
+        frac[j] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
+        expo[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    scale = expo.view(np.float32)
+    total = np.float32(0.0)
+    hits = np.float32(0.0)
+    for j in range(w):
+        e = frac[j] * scale[j]
+        total += e
+        hits += e * hmask[j]
+    return total, hits
+
+
+@njit(cache=True, inline='always')
+def _prefix(z, m, lim):
+    """Length of the prefix of the sorted (descending) z[:m] whose values are > lim (at least 1)."""
+    lo, hi = 1, m
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if z[mid] > lim:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+# the hits' mass comes from the main pass while the best hit's term is ≥ e^−HIT_SHIFT of the best neighbour's (far
+# above float32's smallest normal, 1.2e-38 ≈ e^−87, so the hits' terms that flush are < 1e-11 of it); below that a
+# separate pass sums the hits shifted by the best hit's score
+HIT_SHIFT = 60.0
+
+
 @njit(parallel=True, cache=True)
 def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
     """out[i, t] = log p_kNN(target of t) at τ_i = 1 / inv_taus[i] (inv_taus[i] = inf: the τ → 0 limit, the mass of
@@ -49,6 +91,7 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
     for t in prange(T):
         z = np.empty(k, dtype=np.float32)
         hz = np.empty(k, dtype=np.float64)
+        hmask = np.zeros(k, dtype=np.float32)
         frac = np.empty(k, dtype=np.float32)
         expo = np.empty(k, dtype=np.int32)
         m = 0
@@ -71,6 +114,7 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
                 if s == 0.0:
                     n_top += 1
                 if hit[t, j]:
+                    hmask[m - 1] = np.float32(1.0)
                     hz[nh] = s
                     nh += 1
                     best_hit = max(best_hit, s)
@@ -89,15 +133,13 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
                 continue
             w = m
             if is_sorted:  # the terms above e^−cut are a prefix: binary search its length
-                lim = np.float32(-cut / it)
-                lo, hi = 1, m
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if z[mid] > lim:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                w = lo
+                w = _prefix(z, m, np.float32(-cut / it))
+            if best_hit * it >= -HIT_SHIFT:  # one pass: the terms and the hits' mass (the hits above e^−cut of
+                if is_sorted:                # the best hit's included)
+                    w = max(w, _prefix(z, m, np.float32(best_hit - cut / it)))
+                total, hm_abs = _exp_sum_hits(z, hmask, w, np.float32(it), frac, expo)
+                out[i, t] = math.log(np.float64(hm_abs)) - math.log(np.float64(total))
+                continue
             total = _exp_sum(z, w, np.float32(it), frac, expo)
             hm = _exp_sum(hz32, nh, np.float32(it), frac, expo)  # ≥ 1: the best hit's term is 1
             out[i, t] = math.log(np.float64(hm)) + best_hit * it - math.log(np.float64(total))
