@@ -240,3 +240,25 @@ def test_reduced_precision_paths_against_fp32():
             assert diff.abs().max() < 1e-4, name
         else:
             assert abs(float(diff.mean())) < 0.01 and diff.abs().max() < 0.5, (name, float(diff.mean()))
+
+
+def test_cached_result_is_recomputed_under_other_settings(tmp_path):
+    """The clustered datastore's k-means (experiments.parametric.cached): reused under the same settings, recomputed
+    (and saved) under others, so a changed config never trains on stale centroids."""
+    from knnlm.experiments.parametric import cached
+
+    calls = []
+
+    def compute(v):
+        def f():
+            calls.append(v)
+            return {"centroids": torch.full((2, 2), float(v))}
+        return f
+
+    path = tmp_path / "kmeans.pt"
+    a = cached(path, {"iters": 10}, compute(1))
+    b = cached(path, {"iters": 10}, compute(2))  # same settings: the saved result
+    c = cached(path, {"iters": 20}, compute(3))  # other settings: recomputed
+    d = cached(path, {"iters": 20}, compute(4))
+    assert calls == [1, 3] and b["centroids"][0, 0] == 1 and c["centroids"][0, 0] == 3 and d["centroids"][0, 0] == 3
+    assert a["settings"] == {"iters": 10} and torch.load(path, weights_only=False)["settings"] == {"iters": 20}

@@ -108,6 +108,22 @@ def build_model(spec: dict, cfg: dict, vocab: int, dim: int, w_sm: torch.Tensor,
     return AggregatedSoftmax(agg, dim, weight=centroids, metric="l2"), {"rows": int(centroids.shape[0])}
 
 
+def cached(path: Path, settings: dict, compute) -> dict:
+    """compute() (a dict of tensors/arrays) saved at path with its settings and the seconds it took, or the saved one
+    when it was computed under the same settings; a file saved under other settings is recomputed (logged), so a
+    changed config never reuses a stale result. A file from before settings were saved is reused as it is."""
+    out = torch.load(path, weights_only=False) if Path(path).exists() else None
+    if out is not None and out.get("settings", settings) != settings:
+        log.warning("%s was computed under other settings (%s, now %s): recomputed", path, out["settings"], settings)
+        out = None
+    if out is None:
+        t0 = time.time()
+        out = dict(compute(), seconds=time.time() - t0, settings=settings)
+        with atomic_path(path) as tmp:
+            torch.save(out, tmp)
+    return out
+
+
 def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample: int, seed: int, threads: int):
     """faiss k-means of the keys (trained on a seeded sample of `rows`); returns (centroids [C, D] fp32, assign [len(rows)])."""
     import faiss
@@ -180,19 +196,19 @@ def train_parametric(job: Job) -> dict:
 
     if spec["kind"] == "cluster":
         cpath = out_dir / "kmeans.pt"
-        if cpath.exists():
-            km = torch.load(cpath, weights_only=False)
-        else:
-            t0 = time.time()
-            cl = p["clustered"]
+        cl = p["clustered"]
+        km_settings = {"clusters": spec["m"] * vocab, "iters": cl["kmeans_iters"], "sample": cl["kmeans_sample"],
+                       "seed": p["seed"], "rows": len(batches.rows), "key": key}
+
+        def compute():
             cent, assign = kmeans_centroids(keys, batches.rows, spec["m"] * vocab, cl["kmeans_iters"], cl["kmeans_sample"],
                                             p["seed"], threads)
-            km = {"centroids": cent, "assign": assign, "seconds": time.time() - t0}
-            with atomic_path(cpath) as tmp:
-                torch.save(km, tmp)
+            return {"centroids": cent, "assign": assign}
+
+        km = cached(cpath, km_settings, compute)
         agg = cluster_aggregation(km["assign"], np.asarray(vals[batches.rows]), spec["m"] * vocab, vocab)
         model, info = build_model(spec, cfg, vocab, dim, w_sm, stats_path, km["centroids"], agg)
-        info["kmeans_seconds"] = km["seconds"]
+        info["kmeans_seconds"], info["kmeans"] = km["seconds"], km_settings  # (new k-means: training starts over)
         info["empty_clusters"] = int(spec["m"] * vocab - len(np.unique(km["assign"])))
         score(model, "before")
         epochs = p["clustered"]["finetune_epochs"]
