@@ -21,10 +21,12 @@ _LN2 = 0.6931471805599453
 _C = tuple(np.float32(_LN2 ** i / math.factorial(i)) for i in range(8))
 
 
-@njit(cache=True, fastmath=True)  # not inlined at numba's IR level: the caller (no fastmath) would make the sum scalar
-def _exp_sum(z, w, inv_tau, frac, expo):
-    """Σ_{j < w} exp(z[j] · inv_tau) for z ≤ 0 (float32; terms below 2^−126 are flushed to 2^−126 · poly, i.e.
-    kept at ~1e-38, far under float32 resolution of a total ≥ 1). frac/expo: [≥ w] float32/int32 scratch."""
+@njit(cache=True, fastmath=True, inline='always')
+def _exp_terms(z, w, inv_tau, frac, expo):
+    """exp(z[j] · inv_tau) for j < w as frac[j] · 2^n[j] (z ≤ 0): the fraction by the polynomial into frac, the power of
+    two as float32 exponent bits into expo (read as float32: expo.view(np.float32)). Terms below 2^−126 are flushed to
+    2^−126 · poly, i.e. kept at ~1e-38, far under float32 resolution of a total ≥ 1. Inlined into fastmath callers
+    only (both sums below)."""
     c0, c1, c2, c3, c4, c5, c6, c7 = _C
     a = inv_tau * _LOG2E
     for j in range(w):
@@ -33,6 +35,12 @@ def _exp_sum(z, w, inv_tau, frac, expo):
         r = x - n  # in [−0.5, 0.5]
         frac[j] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
         expo[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+
+
+@njit(cache=True, fastmath=True)  # not inlined at numba's IR level: the caller (no fastmath) would make the sum scalar
+def _exp_sum(z, w, inv_tau, frac, expo):
+    """Σ_{j < w} exp(z[j] · inv_tau) for z ≤ 0 (float32, _exp_terms). frac/expo: [≥ w] float32/int32 scratch."""
+    _exp_terms(z, w, inv_tau, frac, expo)
     scale = expo.view(np.float32)
     total = np.float32(0.0)
     for j in range(w):
@@ -44,14 +52,7 @@ def _exp_sum(z, w, inv_tau, frac, expo):
 def _exp_sum_hits(z, hmask, w, inv_tau, frac, expo):
     """(Σ_{j < w} exp(z[j] · inv_tau), Σ_{j < w} hmask[j] · exp(z[j] · inv_tau)): _exp_sum with the hits' mass from
     the same terms (hmask [≥ w] float32, 1 at a hit, else 0)."""
-    c0, c1, c2, c3, c4, c5, c6, c7 = _C
-    a = inv_tau * _LOG2E
-    for j in range(w):
-        x = max(z[j] * a, np.float32(-126.0))
-        n = np.floor(x + np.float32(0.5))
-        r = x - n
-        frac[j] = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * c7))))))
-        expo[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
+    _exp_terms(z, w, inv_tau, frac, expo)
     scale = expo.view(np.float32)
     total = np.float32(0.0)
     hits = np.float32(0.0)
