@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from knnlm.experiments.parametric import checkpoint_output_matrix  # noqa: E402
 from knnlm.paths import Layout  # noqa: E402
 from knnlm.dump import forward_states, iter_split, load_lm, open_datastore  # noqa: E402
 from knnlm.parametric import Aggregation, AggregatedSoftmax, KeyBatches  # noqa: E402
@@ -117,9 +118,7 @@ def main() -> None:
     ckpt, data_bin = L.path("checkpoint", lm=a.lm), L.path("data_bin")
     keys, vals, _ = open_datastore(L.path("datastore_manifest", lm=a.lm), L.path("vals", lm=a.lm),
                                    L.path("keys", lm=a.lm, key=a.key), a.key)
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["model"]
-    v, d = state.get("decoder.output_projection.weight", state.get("decoder.embed_out")).shape  # W_sm [V, D]
-    del state
+    v, d = checkpoint_output_matrix(ckpt).shape
 
     def fresh():
         m = AggregatedSoftmax(Aggregation.from_counts(np.ones(v, dtype=int)), d, seed=1)

@@ -60,7 +60,12 @@ def output_matrix(job: Job) -> torch.Tensor:
         if getattr(out, "bias", None) is not None:
             raise ArtifactError(f"{card['path']}: the output layer has a bias; the parametric models use W_sm h only")
         return out.weight.detach().float().cpu()
-    checkpoint = job.path("checkpoint")
+    return checkpoint_output_matrix(job.path("checkpoint"))
+
+
+def checkpoint_output_matrix(checkpoint) -> torch.Tensor:
+    """W_sm [V, D] float32 of a fairseq checkpoint (decoder.output_projection.weight, or decoder.embed_out). Raises
+    ArtifactError naming the file when it has no plain output projection (adaptive softmax)."""
     state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
     for name in ("decoder.output_projection.weight", "decoder.embed_out"):
         if name in state:
