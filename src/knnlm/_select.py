@@ -2,7 +2,8 @@
 
 select_groups: for every row (in parallel), the groups of consecutive scores whose maximum (computed beforehand)
 reaches the row's threshold are scanned; a score ≥ the threshold is appended to the row's candidate buffer; a full
-buffer is merged with the row's top-k (merge_row), which raises the threshold to the new k-th best. merge_buffers: the final merge of what is left in the buffers. Scores are float32, ids int64.
+buffer is merged with the row's top-k (merge_row), which raises the threshold to the new k-th best. merge_buffers:
+the final merge of what is left in the buffers. Scores are float32, ids int64.
 """
 from __future__ import annotations
 

@@ -266,6 +266,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     if not cuts or cuts[-1] != n or cuts[0] < k or any(a >= b for a, b in zip(cuts, cuts[1:])):
         raise ValueError(f"stops must increase from >= k={k} to N={n}, found {stops}")
     dev = _device(device)
+    group = GROUP if dev.type != "cpu" else CPU_GROUP  # score blocks are padded to a multiple of it
     key_chunk = max(CPU_GROUP, key_chunk // CPU_GROUP * CPU_GROUP)
     outs = [(np.empty((t, k), dtype=np.int64), np.empty((t, k), dtype=np.float32)) for _ in cuts]
     d = reader.d
@@ -288,8 +289,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                 for ks in range(seg_start, seg_stop, key_chunk):
                     ke = min(seg_stop, ks + key_chunk)
                     xa = _load_keys(reader, ks, ke, xbuf, metric)
-                    g = GROUP if dev.type != "cpu" else CPU_GROUP
-                    width = -(-(ke - ks) // g) * g
+                    width = -(-(ke - ks) // group) * group
                     col_ids = torch.full((width,), -1, dtype=torch.int64, device=dev)
                     col_ids[:ke - ks] = torch.as_tensor(reader.ids(ks, ke), device=dev)
                     for top, qs in zip(tops, range(0, nb, query_chunk)):
