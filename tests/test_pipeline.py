@@ -323,6 +323,60 @@ def test_sweeps_agree_with_table3_and_temperature_grid(tiny_run):
     assert len(tau) == 9 and set(tau["ratio"]) == {0.2, 1.0}  # full: ffn/L2, ffn/IP; 20 %: ffn/L2; 3 settings each
 
 
+def _dry_run_job(tiny_run, target):
+    """(module.job, Job) of the job that writes `target`, from the command a forced dry run of it prints."""
+    import json
+    import shlex
+
+    from knnlm.cli import Job
+
+    r = run_snakemake("-n", "-p", "-f", str(target), "--configfile", *tiny_run["configfiles"], "--config",
+                      f"results_dir={tiny_run['results_dir']}")
+    argv = shlex.split(next(ln for ln in r.stdout.splitlines() if " -m knnlm " in ln))
+    argv = argv[argv.index("knnlm") + 1:argv.index(">")]
+    opt = dict(zip(argv[1::2], argv[2::2]))
+    io = json.loads(opt["--io"])
+    return argv[0], Job(cfg=json.loads(opt["--cfg"]), input=io["input"], output=io["output"],
+                        wildcards=io["wildcards"], threads=2, rule=argv[0])
+
+
+def _assert_close_json(a, b, where="", rel=1e-9):
+    """Every number of JSON trees a and b equal to `rel` (NaN equals NaN), every other leaf equal."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _assert_close_json(a[k], b[k], f"{where}.{k}", rel)
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close_json(x, y, f"{where}[{i}]", rel)
+    elif isinstance(a, float) or isinstance(b, float):
+        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=rel, abs=1e-12), where
+    else:
+        assert a == b, where
+
+
+def test_settings_in_chunks_equal_one_pass(tiny_run, tmp_path, monkeypatch):
+    """The settings job reads the neighbour caches a few scoped queries at a time (its memory is flat in the
+    scope's size): in chunks of 5 queries it writes the settings, sweeps, CIs and recall that the pipeline's job
+    wrote in one chunk."""
+    import functools
+
+    from knnlm.experiments import retrieval
+
+    target = art(tiny_run, "settings", store="full", key="ffn", metric="l2")
+    name, job = _dry_run_job(tiny_run, target)
+    assert name == "retrieval.settings"
+    job.output["out"] = str(tmp_path / "settings.json")
+    monkeypatch.setattr(retrieval, "load_settings", functools.partial(retrieval.load_settings, chunk=5))
+    retrieval.settings(job)
+    want, got = read_json(target), read_json(tmp_path / "settings.json")
+    assert sum(want["scope_tokens"].values()) > 4 * 5  # several chunks per split
+    for k in ("seconds", "tau_sweep_seconds"):
+        want.pop(k), got.pop(k)
+    _assert_close_json(got, want)
+
+
 def test_parametric_alternatives(tiny_run):
     for t in ("table2", "table5", "table6", "table7", "clustered"):
         assert "## test" in art(tiny_run, "table", table=t, ext="md").read_text()

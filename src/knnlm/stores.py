@@ -10,6 +10,9 @@ Kinds (name regex -> prepare function, registered with @store_kind):
               the keys (Xu et al. 2023, Sec. 5, Figures 2 and 4); r<ratio>-draw<k>: drawn with seed k
   pca<d>      keys and queries projected to d dims (He et al. 2021)
   <any>-ivf<k>  (full and subsets) the same store with its IVFPQ trained with seed k ('variance' table)
+  <any>-alltokens  (full and subsets, after any '-ivf<k>') the same store, scored on every token of valid and test
+              instead of the retrieval scope (issue 9: exact search over the 5 % subset costs 1/20 of the full
+              store's, so its claims can be tested on whole splits; 'retrieval.small_store_all_tokens')
 
 A prepare function may write, next to store.json:
   rows.npy            sorted int64 datastore row ids: the store holds only these rows (ids stay datastore rows)
@@ -95,20 +98,29 @@ def nested_scan(n: int, ratios: list[float], seed: int) -> tuple[np.ndarray, lis
 
 
 IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
+ALL_TOKENS = "-alltokens"  # a store named '<store>-alltokens' is scored on every token of valid and test
+SCOPE_SUFFIX = f"(?:{ALL_TOKENS})?"
+
+
+def scores_every_token(name: str) -> bool:
+    """True for a store scored on every token of valid and test ('<store>-alltokens'), False for one scored on the
+    retrieval scope (knnlm.scope; config 'retrieval.max_queries'). The full store's FAISS search covers every token
+    either way (Table 1 reads it)."""
+    return name.endswith(ALL_TOKENS)
 
 
 def _seeds(m) -> dict:
     return {} if not m["ivf"] else {"index_seed": int(m["ivf"])}
 
 
-@store_kind("full" + IVF_SUFFIX)
+@store_kind("full" + IVF_SUFFIX + SCOPE_SUFFIX)
 def _full(m, keys, man, cfg, out_dir: Path) -> dict:
     """All datastore rows; 'full-ivf<k>': the same keys with an IVFPQ trained with seed k (the spread of the FAISS
     settings over index seeds)."""
     return _seeds(m)
 
 
-@store_kind(r"r(?P<ratio>[0-9.e-]+)(?:-draw(?P<draw>[0-9]+))?" + IVF_SUFFIX)
+@store_kind(r"r(?P<ratio>[0-9.e-]+?)(?:-draw(?P<draw>[0-9]+))?" + IVF_SUFFIX + SCOPE_SUFFIX)
 def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
     """A seeded subset of round(ratio × N) rows (seed 'datastore_size.seed', or k for 'r<ratio>-draw<k>': the
     spread over subset draws); '-ivf<k>': its IVFPQ trained with seed k."""
@@ -121,8 +133,9 @@ def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
 
 def same_keys_store(name: str) -> str:
     """The store whose keys (and so exact search) `name` shares: `name` without its '-ivf<k>' suffix (an index
-    seed changes the FAISS neighbours, never the exact ones)."""
-    return re.sub(r"-ivf[0-9]+$", "", name)
+    seed changes the FAISS neighbours, never the exact ones); an '-alltokens' store keeps its suffix (its scope
+    differs)."""
+    return re.sub(rf"-ivf[0-9]+(?=(?:{ALL_TOKENS})?$)", "", name)
 
 
 def store_kind_of(name: str) -> tuple[re.Match, Callable]:

@@ -205,21 +205,28 @@ def exact_search_nested(job: Job) -> dict:
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
-def load_settings(job: Job):
-    """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs.
+SETTINGS_CHUNK = 16384  # scoped queries per chunk in load_settings: the job's memory is flat in the scope's size
 
-    Returns (lp_lm {split: [t] float64}, words {split: int}, per setting {split: (scores [t, k] (higher = closer),
-    hit [t, k], valid [t, k])} for scoring at any τ, docs {split: (doc [t] int document index 0..D-1 of each
-    scoped token, doc_words [D], doc_ids [D] ids in the split)}, recall {split: recall@k of the FAISS neighbours
-    against the exact ones}). Raises ArtifactError when a cache does not cover the scope.
+
+def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
+    """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs, read
+    `chunk` scoped queries at a time (the neighbour caches, [t, k] each, are never whole in RAM).
+
+    taus: the τ grid of the sweep (Figure 5; knnlm.config.temperatures). Returns (lp_lm {split: [t] float64},
+    words {split: int}, lp_knn {setting: {split: [t] float64 log p_kNN(target) at the config τ 'knn.temperature'}},
+    sweep {setting: {split: [len(taus), t] float64 log p_kNN(target) per τ (knnlm.scoring.sweep_temperature)}},
+    docs {split: (doc [t] int document index 0..D-1 of each scoped token, doc_words [D], doc_ids [D] ids in the
+    split)}, recall {split: recall@k of the FAISS neighbours against the exact ones}, sweep_seconds: time in
+    sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
     """
-    from ..scoring import neighbour_hits, scores_from_distances
+    from ..scoring import iter_chunks, knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
 
     _, vals, man = open_datastore(job, with_keys=False)
-    metric = job.wildcards["metric"]
+    metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
                                                      "exact_dists", "exact_meta", "scope", "documents")}
-    lp_lm, words, out, docs, recall = {}, {}, {s: {} for s in SETTINGS}, {}, {}
+    lp_lm, words, docs, recall = {}, {}, {}, {}
+    lp_knn, sweep, sweep_seconds = {s: {} for s in SETTINGS}, {s: {} for s in SETTINGS}, 0.0
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
         q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
@@ -237,17 +244,28 @@ def load_settings(job: Job):
         if emeta["T"] != t:
             raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: rerun it")
         k = meta["k"]
-        f_ids = open_npy(f["nb_ids"], (meta["T"], k), np.int32)[rows]
-        e_ids = open_npy(f["exact_ids"], (t, k), np.int32)
-        recall[split] = recall_at_k(f_ids, e_ids)
-        f_hits, e_hits = neighbour_hits(f_ids, vals, tg), neighbour_hits(e_ids, vals, tg)  # the FAISS mask's once
-        dists = {"faiss_mask_faiss_score": open_npy(f["nb_dists"], (meta["T"], k), np.float32)[rows],
-                 "faiss_mask_real_score": open_npy(f["real_dists"], (t, k), np.float32),
-                 "real_mask_real_score": open_npy(f["exact_dists"], (t, k), np.float32)}
-        for setting, d in dists.items():
-            hits = e_hits if setting == "real_mask_real_score" else f_hits
-            out[setting][split] = (scores_from_distances(np.asarray(d), metric), *hits)
-    return lp_lm, words, out, docs, recall
+        caches = {"nb_ids": open_npy(f["nb_ids"], (meta["T"], k), np.int32),
+                  "exact_ids": open_npy(f["exact_ids"], (t, k), np.int32),
+                  "faiss_mask_faiss_score": open_npy(f["nb_dists"], (meta["T"], k), np.float32),
+                  "faiss_mask_real_score": open_npy(f["real_dists"], (t, k), np.float32),
+                  "real_mask_real_score": open_npy(f["exact_dists"], (t, k), np.float32)}
+        for setting in SETTINGS:
+            lp_knn[setting][split], sweep[setting][split] = np.empty(t), np.empty((len(taus), t))
+        found = 0.0
+        for a, b in iter_chunks(t, chunk):
+            r = rows[a:b]  # rows of the FAISS caches (all tokens or the scope) of these scoped queries
+            f_ids, e_ids = np.asarray(caches["nb_ids"][r]), np.asarray(caches["exact_ids"][a:b])
+            found += recall_at_k(f_ids, e_ids) * (b - a)
+            hits = {"faiss": neighbour_hits(f_ids, vals, tg[a:b]), "real": neighbour_hits(e_ids, vals, tg[a:b])}
+            for setting in SETTINGS:
+                d = caches[setting][r] if setting == "faiss_mask_faiss_score" else caches[setting][a:b]
+                c = (scores_from_distances(np.asarray(d), metric), *hits[SETTING_LABEL[setting][0].lower()])
+                lp_knn[setting][split][a:b] = knn_log_prob_from_hits(*c, tau)
+                t0 = time.perf_counter()
+                sweep[setting][split][:, a:b] = sweep_temperature(*c, taus)
+                sweep_seconds += time.perf_counter() - t0
+        recall[split] = found / t if t else float("nan")
+    return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
 
 def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
@@ -281,12 +299,12 @@ def _pairs(suffix: str = "") -> list[tuple[str, str]]:
 SETTING_PAIRS = _pairs() + _pairs(TUNED) + [(st + TUNED, st) for st in SETTINGS]
 
 
-def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tuple]], words: dict[str, int],
+def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, np.ndarray]], words: dict[str, int],
                       taus: list[float], lambda_steps: int, docs: dict | None = None, stats: dict | None = None) -> dict:
     """The τ × λ sweep of Figure 5 (Xu et al. 2023, Sec. 5.2) from cached neighbours, per mask/score setting.
 
-    lp_lm: {split: [T_s] float64}; raw: {setting: {split: (scores [T_s, k] float32 (higher = closer), hit [T_s, k]
-    bool, valid [T_s, k] bool)}}; words: {split: int}; taus: τ grid (τ = 0: the limit τ → 0); λ grid =
+    lp_lm: {split: [T_s] float64}; sweeps: {setting: {split: [len(taus), T_s] float64 log p_kNN(target) per τ
+    (knnlm.scoring.sweep_temperature; load_settings)}}; words: {split: int}; taus: τ grid (τ = 0: the limit τ → 0); λ grid =
     linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (best_lambda_per_tau, the argmin of nll_grid); the
     interpolated perplexities of both
     splits at that λ are recomputed exactly (interpolate). The best τ minimises the valid NLL. With `docs`
@@ -295,13 +313,12 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], raw: dict[str, dict[str, tup
     'lambda', '{split}_interp_ppl_word', '{split}_interp_ppl_token', 'best': {'tau', 'lambda', ...}, 'lp_best':
     {split: [T_s] log p_kNN at the best τ}}; the caller pops 'lp_best' (arrays) before writing JSON.
     """
-    from ..scoring import best_lambda_per_tau, interpolate, lambda_grid, sweep_temperature
+    from ..scoring import best_lambda_per_tau, interpolate, lambda_grid
     from ..stats import bootstrap_ppl, interval, per_document, resample_counts
 
     lams = lambda_grid(lambda_steps)
     out = {}
-    for setting, cache in raw.items():
-        sweep = {s: sweep_temperature(*cache[s], taus) for s in SPLITS}
+    for setting, sweep in sweeps.items():
         best_l, _ = best_lambda_per_tau(lp_lm["valid"], sweep["valid"], lams)  # [n_tau], = nll_grid's argmin
         res = {"tau": list(taus), "lambda": [float(lams[j]) for j in best_l]}
         for split in SPLITS:
@@ -362,16 +379,14 @@ def settings(job: Job) -> dict:
     neighbour caches: at the config τ, the τ × λ sweep of Figure 5 (config 'temperature'), and at each setting's
     tuned τ; λ tuned on the valid scope every time (Sec. 5, Table 3 and Figure 5)."""
     from ..config import temperatures
-    from ..scoring import knn_log_prob_from_hits
 
     t0 = time.time()
-    lp_lm, words, raw, docs, recall = load_settings(job)
-    tau = job.cfg["knn"]["temperature"]
-    lp_knn = {st: {sp: knn_log_prob_from_hits(*c, tau) for sp, c in by.items()} for st, by in raw.items()}
+    taus = temperatures(job.cfg)
+    lp_lm, words, lp_knn, per_tau, docs, recall, sweep_seconds = load_settings(job, taus)
     t1 = time.time()
-    sweep = temperature_sweep(lp_lm, raw, words, temperatures(job.cfg), job.cfg["temperature"]["lambda_steps"],
-                              docs, job.cfg["stats"])
-    sweep_seconds = time.time() - t1
+    sweep = temperature_sweep(lp_lm, per_tau, words, taus, job.cfg["temperature"]["lambda_steps"], docs,
+                              job.cfg["stats"])
+    sweep_seconds += time.time() - t1  # the per-τ log-probs (in load_settings), then λ tuning, curves and bands
     out = settings_result(job, lp_lm, words, lp_knn, docs, recall, sweep)
     out.update(tau_sweep_seconds=sweep_seconds, seconds=time.time() - t0)
     write_json(job.path("out"), out)
