@@ -81,7 +81,9 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 2 for the lines and words of the base LM's targets (valid, test)
     # + 12 for Table 4's second LM, a Hugging Face GPT-2: model card, 3 dumps, 2 documents, store, index,
     #   2 searches, score; and the table
-    assert jobs == 105
+    # + 10 for Table 3 on the 20 % store over every token (store r0.2-alltokens, ffn/L2): store, index, 2 searches,
+    #   2 real scores, 2 exact searches, settings, table
+    assert jobs == 115
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -356,6 +358,29 @@ def _assert_close_json(a, b, where="", rel=1e-9):
         assert a == b, where
 
 
+def test_small_store_on_every_token(tiny_run):
+    """'retrieval.small_store_all_tokens': the 20 % store scored on every token (store r0.2-alltokens) has r0.2's rows
+    and index, so on the retrieval scope's tokens its FAISS neighbours are r0.2's and its exact ones (its own
+    exact_search, not the nested scan that served r0.2) have r0.2's distances; its settings and table3_small cover
+    every token."""
+    where = dict(key="ffn", metric="l2")
+    s = read_json(art(tiny_run, "settings", store="r0.2-alltokens", **where))
+    for split in ("valid", "test"):
+        sc = np.load(art(tiny_run, "scope", split=split))
+        t = read_json(art(tiny_run, "queries_manifest", split=split))["T"]
+        assert len(sc) < t and s["scope"] == "all tokens" and s["scope_tokens"][split] == t
+        e_all = np.load(art(tiny_run, "exact_dists", store="r0.2-alltokens", split=split, **where))
+        assert e_all.shape[0] == t
+        np.testing.assert_allclose(e_all[sc], np.load(art(tiny_run, "exact_dists", store="r0.2", split=split, **where)),
+                                   rtol=1e-5, atol=1e-3)
+        f_all = np.load(art(tiny_run, "nb_ids", store="r0.2-alltokens", split=split, **where))
+        assert (f_all[sc] == np.load(art(tiny_run, "nb_ids", store="r0.2", split=split, **where))).all()
+    md = art(tiny_run, "table", table="table3_small", ext="md").read_text()
+    assert "on the 20% datastore subset (r0.2-alltokens)" in md and "scope: all tokens of valid and test" in md
+    df = pd.read_csv(art(tiny_run, "table", table="table3_small", ext="csv"))
+    assert len(df) == 2 * 7 and (df["documents"] > 5).all()  # splits x (base + 3 settings x {τ = 1, τ*}); > the scope's 5
+
+
 def test_settings_in_chunks_equal_one_pass(tiny_run, tmp_path, monkeypatch):
     """The settings job reads the neighbour caches a few scoped queries at a time (its memory is flat in the
     scope's size): in chunks of 5 queries it writes the settings, sweeps, CIs and recall that the pipeline's job
@@ -456,10 +481,11 @@ def test_findings_report(tiny_run):
     family = [r for r in rows if "closes the gap to the kNN-LM" in r]
     assert len(CLAIMS) == 25 and len(family) == 9 and len(rows) == len(CLAIMS) - 1 + len(family)
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
-    on = [re.search(r"\| (ffn/L2(, 20% store)?( vs full)?) +\|", r) for r in rows]  # column 'on'
+    on = [re.search(r"\| (ffn/L2(, 20% store(, all tokens)?)?( vs full)?) +\|", r) for r in rows]  # column 'on'
     assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 8 + 5 + 2
-    assert sum(bool(m and m.group(2) and not m.group(3)) for m in on) == 5  # the 20 % store's claims (Figures 4, 5a)
-    assert sum(bool(m and m.group(3)) for m in on) == 2  # the 20 % store vs the full one (Figure 2)
+    # the 20 % store's claims (Figures 4, 5a), on every token (retrieval.small_store_all_tokens)
+    assert sum(bool(m and m.group(3) and not m.group(4)) for m in on) == 5
+    assert sum(bool(m and m.group(4) and not m.group(3)) for m in on) == 2  # vs the full one on the scope (Figure 2)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in rows if "not run" not in r)
 
 

@@ -242,7 +242,8 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
 @torch.no_grad()
 def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_chunk: int = 32768,
                query_chunk: int = 1024, query_block: int = 16384, rows: np.ndarray | None = None, sample_runs: int = 16,
-               device: str | None = None, progress: bool = True, stops: list[int] | None = None):
+               device: str | None = None, progress: bool = True, stops: list[int] | None = None,
+               out: list[tuple[np.ndarray, np.ndarray]] | None = None):
     """Exact top-k neighbours of each query over all keys (the sharded exact search of the paper, Sec. 5).
 
     keys: [N, D] float16/float32 (memmap ok), queries: [T, D] float32, k ≤ N (or ≤ len(rows)),
@@ -255,6 +256,8 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     stops: nested subsets in one scan (Sec. 5's datastore sizes): increasing positions in the scanned rows, the
     last = N (or len(rows)); the result at stop s is the exact top-k of rows[:s], taken when the scan passes s.
     Then returns [(ids, dists)], one pair per stop ([T, k] each), instead of one pair.
+    out: one (ids [T, k] integer, dists [T, k] float32) pair per stop to fill instead of new arrays, e.g. writable
+    memmaps of the outputs (then the results are never whole in RAM); returned as above.
     """
     if metric not in ("l2", "ip"):
         raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
@@ -268,7 +271,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     dev = _device(device)
     group = GROUP if dev.type != "cpu" else CPU_GROUP  # score blocks are padded to a multiple of it
     key_chunk = max(CPU_GROUP, key_chunk // CPU_GROUP * CPU_GROUP)
-    outs = [(np.empty((t, k), dtype=np.int64), np.empty((t, k), dtype=np.float32)) for _ in cuts]
+    outs = out or [(np.empty((t, k), dtype=np.int64), np.empty((t, k), dtype=np.float32)) for _ in cuts]
+    if len(outs) != len(cuts) or any(a.shape != (t, k) or b.shape != (t, k) for a, b in outs):
+        raise ValueError(f"out must hold {len(cuts)} (ids, dists) pairs of shape {(t, k)}, found "
+                         f"{[(a.shape, b.shape) for a, b in outs]}")
     d = reader.d
     sbuf = torch.empty((min(query_chunk, t), key_chunk), device=dev)
     xbuf = torch.zeros((key_chunk, d + 1), device=dev)  # fp32 keys plus the L2 bias column (0 for IP)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
 from knnlm.config import (ConfigError, check_data, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
-from knnlm.stores import same_keys_store, store_name, store_wildcard
+from knnlm.stores import same_keys_store, scores_every_token, store_name, store_wildcard
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -34,6 +34,11 @@ KEYS = CFG["datastore"]["key_types"]
 METRICS = CFG["index"]["metrics"]
 DS = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
 RA = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'stores.extra'
+# The smallest store of 'temperature.ratios' (the paper's 5 %): its Sec. 5 claims (findings), and, with
+# 'retrieval.small_store_all_tokens' while the scope samples the splits, the same store scored on every token.
+SMALL_STORE = store_name(min(CFG["temperature"]["ratios"]))
+SMALL_ALL_TOKENS = (SMALL_STORE + "-alltokens" if RA["small_store_all_tokens"] and RA["max_queries"]
+                    and SMALL_STORE != "full" else None)
 
 wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
@@ -174,11 +179,22 @@ def exact_of(name):
     return fn
 
 
-# Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope
-# (rule settings).
+def scope_of(full_is_all=False, both_splits=False):
+    """Input function: the retrieval scope of the job's split ('scope'; of both splits, in EVAL_SPLITS order, when
+    `both_splits`), or nothing for a store scored on every token (knnlm.stores.scores_every_token) and, when
+    `full_is_all`, for the full store (its FAISS search covers every token: Table 1 reads it)."""
+    def fn(wc):
+        if scores_every_token(wc.store) or (full_is_all and wc.store == "full"):
+            return []
+        return per_split("scope", lm=wc.lm) if both_splits else P("scope", lm=wc.lm, split=wc.split)
+    return fn
+
+
+# Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope (every token for an
+# '-alltokens' store; rule settings).
 SETTINGS_INPUTS = {
-    **datastore(), **queries(), "store": P("store_prep"),
-    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "scope", "documents")},
+    **datastore(), **queries(), "store": P("store_prep"), "scope": scope_of(both_splits=True),
+    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
 

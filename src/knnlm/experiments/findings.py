@@ -131,9 +131,11 @@ def _sources(job: Job) -> dict[str, tuple[pd.DataFrame, str]]:
         s = read_json(job.path("small_store"))
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
         label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store"
-        out["small_store"] = (pd.DataFrame(rows), label)
-        if job.input.get("full_store"):
-            out["size"] = (size_comparisons(s, read_json(job.path("full_store")), job.cfg["stats"]),
+        every = ", all tokens" if s.get("scope") == "all tokens" else ""
+        out["small_store"] = (pd.DataFrame(rows), label + every)
+        if job.input.get("full_store"):  # on the retrieval scope, the full store's ('size_store')
+            small = read_json(job.path("size_store")) if job.input.get("size_store") else s
+            out["size"] = (size_comparisons(small, read_json(job.path("full_store")), job.cfg["stats"]),
                            f"{label} vs full")
     return out
 
@@ -232,8 +234,8 @@ def findings(job: Job) -> dict:
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
-            "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows use all tokens of "
-            "the split, the others the retrieval scope.\n\n",
+            "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows and rows whose 'on' "
+            "says 'all tokens' use all tokens of the split, the others the retrieval scope.\n\n",
             "Not yet tested here: the rejected hypotheses of Sec. 6 / App. E.\n"]
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))

@@ -37,14 +37,19 @@ def _store(job: Job):
     return open_store(job.path("store"), keys, man), man
 
 
-def _scoped(job: Job, man: dict, everything: bool = False):
+def _scoped(job: Job, man: dict, everything: bool | None = None):
     """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the retrieval scope
-    (input 'scope'), or every token when `everything` (then the queries stay a memmap)."""
+    (input 'scope'), or every token when `everything` (default: when the job's store is scored on every token,
+    knnlm.stores.scores_every_token); then the queries stay a memmap, read in chunks."""
+    from ..stores import scores_every_token
+
+    if everything is None:
+        everything = scores_every_token(job.wildcards.get("store", ""))  # nested exact search: no store wildcard
     q = open_split(job, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"])
     sc = np.arange(q["manifest"]["T"]) if everything else np.load(job.path("scope"))
     if len(sc) and sc[-1] >= q["manifest"]["T"]:
         raise ArtifactError(f"{job.path('scope')}: token {sc[-1]} beyond the {q['manifest']['T']} queries of the split")
-    return q, (q["queries"] if everything else np.asarray(q["queries"][sc])), sc  # all: the memmap, read in chunks
+    return q, (q["queries"] if everything else np.asarray(q["queries"][sc])), sc
 
 
 def scope(job: Job) -> dict:
@@ -105,6 +110,7 @@ def search(job: Job) -> dict:
     """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
     job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
     from ..index import check_index_matches, search as faiss_search
+    from ..stores import scores_every_token
 
     store, man = _store(job)
     idx_meta = read_json(job.path("index_meta"))
@@ -112,7 +118,7 @@ def search(job: Job) -> dict:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
     params = _index_params(job, store)
     check_index_matches(idx_meta, params, job.path("index"))
-    everything = job.wildcards["store"] == "full"
+    everything = job.wildcards["store"] == "full" or scores_every_token(job.wildcards["store"])  # Table 1 reads full's
     q, queries, sc = _scoped(job, man, everything)
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
@@ -126,18 +132,23 @@ def search(job: Job) -> dict:
                         "search_seconds": stats["search_seconds"]}}
 
 
-def real_score(job: Job) -> dict:
-    """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries."""
+def real_score(job: Job, chunk: int = 16384) -> dict:
+    """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries, `chunk` queries
+    at a time into the output memmap (memory flat in the scope's size)."""
     from ..exact import recompute_distances
+    from ..scoring import iter_chunks
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
     t = len(sc)
     meta = read_json(job.path("nb_meta"))
-    ids = open_npy(job.path("nb_ids"), (meta["T"], meta["k"]), np.int32)[_rows_of(meta, sc, job.path("nb_meta"))]
+    ids = open_npy(job.path("nb_ids"), (meta["T"], meta["k"]), np.int32)
+    rows = _rows_of(meta, sc, job.path("nb_meta"))
     t0 = time.time()
-    d = recompute_distances(store.keys, store.project(queries), ids, job.wildcards["metric"])
-    save_npy(job.path("dists"), d)
+    with create_npy(job.path("dists"), (t, meta["k"]), np.float32) as out:
+        for a, b in iter_chunks(t, chunk):
+            out[a:b] = recompute_distances(store.keys, store.project(np.asarray(queries[a:b], dtype=np.float32)),
+                                           np.asarray(ids[rows[a:b]]), job.wildcards["metric"])
     stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
@@ -157,18 +168,24 @@ def _write_exact(job: Job, i: int, ids: np.ndarray, d: np.ndarray, n: int, secs:
 
 
 def exact_search(job: Job) -> dict:
-    """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries."""
+    """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries, written
+    straight into the output memmaps."""
     from ..exact import exact_topk
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
-    k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
+    k, r, t = job.cfg["knn"]["k"], job.cfg["retrieval"], len(sc)
     t0 = time.time()
-    ids, d = exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
-                        r["exact_key_chunk"], r["exact_query_chunk"], r["exact_query_block"], rows=store.rows)
+    with create_npy(job.path("ids"), (t, k), np.int32) as ids, create_npy(job.path("dists"), (t, k), np.float32) as d:
+        exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
+                   r["exact_key_chunk"], r["exact_query_chunk"], r["exact_query_block"], rows=store.rows,
+                   out=[(ids, d)])
     secs = time.time() - t0
-    meta = _write_exact(job, 0, ids, d, int(store.keys.shape[0]), secs, 2.0 * len(sc) * store.size * store.keys.shape[1], man)
-    return {"metrics": {"T": meta["T"], "seconds": secs, "gflops": meta["gflops"]}}
+    flop = 2.0 * t * store.size * store.keys.shape[1]
+    meta = {"T": t, "k": k, "N": int(store.keys.shape[0]), "seconds": secs, "gflops": flop / secs / 1e9,
+            "checkpoint_sha256": man["checkpoint_sha256"]}
+    write_json(job.path("meta"), meta)
+    return {"metrics": {"T": t, "seconds": secs, "gflops": meta["gflops"]}}
 
 
 def exact_search_nested(job: Job) -> dict:
@@ -220,17 +237,19 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
     """
     from ..scoring import iter_chunks, knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
+    from ..stores import scores_every_token
 
     _, vals, man = open_datastore(job, with_keys=False)
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
+    every = scores_every_token(job.wildcards["store"])  # then the job has no 'scope' input
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
-                                                     "exact_dists", "exact_meta", "scope", "documents")}
+                                                     "exact_dists", "exact_meta", "documents") + ("scope",) * (not every)}
     lp_lm, words, docs, recall = {}, {}, {}, {}
     lp_knn, sweep, sweep_seconds = {s: {} for s in SETTINGS}, {s: {} for s in SETTINGS}, 0.0
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
         q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
-        sc = np.load(f["scope"])
+        sc = np.arange(len(q["targets"])) if every else np.load(f["scope"])
         t = len(sc)
         tg = np.asarray(q["targets"])[sc]
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
@@ -348,6 +367,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
     and the bootstrap CIs of each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
     from ..scoring import interpolate
     from ..stats import compare, per_document
+    from ..stores import scores_every_token
 
     st, steps = job.cfg["stats"], job.cfg["knn"]["lambda_steps"]
     meta = read_json(job.path("store") / "store.json")
@@ -367,6 +387,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
+            "scope": "all tokens" if scores_every_token(job.wildcards["store"]) else "retrieval scope",
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
@@ -443,7 +464,8 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
 
 def table3(job: Job) -> dict:
     """Table 3: FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's settings,
-    with 95 % CIs (paired bootstrap over the scope's documents), and the table of its comparisons."""
+    with 95 % CIs (paired bootstrap over the scope's documents), and the table of its comparisons; from the
+    settings of a subset scored on every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
     import pandas as pd
 
     from ..stats import comparison_rows, fmt_ci
@@ -451,7 +473,12 @@ def table3(job: Job) -> dict:
 
     cfg = job.cfg
     rows, metrics, comparisons = [], {}, []
-    for s in map(read_json, job.paths("settings")):
+    jsons = [read_json(p) for p in job.paths("settings")]
+    stores = sorted({s["store"] for s in jsons})
+    on = "" if stores == ["full"] else f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})"
+    scope = ("all tokens of valid and test" if all(s.get("scope") == "all tokens" for s in jsons)
+             else scope_caption(cfg))
+    for s in jsons:
         key, metric = s["key_type"], s["metric"]
         labels = {"h_ds": key, "⊗": METRIC_NAME[metric]}
         for split in ("test", "valid"):
@@ -481,14 +508,14 @@ def table3(job: Job) -> dict:
     boot = (f"95% CI: paired bootstrap over the scope's documents ({st['documents']}, {st['resamples']} resamples, seed "
             f"{st['seed']}).")
     t = cfg["temperature"]
-    cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5): FAISS (IVFPQ) vs real (exact) mask and score, "
+    cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5){on}: FAISS (IVFPQ) vs real (exact) mask and score, "
            f"at τ = {cfg['knn']['temperature']:g} (the paper's table) and at each setting's τ tuned on valid (τ*, "
            f"grid {t['start']:g} … {t['stop']:g} step {t['step']:g}; Sec. 5.2), k = {cfg['knn']['k']}, λ tuned on "
-           f"valid every time; scope: {scope_caption(cfg)} "
+           f"valid every time; scope: {scope} "
            f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
            f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found (how approximate "
            f"the approximation was). {boot} {cfg.get('profile', {}).get('caption', '')}")
-    write_table(df, job.path("csv"), job.path("md"), "Table 3: approximate vs exact retrieval", cap)
-    write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), "Table 3 comparisons with 95% CIs",
-                      f"Comparisons of Table 3 ({cfg['name']}; interpolated PPL on the scope)", boot)
+    write_table(df, job.path("csv"), job.path("md"), f"Table 3: approximate vs exact retrieval{on}", cap)
+    write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), f"Table 3 comparisons with 95% CIs{on}",
+                      f"Comparisons of Table 3 ({cfg['name']}{on}; interpolated PPL on the scope: {scope})", boot)
     return {"metrics": metrics, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}
