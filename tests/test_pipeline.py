@@ -474,7 +474,7 @@ def test_findings_report(tiny_run):
     from knnlm.experiments.findings import CLAIMS
 
     assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "
-                     r"half-width", text)
+                     r"half-width.* The 20% store's claims use every test token \(\d+ documents, [\d,]+ tokens\)", text)
 
     # one row per claim, but the App. B-C family claim gets one per alternative the tiny config trains: 2V att and
     # ffn, adaptive by frequency and by loss, MoS R=2 only / + embed on att and ffn, the clustered datastore

@@ -165,8 +165,14 @@ def scope_power(job: Job, target: float = 0.01) -> str:
     verdict = (f"already under {100 * target:.0f} %" if half < target else
                f"about {need:,.0f} documents (~{need * tokens / docs:,.0f} tokens per split) would bring it under "
                f"{100 * target:.0f} %, if it shrinks as 1/sqrt(documents)")
-    return (f"Scope of Table 3 and the store claims: {docs} test documents, {tokens:,} tokens. The median 95 % CI "
+    text = (f"Scope of Table 3 and the store claims: {docs} test documents, {tokens:,} tokens. The median 95 % CI "
             f"half-width of Table 3's test comparisons is {100 * half:.2f} % of perplexity; {verdict}.")
+    if job.input.get("small_store"):
+        s = read_json(job.path("small_store"))
+        if s.get("scope") == "all tokens":
+            text += (f" The {s['ratio']:.0%} store's claims use every test token ({len(s['doc_ids']['test'])} "
+                     f"documents, {s['scope_tokens']['test']:,} tokens).")
+    return text
 
 
 def _paper(c: dict, b: str | None) -> tuple[str, int]:
