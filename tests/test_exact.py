@@ -173,3 +173,25 @@ def test_kth_bound_is_a_lower_bound_that_filters():
         assert ((sc >= bound[:, None]).sum(1) >= k).all() and (bound <= kth).all()
         if n == 64 * k:
             assert (sc[3:] >= bound[3:, None]).float().mean() < 1.5 * k / n
+
+
+def test_first_chunk_is_seeded_by_kth_bound(monkeypatch):
+    """exact_topk (CPU) seeds the thresholds of the first key chunk with _kth_bound (once per query chunk) when the
+    chunk holds ≥ 4k keys, also when the chunk is narrower than the score buffer (a strided view of it), and stays
+    exact (faiss Flat's distances). Fails if the first chunk is seeded by anything else (e.g. np.partition)."""
+    import faiss
+
+    import knnlm.exact as ex
+
+    calls = []
+    real = ex._kth_bound
+    monkeypatch.setattr(ex, "_kth_bound", lambda sc, k: calls.append(tuple(sc.shape)) or real(sc, k))
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((5000, 16)).astype(np.float32)
+    q = rng.standard_normal((70, 16)).astype(np.float32)
+    ids, d = ex.exact_topk(keys, q, 50, "l2", key_chunk=8192, query_chunk=32, progress=False)
+    assert calls == [(32, 5000), (32, 5000), (6, 5000)]
+    index = faiss.IndexFlatL2(16)
+    index.add(keys)
+    want_d, _ = index.search(q, 50)
+    np.testing.assert_allclose(d, want_d, rtol=1e-5, atol=1e-5)

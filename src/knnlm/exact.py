@@ -319,10 +319,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                         if width > ke - ks:
                             sc[:, ke - ks:].fill_(-torch.inf)
                         if ks == 0 and dev.type == "cpu" and ke - ks >= 4 * k:
-                            # the first chunk's k-th best is a lower bound of the final one (and of every nested
-                            # subset's): starting there, the chunk passes ~k candidates per row instead of all of
-                            # them (measured: the first chunk cost 10x a later one)
-                            top.thr = torch.maximum(top.thr, _kth_best(sc[:, :ke - ks], k))
+                            # a lower bound of the first chunk's k-th best is one of the final k-th best (and of
+                            # every nested subset's): starting there, the chunk passes a few k candidates per row
+                            # instead of all of them (measured: the first chunk cost 10x a later one)
+                            top.thr = torch.maximum(top.thr, _kth_bound(sc[:, :ke - ks], k))
                         top.add_block(sc, col_ids)
                     bar.update(1)
                 for top, qs in zip(tops, range(0, nb, query_chunk)):  # the top-k of rows[:seg_stop]; the scan goes on
