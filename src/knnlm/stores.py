@@ -135,7 +135,7 @@ def same_keys_store(name: str) -> str:
     """The store whose keys (and so exact search) `name` shares: `name` without its '-ivf<k>' suffix (an index
     seed changes the FAISS neighbours, never the exact ones); an '-alltokens' store keeps its suffix (its scope
     differs)."""
-    return re.sub(rf"-ivf[0-9]+(?=(?:{ALL_TOKENS})?$)", "", name)
+    return re.sub(rf"-ivf[0-9]+(?={SCOPE_SUFFIX}$)", "", name)
 
 
 def store_kind_of(name: str) -> tuple[re.Match, Callable]:

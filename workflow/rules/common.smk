@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
 from knnlm.config import (ConfigError, check_data, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
-from knnlm.stores import same_keys_store, scores_every_token, store_name, store_wildcard
+from knnlm.stores import ALL_TOKENS, same_keys_store, scores_every_token, store_name, store_wildcard
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -37,7 +37,7 @@ RA = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'st
 # The smallest store of 'temperature.ratios' (the paper's 5 %): its Sec. 5 claims (findings), and, with
 # 'retrieval.small_store_all_tokens' while the scope samples the splits, the same store scored on every token.
 SMALL_STORE = store_name(min(CFG["temperature"]["ratios"]))
-SMALL_ALL_TOKENS = (SMALL_STORE + "-alltokens" if RA["small_store_all_tokens"] and RA["max_queries"]
+SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RA["small_store_all_tokens"] and RA["max_queries"]
                     and SMALL_STORE != "full" else None)
 
 wildcard_constraints:
