@@ -161,9 +161,15 @@ def _write_exact(job: Job, i: int, ids: np.ndarray, d: np.ndarray, n: int, secs:
         a[:] = ids
     with create_npy(job.paths("dists")[i], d.shape, np.float32) as a:
         a[:] = d
-    meta = {"T": len(ids), "k": ids.shape[1], "N": n, "seconds": secs, "gflops": flop / secs / 1e9,
+    return _write_exact_meta(job.paths("meta")[i], ids.shape, n, secs, flop, man, **extra)
+
+
+def _write_exact_meta(path, shape: tuple[int, int], n: int, secs: float, flop: float, man: dict, **extra) -> dict:
+    """Write the meta of an exact search (queries T and k of `shape`, keys N = `n`, its seconds and GFLOP/s, the
+    datastore's checkpoint) to `path`; the meta."""
+    meta = {"T": int(shape[0]), "k": int(shape[1]), "N": n, "seconds": secs, "gflops": flop / secs / 1e9,
             "checkpoint_sha256": man["checkpoint_sha256"], **extra}
-    write_json(job.paths("meta")[i], meta)
+    write_json(path, meta)
     return meta
 
 
@@ -182,9 +188,7 @@ def exact_search(job: Job) -> dict:
                    out=[(ids, d)])
     secs = time.time() - t0
     flop = 2.0 * t * store.size * store.keys.shape[1]
-    meta = {"T": t, "k": k, "N": int(store.keys.shape[0]), "seconds": secs, "gflops": flop / secs / 1e9,
-            "checkpoint_sha256": man["checkpoint_sha256"]}
-    write_json(job.path("meta"), meta)
+    meta = _write_exact_meta(job.path("meta"), (t, k), int(store.keys.shape[0]), secs, flop, man)
     return {"metrics": {"T": t, "seconds": secs, "gflops": meta["gflops"]}}
 
 
