@@ -121,17 +121,22 @@ def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return sub[sub["⊗"] == metric]
 
 
-def _sources(job: Job) -> dict[str, tuple[pd.DataFrame, str]]:
-    """{source: (comparisons with columns split, comparison, relative difference, CI low, CI high, verdict), label}."""
+def _every_token(settings: dict | None) -> bool:
+    """Whether a settings JSON (rule settings) was scored on every token of valid and test (an '-alltokens' store)."""
+    return settings is not None and settings.get("scope") == "all tokens"
+
+
+def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
+    """{source: (comparisons with columns split, comparison, relative difference, CI low, CI high, verdict), label};
+    `s`: the settings JSON of input 'small_store', or None without one."""
     t3 = pd.read_csv(job.path("table3"))
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}" if len(t3) else "")}
-    if job.input.get("small_store"):
-        s = read_json(job.path("small_store"))
+    if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
         label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store"
-        every = ", all tokens" if s.get("scope") == "all tokens" else ""
+        every = ", all tokens" if _every_token(s) else ""
         out["small_store"] = (pd.DataFrame(rows), label + every)
         if job.input.get("full_store"):  # on the retrieval scope, the full store's ('size_store')
             small = read_json(job.path("size_store")) if job.input.get("size_store") else s
@@ -151,9 +156,10 @@ def size_comparisons(small: dict, full: dict, stats: dict) -> pd.DataFrame:
     return pd.DataFrame([r for split, d in diffs.items() for r in comparison_rows({"diff": d}, split=split)])
 
 
-def scope_power(job: Job, target: float = 0.01) -> str:
+def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
     """What the retrieval scope can decide: the median 95 % CI half-width of Table 3's test comparisons, and the
-    scope (documents, tokens) that would bring it under `target` if it shrinks as 1/sqrt(documents) (issue 9)."""
+    scope (documents, tokens) that would bring it under `target` if it shrinks as 1/sqrt(documents) (issue 9); with
+    `s`, the small store's settings JSON scored on every token, its test documents and tokens."""
     t3, cmp = pd.read_csv(job.path("table3_table")), pd.read_csv(job.path("table3"))
     test = t3[t3["split"] == "test"]
     cmp = cmp[cmp["split"] == "test"]
@@ -167,11 +173,9 @@ def scope_power(job: Job, target: float = 0.01) -> str:
                f"{100 * target:.0f} %, if it shrinks as 1/sqrt(documents)")
     text = (f"Scope of Table 3 and the store claims: {docs} test documents, {tokens:,} tokens. The median 95 % CI "
             f"half-width of Table 3's test comparisons is {100 * half:.2f} % of perplexity; {verdict}.")
-    if job.input.get("small_store"):
-        s = read_json(job.path("small_store"))
-        if s.get("scope") == "all tokens":
-            text += (f" The {s['ratio']:.0%} store's claims use every test token ({len(s['doc_ids']['test'])} "
-                     f"documents, {s['scope_tokens']['test']:,} tokens).")
+    if _every_token(s):
+        text += (f" The {s['ratio']:.0%} store's claims use every test token ({len(s['doc_ids']['test'])} "
+                 f"documents, {s['scope_tokens']['test']:,} tokens).")
     return text
 
 
@@ -221,7 +225,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
 def findings(job: Job) -> dict:
     """The findings report (Markdown): every claim of CLAIMS with the paper's number, ours (test split) with its
     95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
-    sources = _sources(job)
+    small = read_json(job.path("small_store")) if job.input.get("small_store") else None
+    sources = _sources(job, small)
     rows, counts = [], {}
     for c in CLAIMS:
         df, label = sources.get(c["source"], (None, ""))
@@ -237,7 +242,7 @@ def findings(job: Job) -> dict:
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}.\n\n",
-            pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job) + "\n\n",
+            pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
             "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows and rows whose 'on' "
