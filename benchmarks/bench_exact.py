@@ -1,7 +1,7 @@
 """Benchmark: exact search (the "real mask") vs plain torch.mm and vs faiss brute force; memory scaling. Prints ratios.
 
   python benchmarks/bench_exact.py [--n 1000000] [--d 256] [--t 4096] [--k 1024] [--real results/wikitext2]
-                                   [--key-chunk 32768] [--query-chunk 1024] [--skip-rss]
+                                   [--key-chunk 32768] [--query-chunk 1024] [--skip-rss] [--repeat 3]
 
 Data: random normal keys and queries, and (with --real <run>) the first n att keys of a finished run's datastore
 with the first t of its valid att queries -- the threshold filter behaves differently on real data. For each:
@@ -10,7 +10,8 @@ with the first t of its valid att queries -- the threshold filter behaves differ
    over numpy's matmul (its OpenBLAS), the GEMM exact_topk calls on the CPU (knnlm.exact._scores).
 2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
    goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
-   distances to 1e-4 relative).
+   distances to 1e-4 relative). The two run --repeat times in turn (default 3); the ratio is the median of the
+   pairs' ratios, so a load that comes and goes on a shared machine moves both members of a pair.
 3. peak RSS of exact search at 4x the datastore size over 1x (goal <= 1.2): memory is bounded by chunks.
 """
 from __future__ import annotations
@@ -67,26 +68,30 @@ def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
 
     n, d, t = keys.shape[0], keys.shape[1], q.shape[0]
     flops = 2.0 * t * n * d
-    t0 = time.perf_counter()
-    ids, dist = exact_topk(keys, q, a.k, "l2", key_chunk=a.key_chunk, query_chunk=a.query_chunk, progress=False)
-    t_exact = time.perf_counter() - t0
     x = np.ascontiguousarray(keys, dtype=np.float32)  # the baselines get fp32 keys already in RAM
+    faiss.omp_set_num_threads(torch.get_num_threads())
+    pairs = []  # (ours, faiss) seconds, interleaved: a busy machine slows both members of a pair alike
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        ids, dist = exact_topk(keys, q, a.k, "l2", key_chunk=a.key_chunk, query_chunk=a.query_chunk, progress=False)
+        t1 = time.perf_counter()
+        f_dist, f_ids = faiss.knn(q, x, a.k, faiss.METRIC_L2)
+        pairs.append((t1 - t0, time.perf_counter() - t1))
+    t_exact, t_faiss = (float(np.median([p[i] for p in pairs])) for i in (0, 1))
+    ratio = float(np.median([f / o for o, f in pairs]))
     buf = np.empty((min(a.query_chunk, t), a.key_chunk), dtype=np.float32)
     t_mm = time_gemm(lambda qq, xs, out: torch.mm(torch.from_numpy(qq), torch.from_numpy(xs).T, out=torch.from_numpy(out)),
                      x, q, buf, a.key_chunk, a.query_chunk)
     t_np = time_gemm(lambda qq, xs, out: np.matmul(qq, xs.T, out=out), x, q, buf, a.key_chunk, a.query_chunk)
     del buf
-    faiss.omp_set_num_threads(torch.get_num_threads())
-    t0 = time.perf_counter()
-    f_dist, f_ids = faiss.knn(q, x, a.k, faiss.METRIC_L2)
-    t_faiss = time.perf_counter() - t0
     same_ids = float(np.mean([len(np.intersect1d(i, j)) / a.k for i, j in zip(ids, f_ids)]))
     rel = float(np.max(np.abs(dist - f_dist) / np.maximum(1.0, np.abs(f_dist))))
     print(f"[{name}] n={n} d={d} t={t} k={a.k} threads={torch.get_num_threads()}")
     print(f"[{name}] exact search {flops / t_exact / 1e9:.1f} GFLOP/s ({t_exact:.2f} s); torch.mm {flops / t_mm / 1e9:.1f} "
           f"GFLOP/s; ratio {t_mm / t_exact:.2f} (goal >= 0.8); numpy's BLAS {flops / t_np / 1e9:.1f} GFLOP/s, ratio "
           f"{t_np / t_exact:.2f}")
-    print(f"[{name}] faiss.knn (brute force) {t_faiss:.2f} s; exact search is {t_faiss / t_exact:.2f}x faster (goal > 1); "
+    print(f"[{name}] faiss.knn (brute force) {t_faiss:.2f} s; exact search is {ratio:.2f}x faster (goal > 1; median of "
+          f"{a.repeat} interleaved pairs: {', '.join(f'{o:.2f}/{f:.2f} s' for o, f in pairs)}); "
           f"same ids {100 * same_ids:.2f} %, max relative distance difference {rel:.1e}")
 
 
@@ -100,6 +105,7 @@ def main() -> None:
     ap.add_argument("--query-chunk", type=int, default=1024)
     ap.add_argument("--real", help="a finished run's results dir (results/<name>): its att keys and valid queries")
     ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved (ours, faiss) pairs; the medians are printed")
     ap.add_argument("--child", nargs=3)
     a = ap.parse_args()
     if a.child:

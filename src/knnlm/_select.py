@@ -11,33 +11,79 @@ import numpy as np
 from numba import njit, prange
 
 
+@njit(cache=True, inline='always')
+def _order_key(bits):
+    """The uint32 whose unsigned order is the float32 order of the float whose bits are `bits` (−inf lowest)."""
+    u = np.uint32(bits)
+    return ~u if u & np.uint32(0x80000000) else u | np.uint32(0x80000000)
+
+
+@njit(cache=True)
+def kth_largest(a, na, b, nb, k):
+    """The k-th largest of the float32 values a[:na] ∪ b[:nb] (1 ≤ k ≤ na + nb; no NaN), by a radix select: four
+    passes over the values, each a 256-bucket histogram of the next 8 bits of the order key among the values that
+    share the bits fixed so far. ~2.5x faster than np.partition on 2,048 values (numba's quickselect)."""
+    a_bits, b_bits = a.view(np.uint32), b.view(np.uint32)
+    hist = np.zeros(256, dtype=np.int64)
+    prefix, mask = np.uint32(0), np.uint32(0)
+    rank = k
+    for p in range(4):
+        shift = np.uint32(24 - 8 * p)
+        hist[:] = 0
+        for i in range(na):
+            u = _order_key(a_bits[i])
+            if (u & mask) == prefix:
+                hist[(u >> shift) & np.uint32(255)] += 1
+        for i in range(nb):
+            u = _order_key(b_bits[i])
+            if (u & mask) == prefix:
+                hist[(u >> shift) & np.uint32(255)] += 1
+        bucket = 255
+        while hist[bucket] < rank:  # the bucket holding the rank-th largest, counted from the top
+            rank -= hist[bucket]
+            bucket -= 1
+        prefix |= np.uint32(bucket) << shift
+        mask |= np.uint32(255) << shift
+    bits = prefix & np.uint32(0x7FFFFFFF) if prefix & np.uint32(0x80000000) else ~prefix
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
 @njit(cache=True)
 def merge_row(top_s, top_i, buf_s, buf_i, f):
-    """Merge the first f buffered candidates of one row into its top-k (in place, by partial sort: the k-th best
-    is found with np.partition, then the entries above it and as many ties as fit are kept); returns the new
-    k-th best score."""
+    """Merge the first f buffered candidates of one row into its top-k (in place): the k-th best of both is found
+    by kth_largest, then the entries above it and as many ties as fit are kept (the top-k's before the buffer's);
+    returns the new k-th best score."""
     k = top_s.shape[0]
-    n = k + f
-    s = np.empty(n, dtype=np.float32)
-    ids = np.empty(n, dtype=np.int64)
-    s[:k] = top_s
-    ids[:k] = top_i
-    s[k:] = buf_s[:f]
-    ids[k:] = buf_i[:f]
-    kth = np.partition(s.copy(), n - k)[n - k]
+    kth = kth_largest(top_s, k, buf_s, f, k)
+    s = np.empty(k, dtype=np.float32)
+    ids = np.empty(k, dtype=np.int64)
     j = 0
-    for a in range(n):  # strictly better than the k-th best: fewer than k of them
-        if s[a] > kth:
-            top_s[j] = s[a]
-            top_i[j] = ids[a]
+    for a in range(k):  # strictly better than the k-th best: fewer than k of them
+        if top_s[a] > kth:
+            s[j] = top_s[a]
+            ids[j] = top_i[a]
             j += 1
-    for a in range(n):  # ties at the k-th best fill the rest, first come first kept
+    for a in range(f):
+        if buf_s[a] > kth:
+            s[j] = buf_s[a]
+            ids[j] = buf_i[a]
+            j += 1
+    for a in range(k):  # ties at the k-th best fill the rest, first come first kept
         if j == k:
             break
-        if s[a] == kth:
-            top_s[j] = s[a]
-            top_i[j] = ids[a]
+        if top_s[a] == kth:
+            s[j] = kth
+            ids[j] = top_i[a]
             j += 1
+    for a in range(f):
+        if j == k:
+            break
+        if buf_s[a] == kth:
+            s[j] = kth
+            ids[j] = buf_i[a]
+            j += 1
+    top_s[:] = s
+    top_i[:] = ids
     return kth
 
 
