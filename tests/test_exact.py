@@ -169,10 +169,13 @@ def test_kth_bound_is_a_lower_bound_that_filters():
         sc[0] = torch.arange(n, dtype=torch.float32)  # the best scores in consecutive groups
         sc[1] = torch.arange(n, dtype=torch.float32).flip(0)
         sc[2] = 0.0  # all tied
+        g = max(1, n // (4 * k))
+        if n % g == 0:  # group j of the bound = scores j, j + n/g, ...: here it holds the g consecutive values j*g..
+            sc[3] = torch.arange(n, dtype=torch.float32).view(n // g, g).T.reshape(-1)
         bound, kth = _kth_bound(sc, k), _kth_best(sc, k)
         assert ((sc >= bound[:, None]).sum(1) >= k).all() and (bound <= kth).all()
         if n == 64 * k:
-            assert (sc[3:] >= bound[3:, None]).float().mean() < 1.5 * k / n
+            assert (sc[4:] >= bound[4:, None]).float().mean() < 1.5 * k / n
 
 
 def test_first_chunk_is_seeded_by_kth_bound(monkeypatch):

@@ -48,6 +48,13 @@ def kth_largest(a, na, b, nb, k):
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
 
+@njit(parallel=True, cache=True)
+def rows_kth_largest(x, k, out):
+    """out[r] = the k-th largest value of row r of x [m, n] float32 (C-contiguous, 1 ≤ k ≤ n), rows in parallel."""
+    for r in prange(x.shape[0]):
+        out[r] = kth_largest(x[r], x.shape[1], x[r, :0], 0, k)
+
+
 @njit(cache=True)
 def merge_row(top_s, top_i, buf_s, buf_i, f):
     """Merge the first f buffered candidates of one row into its top-k (in place): the k-th best of both is found

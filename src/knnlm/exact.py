@@ -202,22 +202,30 @@ def _scores(q: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _kth_best(sc: torch.Tensor, k: int) -> torch.Tensor:
-    """[m] the k-th largest score of each row of sc [m, n] (n ≥ k)."""
-    return torch.from_numpy(-np.partition(-sc.numpy(), k - 1, axis=1)[:, k - 1].copy())
+    """[m] the k-th largest score of each row of sc [m, n] (n ≥ k), by a radix select per row
+    (knnlm._select.rows_kth_largest)."""
+    from ._select import rows_kth_largest
+
+    out = np.empty(sc.shape[0], dtype=np.float32)
+    rows_kth_largest(np.ascontiguousarray(sc.numpy()), k, out)
+    return torch.from_numpy(out)
 
 
 def _kth_bound(sc: torch.Tensor, k: int) -> torch.Tensor:
-    """[m] a lower bound of the k-th largest score of each row of sc [m, n] (n ≥ k): the k-th largest of the maxima
-    of g consecutive scores, for the largest power of two g that leaves ≥ 4k groups (≥ k scores reach it: one per
-    group). Measured at [1,024, 32,768], k = 1,024 (g = 8): 0.06 s against the exact k-th best's 0.25 s (np.partition,
-    one thread), and on normal scores 3.5 % of a row reaches it, against 3.1 % for the exact k-th best."""
+    """[m] a lower bound of the k-th largest score of each row of sc [m, n] (n ≥ k): the k-th largest of the group
+    maxima, for the largest power of two g that leaves ≥ 4k groups of g scores (≥ k scores reach it: one per group).
+    Group j holds the scores j, j + n/g, j + 2n/g, ...: its maximum is an elementwise max of g contiguous slabs
+    (memory speed), and the k-th largest of the n/g maxima comes from a radix select. Measured at [1,024, 32,768],
+    k = 1,024 (g = 8): 0.02 s, against 0.05 s for torch.amax over consecutive runs of 8 plus torch.topk and 0.85 s for
+    the exact k-th best by np.partition; on normal scores 3.5 % of a row reaches it, against 3.1 % for the exact
+    k-th best."""
     m, n = sc.shape
     g = 1
     while n // (2 * g) >= 4 * k and n % (2 * g) == 0:
         g *= 2
     if g == 1:
         return _kth_best(sc, k)
-    return sc.view(m, n // g, g).amax(2).topk(k, dim=1, sorted=False).values.amin(1)
+    return _kth_best(sc.view(m, g, n // g).amax(1), k)
 
 
 def _load_keys(reader: KeyReader, start: int, stop: int, xbuf: torch.Tensor, metric: str) -> torch.Tensor:
