@@ -271,3 +271,31 @@ def test_dump_refuses_keys_outside_fp16(tmp_path):
     with pytest.raises(ArtifactError, match=r"att.npy: non-finite att keys in rows 4\.\.7"):
         dump_datastore(lm, paths, tmp_path / "vals.npy", tmp_path / "manifest.json", threads=1)
     assert not any(p.exists() for p in [*paths.values(), tmp_path / "vals.npy", tmp_path / "manifest.json"])
+
+
+def _rss_mb() -> float:
+    """This process's resident set now (VmRSS, MB; anonymous and mapped file pages)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_release_rows_keeps_a_writers_rss_flat(tmp_path):
+    """A 64 MB output filled in row chunks through create_npy: with release_rows after each chunk the process's RSS
+    grows by under 16 MB, without it by over 48 MB (so the check can fail), and the file holds every row either
+    way (the pages go back to the file, not away)."""
+    from knnlm.io import create_npy, open_npy, release_rows
+
+    rows, cols, chunk = 2048, 8192, 128
+    for release in (True, False):
+        path = tmp_path / f"out_{release}.npy"
+        with create_npy(path, (rows, cols), np.float32) as out:
+            before = _rss_mb()
+            for a in range(0, rows, chunk):
+                out[a:a + chunk] = np.arange(a, a + chunk, dtype=np.float32)[:, None]
+                if release:
+                    release_rows(out, a, a + chunk)
+            grown = _rss_mb() - before
+        assert (grown < 16) if release else (grown > 48), (release, grown)
+        back = open_npy(path, (rows, cols), np.float32)
+        assert np.array_equal(back[:, 0], np.arange(rows, dtype=np.float32)) and (back[:, -1] == back[:, 0]).all()
+    release_rows(np.zeros((4, 4)), 0, 4)  # not a memmap: no-op

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .io import ArtifactError, check_manifest, create_npy, open_npy, read_json, save_npy, sha256_file, write_json
+from .io import (ArtifactError, check_manifest, create_npy, open_npy, read_json, release_rows, save_npy, sha256_file,
+                 write_json)
 
 log = logging.getLogger(__name__)
 KEY_TYPES = ("att", "ffn")
@@ -168,6 +169,8 @@ def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, thread
                     raise ArtifactError(f"{key_paths[name]}: non-finite {name} keys in rows {ptr}..{ptr + m - 1} "
                                         f"(a hidden state outside fp16's range ±65504, or NaN)")
             vals[ptr:ptr + m] = b["target"].numpy()
+            for arr in (k_att, k_ffn, vals):  # RSS flat in the datastore's size
+                release_rows(arr, ptr, ptr + m)
             ptr += m
         if ptr != n:
             raise ArtifactError(f"dumped {ptr} keys, expected {n} train targets")

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .io import release_rows
+
 GROUP = 16  # scores per group in the max prefilter (the torch path, for GPUs)
 CPU_GROUP = 64  # consecutive scores per group maximum on the CPU (torch.amax over 64 runs at memory speed, 16 does not)
 
@@ -340,6 +342,8 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                         best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
                     out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
                     out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
+                for a in (out_ids, out_d):  # memmap outputs: the block's rows leave this process's RSS
+                    release_rows(a, bs, bs + nb)
     finally:
         reader.close()
         bar.close()

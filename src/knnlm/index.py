@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .io import atomic_path, create_npy
+from .io import atomic_path, create_npy, release_rows
 
 log = logging.getLogger(__name__)
 
@@ -173,5 +173,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             ids[s:s + len(ii)] = ii
             dists[s:s + len(dd)] = dd
             missing += int((ii < 0).sum())
+            for a in (ids, dists):  # RSS flat in T
+                release_rows(a, s, s + len(ii))
     return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}

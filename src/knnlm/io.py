@@ -131,6 +131,31 @@ def create_npy(path: str | Path, shape: tuple[int, ...], dtype: Any) -> Iterator
         del arr
 
 
+def release_rows(arr: np.ndarray, start: int, stop: int) -> None:
+    """Write rows start..stop of a writable memmap (from create_npy, or a row slice of one) to its file and drop
+    their pages from this process (msync + madvise MADV_DONTNEED on the whole pages inside those rows): a writer that
+    fills a [T, ...] output in row order then holds one chunk, not the whole output, in its RSS (issue 10: no job
+    over 4 GB; Snakemake's benchmark counts mapped file pages). The data stays in the file and the page cache; a
+    later read of those rows faults them back in. No-op for an array that is not a memmap or a range of no whole page."""
+    import mmap
+
+    mm = getattr(arr, "_mmap", None)
+    if mm is None or stop <= start or not arr.flags.c_contiguous:
+        return
+    view = np.frombuffer(mm, dtype=np.uint8)
+    try:
+        row = arr.strides[0] if arr.ndim else arr.itemsize
+        lo = arr.ctypes.data - view.ctypes.data + start * row
+        hi = lo + (stop - start) * row
+    finally:
+        del view  # the buffer export would keep the mmap from closing
+    page = mmap.PAGESIZE
+    lo, hi = -(-lo // page) * page, hi // page * page
+    if hi > lo:
+        mm.flush(lo, hi - lo)
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

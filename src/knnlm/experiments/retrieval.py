@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from ..cli import Job
-from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
+from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, release_rows, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
 from ..scope import scope_caption, scope_tokens
@@ -149,6 +149,7 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
         for a, b in iter_chunks(t, chunk):
             out[a:b] = recompute_distances(store.keys, store.project(np.asarray(queries[a:b], dtype=np.float32)),
                                            np.asarray(ids[rows[a:b]]), job.wildcards["metric"])
+            release_rows(out, a, b)
     stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
