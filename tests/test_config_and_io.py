@@ -299,3 +299,24 @@ def test_release_rows_keeps_a_writers_rss_flat(tmp_path):
         back = open_npy(path, (rows, cols), np.float32)
         assert np.array_equal(back[:, 0], np.arange(rows, dtype=np.float32)) and (back[:, -1] == back[:, 0]).all()
     release_rows(np.zeros((4, 4)), 0, 4)  # not a memmap: no-op
+
+
+def test_release_rows_on_a_read_only_memmap(tmp_path):
+    """A reader of a 64 MB .npy (open_npy, mode 'r') that releases each chunk after use ends with its RSS grown by
+    under 16 MB, one that does not by over 48 MB, and both read the same values."""
+    from knnlm.io import open_npy, release_rows, save_npy
+
+    rows, cols, chunk = 2048, 8192, 128
+    path = tmp_path / "in.npy"
+    save_npy(path, np.repeat(np.arange(rows, dtype=np.float32)[:, None], cols, axis=1))
+    for release in (True, False):
+        arr = open_npy(path, (rows, cols), np.float32)
+        before, total = _rss_mb(), 0.0
+        for a in range(0, rows, chunk):
+            total += float(np.asarray(arr[a:a + chunk]).sum())
+            if release:
+                release_rows(arr, a, a + chunk)
+        grown = _rss_mb() - before
+        del arr
+        assert total == float(cols) * rows * (rows - 1) / 2
+        assert (grown < 16) if release else (grown > 48), (release, grown)

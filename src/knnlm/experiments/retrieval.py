@@ -288,6 +288,9 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
                 t0 = time.perf_counter()
                 sweep[setting][split][:, a:b] = sweep_temperature(*c, taus)
                 sweep_seconds += time.perf_counter() - t0
+            for name, cache in caches.items():  # the chunk's pages leave the RSS (all tokens: ~10 GB of caches read)
+                lo, hi = (int(r.min()), int(r.max()) + 1) if name in ("nb_ids", "faiss_mask_faiss_score") else (a, b)
+                release_rows(cache, lo, hi)
         recall[split] = found / t if t else float("nan")
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
