@@ -22,7 +22,8 @@ def _order_key(bits):
 def kth_largest(a, na, b, nb, k):
     """The k-th largest of the float32 values a[:na] ∪ b[:nb] (1 ≤ k ≤ na + nb; no NaN), by a radix select: four
     passes over the values, each a 256-bucket histogram of the next 8 bits of the order key among the values that
-    share the bits fixed so far. ~2.5x faster than np.partition on 2,048 values (numba's quickselect)."""
+    share the bits fixed so far. Measured in merge_row (k = 1,024 kept ∪ 1,024 buffered, 1,024 rows): 0.009–0.011 s
+    vs 0.022 s with numba's np.partition (quickselect), i.e. 2.0–2.4x."""
     a_bits, b_bits = a.view(np.uint32), b.view(np.uint32)
     hist = np.zeros(256, dtype=np.int64)
     prefix, mask = np.uint32(0), np.uint32(0)
