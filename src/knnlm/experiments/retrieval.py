@@ -227,6 +227,9 @@ def exact_search_nested(job: Job) -> dict:
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
+# Caches of load_settings indexed by the FAISS search's rows (all tokens or the scope), not by scoped query: the FAISS
+# neighbours and their FAISS distances. The others (exact ids/distances, real score) have one row per scoped query.
+BY_FAISS_ROW = frozenset({"nb_ids", "faiss_mask_faiss_score"})
 SETTINGS_CHUNK = 16384  # scoped queries per chunk in load_settings: the job's memory is flat in the scope's size
 
 
@@ -282,14 +285,14 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
             found += recall_at_k(f_ids, e_ids) * (b - a)
             hits = {"faiss": neighbour_hits(f_ids, vals, tg[a:b]), "real": neighbour_hits(e_ids, vals, tg[a:b])}
             for setting in SETTINGS:
-                d = caches[setting][r] if setting == "faiss_mask_faiss_score" else caches[setting][a:b]
+                d = caches[setting][r] if setting in BY_FAISS_ROW else caches[setting][a:b]
                 c = (scores_from_distances(np.asarray(d), metric), *hits[SETTING_LABEL[setting][0].lower()])
                 lp_knn[setting][split][a:b] = knn_log_prob_from_hits(*c, tau)
                 t0 = time.perf_counter()
                 sweep[setting][split][:, a:b] = sweep_temperature(*c, taus)
                 sweep_seconds += time.perf_counter() - t0
             for name, cache in caches.items():  # the chunk's pages leave the RSS (all tokens: ~10 GB of caches read)
-                lo, hi = (int(r.min()), int(r.max()) + 1) if name in ("nb_ids", "faiss_mask_faiss_score") else (a, b)
+                lo, hi = (int(r.min()), int(r.max()) + 1) if name in BY_FAISS_ROW else (a, b)
                 release_rows(cache, lo, hi)
         recall[split] = found / t if t else float("nan")
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
