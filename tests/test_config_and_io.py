@@ -35,6 +35,17 @@ def test_temperature_grid_and_store_names():
         store_ratio("half")
 
 
+def test_stores_sharing_keys_or_index():
+    """An '-ivf<k>' store shares its base store's exact search, not its index; an '-alltokens' store shares its base
+    store's index (same rows and seed), not its exact search (its scope differs)."""
+    from knnlm.stores import same_index_store, same_keys_store
+
+    assert same_index_store("r0.05-alltokens") == "r0.05" and same_keys_store("r0.05-alltokens") == "r0.05-alltokens"
+    assert same_index_store("full-ivf2-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-alltokens") == "full-alltokens"
+    assert same_index_store("r0.2-draw2-ivf3") == "r0.2-draw2-ivf3" and same_keys_store("r0.2-draw2-ivf3") == "r0.2-draw2"
+    assert same_index_store("full") == same_keys_store("full") == "full"
+
+
 def test_defaults_filled(tmp_path):
     cfg = validate_config(base_cfg(tmp_path))
     assert cfg["knn"]["k"] == 1024 and cfg["index"]["metrics"] == ["l2", "ip"] and cfg["lm"]["decoder_layers"] == 4

@@ -81,9 +81,9 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 2 for the lines and words of the base LM's targets (valid, test)
     # + 12 for Table 4's second LM, a Hugging Face GPT-2: model card, 3 dumps, 2 documents, store, index,
     #   2 searches, score; and the table
-    # + 10 for Table 3 on the 20 % store over every token (store r0.2-alltokens, ffn/L2): store, index, 2 searches,
-    #   2 real scores, 2 exact searches, settings, table
-    assert jobs == 115
+    # + 9 for Table 3 on the 20 % store over every token (store r0.2-alltokens, ffn/L2): store, 2 searches (with
+    #   r0.2's index), 2 real scores, 2 exact searches, settings, table
+    assert jobs == 114
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -373,6 +373,7 @@ def test_small_store_on_every_token(tiny_run):
         assert e_all.shape[0] == t
         np.testing.assert_allclose(e_all[sc], np.load(art(tiny_run, "exact_dists", store="r0.2", split=split, **where)),
                                    rtol=1e-5, atol=1e-3)
+        assert not art(tiny_run, "index", store="r0.2-alltokens", **where).exists()  # it searched r0.2's index
         f_all = np.load(art(tiny_run, "nb_ids", store="r0.2-alltokens", split=split, **where))
         assert (f_all[sc] == np.load(art(tiny_run, "nb_ids", store="r0.2", split=split, **where))).all()
     md = art(tiny_run, "table", table="table3_small", ext="md").read_text()

@@ -138,6 +138,12 @@ def same_keys_store(name: str) -> str:
     return re.sub(rf"-ivf[0-9]+(?={SCOPE_SUFFIX}$)", "", name)
 
 
+def same_index_store(name: str) -> str:
+    """The store whose IVFPQ index `name` searches: `name` without its '-alltokens' suffix (the same rows, index
+    seed and parameters, so the same index; only the scope of queries differs)."""
+    return name[: -len(ALL_TOKENS)] if scores_every_token(name) else name
+
+
 def store_kind_of(name: str) -> tuple[re.Match, Callable]:
     """(regex match, prepare function) of the kind store `name` belongs to; ValueError naming the kinds if none."""
     for pattern, prepare in KINDS:

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
 from knnlm.config import (ConfigError, check_data, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
-from knnlm.stores import ALL_TOKENS, same_keys_store, scores_every_token, store_name, store_wildcard
+from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -176,6 +176,14 @@ def exact_of(name):
     def fn(wc):
         return [P(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
                 for s in EVAL_SPLITS]
+    return fn
+
+
+def index_of(name):
+    """Input function: the IVFPQ index artifact `name` ('index', 'index_meta') the job's store searches (an
+    '-alltokens' store searches its base store's index: knnlm.stores.same_index_store)."""
+    def fn(wc):
+        return P(name, lm=wc.lm, store=same_index_store(wc.store), key=wc.key, metric=wc.metric)
     return fn
 
 

@@ -67,8 +67,8 @@ rule search:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
         store=P("store_prep"),
-        index=P("index"),
-        index_meta=P("index_meta"),
+        index=index_of("index"),
+        index_meta=index_of("index_meta"),
         scope=scope_of(full_is_all=True),
     output:
         ids=P("nb_ids"),
