@@ -219,3 +219,32 @@ def test_kth_largest_radix_select():
             for k in (1, 2, 77, 150, 299, 300):
                 got = kth_largest(a, len(a), b, len(b), k)
                 assert got == want[k - 1], (na, k, got, want[k - 1])
+
+
+def test_subset_key_reads_keep_the_rss_flat(tmp_path):
+    """Exact search over a subset of a 64 MB fp16 key memmap (every 4th row: every page of the file is touched) and
+    over its queries as a memmap ends with the file pages in its RSS grown by far less than the file (KeyReader and the query blocks
+    release their pages), and finds what a search over the same rows in RAM finds."""
+    from knnlm.io import open_npy, release_rows, save_npy
+
+    n, d, t = 131072, 256, 4096
+    rng = np.random.default_rng(0)
+    save_npy(tmp_path / "keys.npy", rng.standard_normal((n, d)).astype(np.float16))
+    save_npy(tmp_path / "q.npy", rng.standard_normal((t, d)).astype(np.float32))
+    keys, q = open_npy(tmp_path / "keys.npy", (n, d), np.float16), open_npy(tmp_path / "q.npy", (t, d), np.float32)
+    rows = np.arange(0, n, 4)
+
+    def rss_mb():  # file pages mapped in this process
+        return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("RssFile:")) / 1024
+
+    sub, qq = np.array(keys[rows]), np.array(q)  # the reference, in RAM; its search maps the code's pages
+    want_i, want_d = exact_topk(sub, qq, 8, "l2", key_chunk=4096, query_chunk=256, progress=False)
+    del sub, qq
+    for a in (keys, q):  # the copies' pages leave the RSS
+        release_rows(a, 0, len(a))
+    before = rss_mb()
+    ids, dists = exact_topk(keys, q, 8, "l2", key_chunk=4096, query_chunk=256, query_block=1024, rows=rows,
+                            progress=False)
+    grown = rss_mb() - before
+    assert grown < 16, grown  # the key file is 64 MB and the queries 4 MB
+    assert (ids == rows[want_i]).all() and np.allclose(dists, want_d)

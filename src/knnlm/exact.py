@@ -33,8 +33,9 @@ class KeyReader:
 
     keys: a C-contiguous np.memmap (read with os.pread: the file's pages never count in this process's
     RSS), or any array (sliced). rows: optional int64 datastore row ids (a datastore subset, or nested subsets
-    in scan order; ascending runs read fastest); block i then covers rows[start:stop]. Raises ValueError if
-    rows are out of range.
+    in scan order; ascending runs read fastest); block i then covers rows[start:stop], read by fancy indexing and
+    then released from the RSS (knnlm.io.release_rows over the block's row range). Raises ValueError if rows are
+    out of range.
     """
 
     def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
@@ -51,7 +52,11 @@ class KeyReader:
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows start..stop of the (subset) key array as a [stop-start, D] array of the keys' dtype."""
         if self.rows is not None:
-            return np.asarray(self.keys[self.rows[start:stop]])
+            r = self.rows[start:stop]
+            out = np.asarray(self.keys[r])
+            if len(r):  # a memmap's pages of these rows leave the RSS (a 5 % subset touches most pages of the file)
+                release_rows(self.keys, int(r.min()), int(r.max()) + 1)
+            return out
         if self._fd is None:
             return np.asarray(self.keys[start:stop])
         out = np.empty((stop - start, self.d), dtype=self.keys.dtype)
@@ -310,6 +315,7 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
         for bs in range(0, t, query_block):
             qb = torch.as_tensor(np.array(queries[bs:bs + query_block], dtype=np.float32), device=dev)
             nb = qb.shape[0]
+            release_rows(queries, bs, bs + nb)  # a memmap of every token's queries: the block's pages leave the RSS
             qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
             tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) if dev.type != "cpu"
                     else _RunningTopKCPU(min(query_chunk, nb - qs), k) for qs in range(0, nb, query_chunk)]
