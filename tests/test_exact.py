@@ -223,8 +223,9 @@ def test_kth_largest_radix_select():
 
 def test_subset_key_reads_keep_the_rss_flat(tmp_path):
     """Exact search over a subset of a 64 MB fp16 key memmap (every 4th row: every page of the file is touched) and
-    over its queries as a memmap ends with the file pages in its RSS grown by far less than the file (KeyReader and the query blocks
-    release their pages), and finds what a search over the same rows in RAM finds."""
+    over its queries as a memmap ends with the file pages in its RSS grown by far less than the file (KeyReader and the
+    query blocks release their pages), and finds what a search over the same rows in RAM finds; so does the real score
+    of random neighbours (recompute_distances releases the key pages it read)."""
     from knnlm.io import open_npy, release_rows, save_npy
 
     n, d, t = 131072, 256, 4096
@@ -247,4 +248,10 @@ def test_subset_key_reads_keep_the_rss_flat(tmp_path):
                             progress=False)
     grown = rss_mb() - before
     assert grown < 16, grown  # the key file is 64 MB and the queries 4 MB
+    before = rss_mb()  # real score of random neighbours: most pages of the key file are read, then released
+    nb = rng.integers(0, n, size=(256, 512))
+    got = recompute_distances(keys, np.asarray(q[:256]), nb, "l2")
+    assert rss_mb() - before < 16
+    np.testing.assert_allclose(got, ((np.asarray(keys, dtype=np.float32)[nb] - np.asarray(q[:256])[:, None]) ** 2).sum(-1),
+                               rtol=1e-4)
     assert (ids == rows[want_i]).all() and np.allclose(dists, want_d)

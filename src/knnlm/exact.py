@@ -390,7 +390,8 @@ def recompute_distances(keys: np.ndarray, queries: np.ndarray, ids: np.ndarray, 
 
 def _recompute_cpu(keys: np.ndarray, queries: np.ndarray, ids: np.ndarray, metric: str) -> np.ndarray:
     """recompute_distances on the CPU: a numba kernel reads each neighbour's key row straight from the memmap
-    (fp16 converted in registers), no gathered copy ([T, k] float32)."""
+    (fp16 converted in registers), no gathered copy ([T, k] float32). A memmap's pages leave the process's RSS
+    afterwards (knnlm.io.release_rows), so a caller in chunks holds at most the key file, not it and its outputs."""
     from ._select import neighbour_distances_f16, neighbour_distances_f32
 
     q = np.ascontiguousarray(queries, dtype=np.float32)
@@ -403,4 +404,5 @@ def _recompute_cpu(keys: np.ndarray, queries: np.ndarray, ids: np.ndarray, metri
         neighbour_distances_f16(k_arr.view(np.uint16), q, idx, metric == "l2", out)
     else:
         neighbour_distances_f32(np.ascontiguousarray(k_arr, dtype=np.float32), q, idx, metric == "l2", out)
+    release_rows(keys, 0, keys.shape[0])  # a memmap: the rows touched (most pages of the file) leave the RSS
     return out

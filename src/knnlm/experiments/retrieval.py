@@ -147,9 +147,11 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
     t0 = time.time()
     with create_npy(job.path("dists"), (t, meta["k"]), np.float32) as out:
         for a, b in iter_chunks(t, chunk):
+            r = rows[a:b]
             out[a:b] = recompute_distances(store.keys, store.project(np.asarray(queries[a:b], dtype=np.float32)),
-                                           np.asarray(ids[rows[a:b]]), job.wildcards["metric"])
-            release_rows(out, a, b)
+                                           np.asarray(ids[r]), job.wildcards["metric"])
+            for arr, lo, hi in ((out, a, b), (queries, a, b), (ids, int(r.min()), int(r.max()) + 1)):
+                release_rows(arr, lo, hi)  # the chunk's pages of the output and of memmapped inputs leave the RSS
     stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
