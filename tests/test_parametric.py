@@ -39,7 +39,8 @@ def test_multi_embedding_sums_row_probabilities(hy, metric):
     torch.testing.assert_close(model.log_prob(h, y).double(), p.log()[torch.arange(B), y], rtol=1e-4, atol=1e-4)
 
 
-def test_clustered_keys_use_cluster_word_frequencies(hy):
+@pytest.mark.parametrize("tau", [1.0, 7.5])
+def test_clustered_keys_use_cluster_word_frequencies(hy, tau):
     h, y = hy
     rng = np.random.default_rng(0)
     n_clusters, n = 4, 60
@@ -48,9 +49,10 @@ def test_clustered_keys_use_cluster_word_frequencies(hy):
     m = np.zeros((n_clusters, V))
     np.add.at(m, (assign, vals), 1)
     m /= m.sum(1, keepdims=True)
-    model = AggregatedSoftmax(agg, D, metric="l2")
+    model = AggregatedSoftmax(agg, D, metric="l2", temperature=tau)
+    assert model.temperature == pytest.approx(tau)
     w = model.weight.detach().double()
-    p_c = torch.softmax(-((h.double()[:, None] - w[None]) ** 2).sum(-1), 1)
+    p_c = torch.softmax(-((h.double()[:, None] - w[None]) ** 2).sum(-1) / tau, 1)
     p = p_c @ torch.as_tensor(m)
     got = model.full_log_probs(h).double()
     assert torch.isneginf(got[:, V - 1]).all()
@@ -87,12 +89,45 @@ def test_fused_backward_equals_autograd_through_logsumexp(metric, agg):
     got = model.log_prob(h, y)
     fin = torch.isfinite(got)
     assert torch.equal(~fin, (y == vocab - 1) if agg == "clusters" else torch.zeros(n, dtype=torch.bool))
+    if metric == "l2":
+        model.set_temperature(2.5)  # τ's gradient too (log_temperature)
+    got = model.log_prob(h, y)
     (got[fin] * w[fin]).sum().backward()
-    grad, model.weight.grad = model.weight.grad.clone(), None
+    params = [q for q in model.parameters()]
+    grads = [q.grad.clone() for q in params]
+    model.zero_grad()
     ref = reference()
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     (ref[fin] * w[fin]).sum().backward()
-    torch.testing.assert_close(grad, model.weight.grad, rtol=1e-5, atol=1e-5)
+    assert len(params) == (2 if metric == "l2" else 1)
+    for g_fused, q in zip(grads, params):
+        torch.testing.assert_close(g_fused, q.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_l2_temperature_tuned_on_valid_is_the_grid_argmin():
+    """tune_l2_temperature picks the grid τ of lowest valid NLL (checked against evaluate_log_probs at every τ), and
+    on unnormalised keys (|h| ~ 20) that τ is far above 1 and lowers the NLL by nats, as on wikitext2 (App. C.3)."""
+    from knnlm.parametric import TEMPERATURE_GRID, tune_l2_temperature
+
+    rng = np.random.default_rng(3)
+    n_clusters, vocab, dim, n = 12, 10, 16, 600
+    cent = torch.from_numpy(rng.normal(0, 5, (n_clusters, dim)).astype(np.float32))
+    assign = rng.integers(0, n_clusters, n)
+    vals = (assign + rng.integers(0, 3, n)) % vocab  # each cluster has a few words
+    agg = cluster_aggregation(assign, vals, n_clusters, vocab)
+    q = cent.numpy()[assign] + rng.normal(0, 5, (n, dim)).astype(np.float32)  # noisy: the nearest is often wrong
+    model = AggregatedSoftmax(agg, dim, weight=cent, metric="l2")
+    best, nll = tune_l2_temperature(model, q, vals, batch_size=128)
+    ref = {}
+    for tau in TEMPERATURE_GRID:
+        model.set_temperature(tau)
+        lp = evaluate_log_probs(model, q, vals, batch_size=97, bf16=False)
+        ref[tau] = -lp[np.isfinite(lp)].mean()
+        assert nll[tau] == pytest.approx(ref[tau], rel=1e-5)
+    assert best == min(ref, key=ref.get) and best > 4
+    assert nll[1.0] - nll[best] > 1.0
+    with pytest.raises(ValueError, match="'l2' model"):
+        tune_l2_temperature(AggregatedSoftmax(agg, dim), q, vals)
 
 
 @pytest.mark.parametrize("embed", [False, True])

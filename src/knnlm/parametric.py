@@ -111,15 +111,22 @@ class _TargetLogProb(torch.autograd.Function):
 class AggregatedSoftmax(nn.Module):
     """p(w | h) = Σ_r M[r, w] softmax(score(h, W_r)) over R rows (Xu et al. Eq. 5 with a parametric W_ds).
 
-    score = h·W_r ('ip'), or −|h − W_r|² up to a constant in h ('l2': 2 h·W_r − |W_r|², clustered keys).
+    score = h·W_r ('ip'), or −|h − W_r|² / τ up to a constant in h ('l2': (2 h·W_r − |W_r|²) / τ, clustered keys).
     weight: [R, D] initial rows (None: N(0, D^-1/2) as in the paper). agg: Aggregation over R rows.
+    temperature: the initial τ of 'l2' scores (Eq. 5's τ), learned with the rows as log τ (parameter
+    log_temperature). Scaling the rows cannot rescale an L2 score as it rescales an IP one, so without τ the
+    softmax over centroids of unnormalised keys is nearly one-hot (App. C.3's clustered datastore: valid NLL of
+    52 nats/token at τ = 1 on wikitext2). 'ip' scores have no τ (W absorbs it). Raises ValueError for an unknown
+    metric or a τ ≤ 0.
     """
 
     def __init__(self, agg: Aggregation, dim: int, weight: torch.Tensor | None = None, metric: str = "ip",
-                 seed: int = 1):
+                 seed: int = 1, temperature: float = 1.0):
         super().__init__()
         if metric not in ("ip", "l2"):
             raise ValueError(f"metric must be 'ip' or 'l2', found {metric!r}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, found {temperature!r}")
         n_rows = int(agg.indices.max()) + 1
         if weight is None:
             g = torch.Generator().manual_seed(seed)
@@ -128,14 +135,29 @@ class AggregatedSoftmax(nn.Module):
             raise ValueError(f"weight must be [{n_rows}, {dim}], found {list(weight.shape)}")
         self.weight = nn.Parameter(weight.float().clone())
         self.agg, self.metric = agg, metric
+        if metric == "l2":
+            self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature), dtype=torch.float32))
+
+    @property
+    def temperature(self) -> float:
+        """τ of the 'l2' scores (1.0 for 'ip')."""
+        return math.exp(float(self.log_temperature.detach())) if self.metric == "l2" else 1.0
+
+    def set_temperature(self, temperature: float) -> None:
+        """Set τ of the 'l2' scores (ValueError for 'ip' or τ ≤ 0)."""
+        if self.metric != "l2" or not temperature > 0:
+            raise ValueError(f"only an 'l2' model has a temperature > 0 (metric {self.metric!r}, τ {temperature!r})")
+        with torch.no_grad():
+            self.log_temperature.fill_(math.log(temperature))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """[B, R] float32 row scores. The L2 scores 2 h·W_r − |W_r|² are of the order of |h| |W_r| (hundreds for
+        """[B, R] float32 row scores. The L2 scores (2 h·W_r − |W_r|²) / τ are of the order of |h| |W_r| (hundreds for
         unnormalised keys) and only their differences matter, so they are always computed in fp32: under bf16
         autocast their rounding moved logits by nats (issue 10). IP scores follow autocast (tested to 0.05 nats)."""
         if self.metric == "l2":
             with torch.autocast(h.device.type, enabled=False):
-                return 2 * (h.float() @ self.weight.T) - (self.weight * self.weight).sum(1)
+                s = 2 * (h.float() @ self.weight.T) - (self.weight * self.weight).sum(1)
+                return s * torch.exp(-self.log_temperature)
         return (h @ self.weight.to(h.dtype).T).float()
 
     def log_prob(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -270,6 +292,44 @@ def evaluate_log_probs(model: nn.Module, queries, targets, batch_size: int = 409
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out[s:s + len(y)] = model.log_prob(h, y).double().numpy()
     return out
+
+
+TEMPERATURE_GRID = tuple(2.0 ** (i / 2) for i in range(25))  # 1 … 4096, factor √2
+
+
+@torch.no_grad()
+def tune_l2_temperature(model: AggregatedSoftmax, queries, targets, grid=TEMPERATURE_GRID,
+                        batch_size: int = 4096) -> tuple[float, dict[float, float]]:
+    """The τ of `grid` with the lowest mean valid NLL of an 'l2' AggregatedSoftmax (τ tuned on valid, as the kNN
+    softmax's τ of Eq. 5); sets it on the model and returns (τ, {τ: NLL nats/token over the targets with p > 0}).
+
+    queries: [T, D] (memmap or array, any float dtype), targets: [T] int. The fp32 scores 2 h·W_r − |W_r|² are
+    computed once per batch and divided by every τ. Raises ValueError for an 'ip' model or an empty grid, and
+    ArtifactError when the model gives p = 0 to every target.
+    """
+    if model.metric != "l2" or not len(grid):
+        raise ValueError(f"tune_l2_temperature needs an 'l2' model and a grid (metric {model.metric!r}, grid {grid!r})")
+    model.eval()
+    sums, n_total = np.zeros(len(grid)), 0
+    w = model.weight.float()
+    w2 = (w * w).sum(1)
+    for s in range(0, len(targets), batch_size):
+        h = torch.from_numpy(np.array(queries[s:s + batch_size], dtype=np.float32))
+        y = torch.from_numpy(np.asarray(targets[s:s + batch_size], dtype=np.int64))
+        scores = 2 * (h @ w.T) - w2
+        b, rows, lw = model.agg.target_entries(y)
+        for i, tau in enumerate(grid):
+            logsm = torch.log_softmax(scores / tau, 1)
+            lp = _segment_logsumexp(logsm[b, rows] + lw, b, len(y))
+            fin = torch.isfinite(lp)  # the same set for every τ: the targets some row of the model has
+            sums[i] -= float(lp[fin].double().sum())
+        n_total += int(fin.sum())
+    if n_total == 0:
+        raise ArtifactError("the model gives probability 0 to every valid target")
+    nll = {float(t): float(v / n_total) for t, v in zip(grid, sums)}
+    best = min(nll, key=nll.get)
+    model.set_temperature(best)
+    return best, nll
 
 
 def _finite_nll(lp: np.ndarray) -> float:

@@ -8,8 +8,9 @@ Variant names (a wildcard of the `train_parametric` rule):
   adaptive-<by>     1 + ⌊log_b f_v⌋ rows per word, f = training frequency ('freq') or total base-LM training
                     loss ('loss'), total = parametric.adaptive.total_n × V rows (Table 6)
   mos<R>-<only|embed>  mixture of R softmaxes over W_sm, W_sm frozen or fine-tuned (Table 7)
-  cluster<m>        k-means of the keys into m × V centroids, M from each cluster's word frequencies,
-                    scored before and after fine-tuning the centroids (App. C.3)
+  cluster<m>        k-means of the keys into m × V centroids, M from each cluster's word frequencies, L2
+                    scores over τ (tuned on valid, then learned with the centroids), scored before and after
+                    fine-tuning the centroids (App. C.3)
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..cli import Job
 from ..config import VARIANT_RE
 from ..io import ArtifactError, atomic_path, read_json, save_npy, write_json
 from ..parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfSoftmaxes, adaptive_counts,
-                          cluster_aggregation, evaluate_log_probs, train)
+                          cluster_aggregation, evaluate_log_probs, train, tune_l2_temperature)
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..stats import per_document
 from ..stores import subsample_rows
@@ -215,6 +216,11 @@ def train_parametric(job: Job) -> dict:
         model, info = build_model(spec, cfg, vocab, dim, w_sm, stats_path, km["centroids"], agg)
         info["kmeans_seconds"], info["kmeans"] = km["seconds"], km_settings  # (new k-means: training starts over)
         info["empty_clusters"] = int(spec["m"] * vocab - len(np.unique(km["assign"])))
+        t0 = time.time()
+        info["temperature_init"], grid_nll = tune_l2_temperature(model, *valid, batch_size=p["batch_size"])
+        result["temperature"] = {"grid_valid_nll": grid_nll, "seconds": time.time() - t0}
+        log.info("%s/%s: τ = %.3g tuned on valid (NLL %.4f nats/token; %.4f at τ = 1)", variant, key,
+                 info["temperature_init"], grid_nll[info["temperature_init"]], grid_nll[1.0])
         score(model, "before")
         epochs = p["clustered"]["finetune_epochs"]
     else:
@@ -228,6 +234,8 @@ def train_parametric(job: Job) -> dict:
                                "train_tokens": tr["train_tokens"], "train_rows": len(batches.rows),
                                "valid_tokens": len(valid[1]), "info": {k: v for k, v in info.items() if not k.endswith("seconds")}})
         result["history"] = hist
+        if spec["kind"] == "cluster":
+            result["temperature"]["after"] = model.temperature  # learned with the centroids
         score(model, "after" if spec["kind"] == "cluster" else "trained")
     final = list(result["stages"])[-1]
     for split, path in by_split(job, "logprobs").items():
@@ -287,6 +295,13 @@ def _label(result: dict) -> tuple[str, str]:
     if s["kind"] == "mos":
         return ("table7", f"MoS R={s['mixtures']} ({'+ embed' if s['train_embed'] else 'only'})")
     return ("clustered", f"clustered datastore {s['m']}V")
+
+
+def _tau_text(result: dict, stage: str) -> str:
+    """', τ = …' of a clustered variant's stage: tuned on valid before fine-tuning, learned after ('' if unknown)."""
+    t = result.get("temperature", {})
+    tau = result["info"].get("temperature_init") if stage == "before" else t.get("after")
+    return "" if tau is None else f", τ = {tau:.3g}"
 
 
 TABLE_COLUMNS = ["split", "model", "h_ds", "PPL (word)", "PPL (token)", "λ", "interp PPL (word)", "oracle PPL (word)",
@@ -405,7 +420,7 @@ def tables(job: Job) -> dict:
     for res in results:
         table, label = _label(res)
         for stage in res["stages"]:
-            lab = label + (f" ({stage} fine-tuning)" if stage in ("before", "after") else "")
+            lab = label + (f" ({stage} fine-tuning{_tau_text(res, stage)})" if stage in ("before", "after") else "")
             rows = _rows(res, stage, lab, base, knn_best)
             tables[table] += rows
             if res["spec"]["kind"] == "nv" and res["spec"]["n"] == 1:
@@ -416,6 +431,8 @@ def tables(job: Job) -> dict:
     titles = {"table2": "Table 2: learned W_ds vs the datastore", "table5": "Table 5: n embeddings per word (nV)",
               "table6": f"Table 6: adaptive vs equal counts at {p['adaptive']['total_n']}V rows",
               "table7": "Table 7: mixture of softmaxes", "clustered": "Appendix C.3: clustered datastore"}
+    extra = {"clustered": " Clustered datastore: softmax over −|h − c|² / τ, τ tuned on the valid NLL over √2-spaced "
+                          "values 1 … 4096 before fine-tuning, then learned with the centroids (the τ of each row)."}
     written = []
     for csv, md in zip(job.paths("csv"), job.paths("md")):
         t = md.name.rsplit(".", 1)[0]
@@ -423,7 +440,7 @@ def tables(job: Job) -> dict:
             raise ValueError(f"rule {job.rule}: table {t} has no trained variant; check config section 'parametric'")
         df = pd.DataFrame(tables[t]).sort_values("split", ascending=True, kind="stable")
         df = df[[c for c in TABLE_COLUMNS if c in df]]
-        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}")
+        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}{extra.get(t, '')}")
         written += [str(csv), str(md)]
 
     written += _comparisons(job, results, scores, best)
