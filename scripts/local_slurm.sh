@@ -55,8 +55,11 @@ PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
 CONF
   echo "NodeName=$HOST Name=gpu File=$GPU_DEV" > "$CONF/gres.conf"
-  pgrep -x slurmctld >/dev/null || slurmctld
-  pgrep -x slurmd >/dev/null || slurmd
+  # -c: start without the saved state. A run killed with its daemons (a CI machine stopped mid-test) leaves jobs in
+  # StateSaveLocation that slurmctld would recover as RUNNING on the next start, holding the one GPU until it finds
+  # their batch scripts missing (~30 min): every GPU job waited, and the tiny DAG timed out.
+  pgrep -x slurmctld >/dev/null || slurmctld -c
+  pgrep -x slurmd >/dev/null || slurmd -c
   for _ in $(seq 1 30); do
     if sinfo -h -o "%T" 2>/dev/null | grep -qE "^(idle|mixed|allocated)"; then
       sinfo; exit 0

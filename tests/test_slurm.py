@@ -39,6 +39,19 @@ def _jobs_of(workdir) -> list[dict]:
     return jobs
 
 
+def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+    """Run snakemake; on a timeout, fail with what SLURM held (squeue, sinfo -R) and the end of snakemake's output,
+    so a job stuck PENDING behind a stale allocation is told apart from a slow run."""
+    try:
+        return subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        held = subprocess.run("squeue -o '%i %P %j %T %M %R'; sinfo -R", shell=True, capture_output=True, text=True)
+        pytest.fail(f"snakemake ran past {timeout} s. SLURM now:\n{held.stdout}{held.stderr}\n"
+                    f"snakemake's output (end):\n{out[-4000:]}")
+
+
 def _threads_by_slurm_id(log: str) -> dict[str, int]:
     """{SLURM job id: the --threads of its knnlm command} from Snakemake's log ('jobid: N' and the shell command of
     each job, then 'Job N has been submitted with SLURM jobid S')."""
@@ -68,7 +81,7 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
                        f"results_dir={results}", "--jobs", "2", "--set-threads", "bpe=2", "--slurm-no-account",
                        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
                        "--latency-wait", "10"]
-    r = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3000)
+    r = _run(cmd, timeout=3000)
     assert r.returncode == 0, r.stdout[-6000:]
     jobs = [j for j in _jobs_of(PROJECT_ROOT) if j["JobId"] not in before]
     benchmarks = sorted(p.stem for p in (results / "tiny" / "benchmarks").glob("*.tsv"))
@@ -115,7 +128,7 @@ def test_unsatisfiable_request_fails_before_submitting(slurm, tmp_path):
     cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", "--config",
                        f"results_dir={tmp_path}", "--slurm-no-account", "--slurm-status-command", "squeue",
                        "--set-resources", "prepare_data:mem_mb=99999999"]
-    r = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    r = _run(cmd, timeout=600)
     assert r.returncode != 0
     assert re.search(r"rule prepare_data: mem_mb = 99999999 MB but the largest node of partition 'cpu' has \d+ MB", r.stdout), r.stdout[-3000:]
     assert not (tmp_path / "tiny" / "data").exists()  # nothing ran
