@@ -10,6 +10,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory now, MB, from /proc/self/status: 'VmRSS' (anonymous and mapped file pages) or
+    'RssFile' (mapped file pages only, e.g. a memmap's)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(f"{field}:")) / 1024
+
+
 def run_snakemake(*args, check=True):
     """Run snakemake from the project root; returns CompletedProcess (stdout+stderr merged)."""
     cmd = SNAKEMAKE + ["--profile", "profiles/local", *args]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import yaml
 
+from conftest import SNAKEMAKE, rss_mb
 from knnlm.config import PROJECT_ROOT, ConfigError, check_data, load_config, validate_config
 from knnlm.io import ArtifactError, atomic_path, check_manifest, create_npy, open_npy, save_npy, write_json
 
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
 def base_cfg(tmp_path):
@@ -284,12 +284,6 @@ def test_dump_refuses_keys_outside_fp16(tmp_path):
     assert not any(p.exists() for p in [*paths.values(), tmp_path / "vals.npy", tmp_path / "manifest.json"])
 
 
-def _rss_mb() -> float:
-    """This process's resident set now (VmRSS, MB; anonymous and mapped file pages)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-
-
 def test_release_rows_keeps_a_writers_rss_flat(tmp_path):
     """A 64 MB output filled in row chunks through create_npy: with release_rows after each chunk the process's RSS
     grows by under 16 MB, without it by over 48 MB (so the check can fail), and the file holds every row either
@@ -300,12 +294,12 @@ def test_release_rows_keeps_a_writers_rss_flat(tmp_path):
     for release in (True, False):
         path = tmp_path / f"out_{release}.npy"
         with create_npy(path, (rows, cols), np.float32) as out:
-            before = _rss_mb()
+            before = rss_mb()
             for a in range(0, rows, chunk):
                 out[a:a + chunk] = np.arange(a, a + chunk, dtype=np.float32)[:, None]
                 if release:
                     release_rows(out, a, a + chunk)
-            grown = _rss_mb() - before
+            grown = rss_mb() - before
         assert (grown < 16) if release else (grown > 48), (release, grown)
         back = open_npy(path, (rows, cols), np.float32)
         assert np.array_equal(back[:, 0], np.arange(rows, dtype=np.float32)) and (back[:, -1] == back[:, 0]).all()
@@ -322,12 +316,12 @@ def test_release_rows_on_a_read_only_memmap(tmp_path):
     save_npy(path, np.repeat(np.arange(rows, dtype=np.float32)[:, None], cols, axis=1))
     for release in (True, False):
         arr = open_npy(path, (rows, cols), np.float32)
-        before, total = _rss_mb(), 0.0
+        before, total = rss_mb(), 0.0
         for a in range(0, rows, chunk):
             total += float(np.asarray(arr[a:a + chunk]).sum())
             if release:
                 release_rows(arr, a, a + chunk)
-        grown = _rss_mb() - before
+        grown = rss_mb() - before
         del arr
         assert total == float(cols) * rows * (rows - 1) / 2
         assert (grown < 16) if release else (grown > 48), (release, grown)

@@ -3,6 +3,7 @@ import faiss
 import numpy as np
 import pytest
 
+from conftest import rss_mb
 from knnlm.exact import exact_topk, recompute_distances
 
 
@@ -235,23 +236,21 @@ def test_subset_key_reads_keep_the_rss_flat(tmp_path):
     keys, q = open_npy(tmp_path / "keys.npy", (n, d), np.float16), open_npy(tmp_path / "q.npy", (t, d), np.float32)
     rows = np.arange(0, n, 4)
 
-    def rss_mb():  # file pages mapped in this process
-        return next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("RssFile:")) / 1024
 
     sub, qq = np.array(keys[rows]), np.array(q)  # the reference, in RAM; its search maps the code's pages
     want_i, want_d = exact_topk(sub, qq, 8, "l2", key_chunk=4096, query_chunk=256, progress=False)
     del sub, qq
     for a in (keys, q):  # the copies' pages leave the RSS
         release_rows(a, 0, len(a))
-    before = rss_mb()
+    before = rss_mb("RssFile")
     ids, dists = exact_topk(keys, q, 8, "l2", key_chunk=4096, query_chunk=256, query_block=1024, rows=rows,
                             progress=False)
-    grown = rss_mb() - before
+    grown = rss_mb("RssFile") - before
     assert grown < 16, grown  # the key file is 64 MB and the queries 4 MB
-    before = rss_mb()  # real score of random neighbours: most pages of the key file are read, then released
+    before = rss_mb("RssFile")  # real score of random neighbours: most pages of the key file are read, then released
     nb = rng.integers(0, n, size=(256, 512))
     got = recompute_distances(keys, np.asarray(q[:256]), nb, "l2")
-    assert rss_mb() - before < 16
+    assert rss_mb("RssFile") - before < 16
     np.testing.assert_allclose(got, ((np.asarray(keys, dtype=np.float32)[nb] - np.asarray(q[:256])[:, None]) ** 2).sum(-1),
                                rtol=1e-4)
     assert (ids == rows[want_i]).all() and np.allclose(dists, want_d)
