@@ -14,7 +14,6 @@ from knnlm.config import PROJECT_ROOT, ConfigError, check_data, load_config, val
 from knnlm.io import ArtifactError, atomic_path, check_manifest, create_npy, open_npy, save_npy, write_json
 
 
-
 def base_cfg(tmp_path):
     d = tmp_path / "data"
     d.mkdir()
