@@ -324,3 +324,25 @@ def test_release_rows_on_a_read_only_memmap(tmp_path):
         del arr
         assert total == float(cols) * rows * (rows - 1) / 2
         assert (grown < 16) if release else (grown > 48), (release, grown)
+
+
+def test_iter_chunks_releases_the_rows_it_went_over(tmp_path):
+    """iter_chunks covers 0..n once, in order; the arrays it is given leave the RSS chunk by chunk (RssFile), while
+    the same read without them keeps every page."""
+    from knnlm.io import iter_chunks
+
+    assert list(iter_chunks(10, 4)) == [(0, 4), (4, 8), (8, 10)] and list(iter_chunks(0, 4)) == []
+    with pytest.raises(ValueError, match="chunk must be >= 1"):
+        list(iter_chunks(10, 0))
+    rows, dim = 16384, 1024  # 64 MB of float32
+    save_npy(tmp_path / "a.npy", np.ones((rows, dim), dtype=np.float32))
+    grown = {}
+    for release in (False, True):
+        arr = open_npy(tmp_path / "a.npy", (rows, dim), np.float32)
+        before, total = rss_mb("RssFile"), 0.0
+        for s, e in iter_chunks(rows, 1024, *([arr] if release else [])):
+            total += float(arr[s:e].sum())
+        grown[release] = rss_mb("RssFile") - before
+        assert total == rows * dim
+        del arr
+    assert grown[False] > 48 and grown[True] < 16, grown

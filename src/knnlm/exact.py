@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .io import release_rows
+from .io import iter_chunks, release_rows
 
 GROUP = 16  # scores per group in the max prefilter (the torch path, for GPUs)
 CPU_GROUP = 64  # consecutive scores per group maximum on the CPU (torch.amax over 64 runs at memory speed, 16 does not)
@@ -312,10 +312,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     bar = tqdm(total=n_chunks * (-(-t // query_block)), desc=f"exact {metric}", unit=" chunk", disable=not progress,
                mininterval=10)
     try:
-        for bs in range(0, t, query_block):
-            qb = torch.as_tensor(np.array(queries[bs:bs + query_block], dtype=np.float32), device=dev)
+        # memmaps of every token's queries and of the outputs: each block's pages leave the RSS after the block
+        for bs, be in iter_chunks(t, query_block, queries, *(a for pair in outs for a in pair)):
+            qb = torch.as_tensor(np.array(queries[bs:be], dtype=np.float32), device=dev)
             nb = qb.shape[0]
-            release_rows(queries, bs, bs + nb)  # a memmap of every token's queries: the block's pages leave the RSS
             qa = torch.cat([qb, torch.ones((nb, 1), device=dev)], 1)  # [q, 1] · [x, −|x|²/2] = q·x − |x|²/2
             tops = [_RunningTopK(min(query_chunk, nb - qs), k, dev) if dev.type != "cpu"
                     else _RunningTopKCPU(min(query_chunk, nb - qs), k) for qs in range(0, nb, query_chunk)]
@@ -348,8 +348,6 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                         best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
                     out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
                     out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
-                for a in (out_ids, out_d):  # memmap outputs: the block's rows leave this process's RSS
-                    release_rows(a, bs, bs + nb)
     finally:
         reader.close()
         bar.close()

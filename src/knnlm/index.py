@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .io import atomic_path, create_npy, release_rows
+from .io import atomic_path, create_npy, iter_chunks
 
 log = logging.getLogger(__name__)
 
@@ -168,12 +168,11 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     t = queries.shape[0]
     missing = 0
     with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
-        for s in tqdm(range(0, t, chunk), desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
-            dd, ii = index.search(np.ascontiguousarray(queries[s:s + chunk], dtype=np.float32), k)
-            ids[s:s + len(ii)] = ii
-            dists[s:s + len(dd)] = dd
+        for s, e in tqdm(iter_chunks(t, chunk, ids, dists, queries), total=-(-t // chunk),  # RSS flat in T
+                         desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
+            dd, ii = index.search(np.ascontiguousarray(queries[s:e], dtype=np.float32), k)
+            ids[s:e] = ii
+            dists[s:e] = dd
             missing += int((ii < 0).sum())
-            for a in (ids, dists):  # RSS flat in T
-                release_rows(a, s, s + len(ii))
     return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}

@@ -131,6 +131,20 @@ def create_npy(path: str | Path, shape: tuple[int, ...], dtype: Any) -> Iterator
         del arr
 
 
+def iter_chunks(n: int, chunk: int, *release: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(start, stop) of rows 0..n in chunks of `chunk` rows. Once the loop body of a chunk has run, rows start..stop of
+    every array in `release` (memmaps of n rows, or anything else: skipped) are written back and leave this
+    process's RSS (release_rows), so a loop over [n, ...] memmaps holds one chunk of each, not all of them. A body
+    that breaks out of the loop keeps its last chunk's pages. Raises ValueError for chunk < 1."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, found {chunk}")
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        yield s, e
+        for arr in release:
+            release_rows(arr, s, e)
+
+
 def release_rows(arr: np.ndarray, start: int, stop: int) -> None:
     """Write rows start..stop of a memmap (from create_npy or open_npy, or a row slice of one) to its file (when
     writable) and drop their pages from this process (msync + madvise MADV_DONTNEED on the whole pages inside those

@@ -9,11 +9,10 @@ inner product). All functions work in natural-log space and return float64 where
 from __future__ import annotations
 
 import math
-from typing import Iterator
 
 import numpy as np
 
-from .io import ArtifactError
+from .io import ArtifactError, iter_chunks
 
 
 def scores_from_distances(dists: np.ndarray, metric: str) -> np.ndarray:
@@ -113,11 +112,6 @@ def interpolated_nll(lp_lm: np.ndarray, lp_knn: np.ndarray, lambdas: np.ndarray)
     return np.where(np.isnan(nll), np.inf, nll)
 
 
-def iter_chunks(n: int, chunk: int) -> Iterator[tuple[int, int]]:
-    for s in range(0, n, chunk):
-        yield s, min(n, s + chunk)
-
-
 def knn_log_prob_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray, targets: np.ndarray, metric: str,
                             temperature: float, chunk: int = 16384) -> np.ndarray:
     """log p_kNN(target) for every query from a neighbour cache, streaming in chunks of queries.
@@ -128,7 +122,7 @@ def knn_log_prob_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray
     T = ids.shape[0]
     out = np.empty(T, dtype=np.float64)
     n = vals.shape[0]
-    for s, e in iter_chunks(T, chunk):
+    for s, e in iter_chunks(T, chunk, ids, dists):  # the caches' pages leave the RSS chunk by chunk
         nb = np.asarray(ids[s:e])
         valid = nb >= 0
         if nb.size and nb.max() >= n:
@@ -224,7 +218,7 @@ def sweep_temperature_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.nd
     ids: [T, k] int (−1 = no neighbour), dists: [T, k] float32 faiss distances, vals: [N] int32, targets: [T].
     """
     out = np.empty((len(temperatures), ids.shape[0]))
-    for s, e in iter_chunks(ids.shape[0], chunk):
+    for s, e in iter_chunks(ids.shape[0], chunk, ids, dists):
         hit, valid = neighbour_hits(ids[s:e], vals, np.asarray(targets[s:e]))
         out[:, s:e] = sweep_temperature(scores_from_distances(np.asarray(dists[s:e]), metric), hit, valid, temperatures)
     return out

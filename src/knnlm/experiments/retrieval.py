@@ -17,7 +17,8 @@ import time
 import numpy as np
 
 from ..cli import Job
-from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, release_rows, save_npy, write_json
+from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, open_npy, read_json, release_rows, save_npy,
+                  write_json)
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
 from ..scope import scope_caption, scope_tokens
@@ -136,7 +137,6 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
     """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries, `chunk` queries
     at a time into the output memmap (memory flat in the scope's size)."""
     from ..exact import recompute_distances
-    from ..scoring import iter_chunks
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
@@ -146,12 +146,11 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
     rows = _rows_of(meta, sc, job.path("nb_meta"))
     t0 = time.time()
     with create_npy(job.path("dists"), (t, meta["k"]), np.float32) as out:
-        for a, b in iter_chunks(t, chunk):
+        for a, b in iter_chunks(t, chunk, out, queries):  # the chunk's pages of the output and queries leave the RSS
             r = rows[a:b]
             out[a:b] = recompute_distances(store.keys, store.project(np.asarray(queries[a:b], dtype=np.float32)),
                                            np.asarray(ids[r]), job.wildcards["metric"])
-            for arr, lo, hi in ((out, a, b), (queries, a, b), (ids, int(r.min()), int(r.max()) + 1)):
-                release_rows(arr, lo, hi)  # the chunk's pages of the output and of memmapped inputs leave the RSS
+            release_rows(ids, int(r.min()), int(r.max()) + 1)  # the FAISS ids' rows of these scoped queries
     stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
@@ -246,7 +245,7 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     split)}, recall {split: recall@k of the FAISS neighbours against the exact ones}, sweep_seconds: time in
     sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
     """
-    from ..scoring import iter_chunks, knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
+    from ..scoring import knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
     from ..stores import scores_every_token
 
     _, vals, man = open_datastore(job, with_keys=False)
@@ -281,7 +280,8 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
         for setting in SETTINGS:
             lp_knn[setting][split], sweep[setting][split] = np.empty(t), np.empty((len(taus), t))
         found = 0.0
-        for a, b in iter_chunks(t, chunk):
+        by_scope = [c for name, c in caches.items() if name not in BY_FAISS_ROW]
+        for a, b in iter_chunks(t, chunk, *by_scope):  # the chunk's pages leave the RSS (all tokens: ~10 GB read)
             r = rows[a:b]  # rows of the FAISS caches (all tokens or the scope) of these scoped queries
             f_ids, e_ids = np.asarray(caches["nb_ids"][r]), np.asarray(caches["exact_ids"][a:b])
             found += recall_at_k(f_ids, e_ids) * (b - a)
@@ -293,9 +293,8 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
                 t0 = time.perf_counter()
                 sweep[setting][split][:, a:b] = sweep_temperature(*c, taus)
                 sweep_seconds += time.perf_counter() - t0
-            for name, cache in caches.items():  # the chunk's pages leave the RSS (all tokens: ~10 GB of caches read)
-                lo, hi = (int(r.min()), int(r.max()) + 1) if name in BY_FAISS_ROW else (a, b)
-                release_rows(cache, lo, hi)
+            for name in BY_FAISS_ROW & caches.keys():
+                release_rows(caches[name], int(r.min()), int(r.max()) + 1)
         recall[split] = found / t if t else float("nan")
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
