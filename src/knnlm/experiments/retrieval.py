@@ -11,6 +11,7 @@ which scores the three mask/score settings at the config τ on the retrieval sco
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -156,16 +157,6 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
 
 
-def _write_exact(job: Job, i: int, ids: np.ndarray, d: np.ndarray, n: int, secs: float, flop: float, man: dict,
-                 **extra) -> dict:
-    """Write the i-th store's exact ids, dists and meta of the job (outputs 'ids', 'dists', 'meta'); the meta."""
-    with create_npy(job.paths("ids")[i], ids.shape, np.int32) as a:
-        a[:] = ids
-    with create_npy(job.paths("dists")[i], d.shape, np.float32) as a:
-        a[:] = d
-    return _write_exact_meta(job.paths("meta")[i], ids.shape, n, secs, flop, man, **extra)
-
-
 def _write_exact_meta(path, shape: tuple[int, int], n: int, secs: float, flop: float, man: dict, **extra) -> dict:
     """Write the meta of an exact search (queries T and k of `shape`, keys N = `n`, its seconds and GFLOP/s, the
     datastore's checkpoint) to `path`; the meta."""
@@ -198,7 +189,9 @@ def exact_search_nested(job: Job) -> dict:
     """Exact top-k over each of the nested datastore subsets (the stores of input 'stores': r<ratio> of one seed
     and the full one; Sec. 5, Figures 2 and 4) in one scan: the keys in an order where every subset is a prefix
     (knnlm.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
-    exact_search per store, for the cost of the largest. Raises ArtifactError if a store is not such a subset."""
+    exact_search per store, for the cost of the largest; each store's top-k is written straight into its output
+    memmaps (memory: one query block per stop, not every stop's [T, k] results). Raises ArtifactError if a store
+    is not such a subset."""
     from ..exact import exact_topk
     from ..stores import nested_scan, open_store
 
@@ -215,16 +208,23 @@ def exact_search_nested(job: Job) -> dict:
     for p, st in zip(stores, opened):
         if not np.array_equal(np.sort(rows[:st.size]), np.arange(man["N"]) if st.rows is None else st.rows):
             raise ArtifactError(f"{p}: its rows are not the first {st.size} of the nested scan (another subset seed?)")
+    if sorted(st.size for st in opened) != sorted(stops):
+        raise ArtifactError(f"nested exact search needs one store per subset size; found sizes "
+                            f"{[st.size for st in opened]} for the scan's stops {stops}")
     q, queries, sc = _scoped(job, man)
-    k, r = job.cfg["knn"]["k"], job.cfg["retrieval"]
+    k, r, t = job.cfg["knn"]["k"], job.cfg["retrieval"], len(sc)
     t0 = time.time()
-    res = dict(zip(stops, exact_topk(keys, queries, k, job.wildcards["metric"], r["exact_key_chunk"], r["exact_query_chunk"],
-                                     r["exact_query_block"], rows=rows, stops=stops)))
+    with contextlib.ExitStack() as outputs:  # every store's (ids, dists) memmaps, renamed into place on success
+        by_size = {st.size: (outputs.enter_context(create_npy(job.paths("ids")[i], (t, k), np.int32)),
+                             outputs.enter_context(create_npy(job.paths("dists")[i], (t, k), np.float32)))
+                   for i, st in enumerate(opened)}
+        exact_topk(keys, queries, k, job.wildcards["metric"], r["exact_key_chunk"], r["exact_query_chunk"],
+                   r["exact_query_block"], rows=rows, stops=stops, out=[by_size[s] for s in stops])
     secs = time.time() - t0
-    flop = 2.0 * len(sc) * stops[-1] * keys.shape[1]  # one scan of the largest store
+    flop = 2.0 * t * stops[-1] * keys.shape[1]  # one scan of the largest store
     for i, st in enumerate(opened):
-        meta = _write_exact(job, i, *res[st.size], int(keys.shape[0]), secs, flop, man,
-                            nested_scan={"stops": stops, "store_size": st.size})
+        meta = _write_exact_meta(job.paths("meta")[i], (t, k), int(keys.shape[0]), secs, flop, man,
+                                 nested_scan={"stops": stops, "store_size": st.size})
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
