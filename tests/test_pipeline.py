@@ -480,7 +480,7 @@ def test_findings_report(tiny_run):
     # one row per claim, but the App. B-C family claim gets one per alternative the tiny config trains: 2V att and
     # ffn, adaptive by frequency and by loss, MoS R=2 only / + embed on att and ffn, the clustered datastore
     family = [r for r in rows if "closes the gap to the kNN-LM" in r]
-    assert len(CLAIMS) == 25 and len(family) == 9 and len(rows) == len(CLAIMS) - 1 + len(family)
+    assert len(CLAIMS) == 27 and len(family) == 9 and len(rows) == len(CLAIMS) - 1 + len(family)
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store(, all tokens)?)?( vs full)?) +\|", r) for r in rows]  # column 'on'
     assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 8 + 5 + 2

@@ -58,6 +58,8 @@ rule write_parametric:
         wordcounts=P("wordcounts"),
         knn_logprobs=[P("knn_logprobs", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
                       for s in EVAL_SPLITS],
+        knn_tuned=[P("knn_logprobs_tuned", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
+                   for s in EVAL_SPLITS],
         par_logprobs=[P("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
         documents=per_split("documents"),
     output:

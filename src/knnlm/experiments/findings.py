@@ -57,6 +57,11 @@ CLAIMS = [
            r"kNN-LM \S+ vs W_ds \(learned\) att", (19.174, 20.353), regex=True),
     _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers ~55 % of the kNN-LM's gain", "parametric",
            r"share of the gain: W_ds \(learned\) att of kNN-LM \S+", share=(21.750 - 20.353) / (21.750 - 19.174), regex=True),
+    _claim("Sec. 4, Table 2", "at the tuned τ too, the kNN-LM beats the learned W_ds (att)", "parametric",
+           r"kNN-LM \S+ τ\* vs W_ds \(learned\) att", sign=-1, regex=True),
+    _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers ~55 % of the τ-tuned kNN-LM's gain", "parametric",
+           r"share of the gain: W_ds \(learned\) att of kNN-LM \S+ τ\*", share=(21.750 - 20.353) / (21.750 - 19.174),
+           regex=True),
     # App. B/C, Tables 5-7 (h_ds = att, IP): the kNN-LM's 19.095 against each alternative's interpolated perplexity
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity (nV, adaptive counts, MoS, clustered datastore) "
            "closes the gap to the kNN-LM", "parametric",

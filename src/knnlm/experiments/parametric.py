@@ -338,11 +338,14 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     st = job.cfg["stats"]
     lp_lm = lm_log_probs(job)
     knn_files, par_files = job.paths("knn_logprobs"), job.paths("par_logprobs")
-    if len(knn_files) != len(SPLITS) * len(scores) or len(par_files) != len(SPLITS) * len(results):
-        raise ValueError(f"rule {job.rule}: inputs knn_logprobs / par_logprobs must list one file per split of every "
-                         f"score / variant, found {len(knn_files)} / {len(par_files)}")
+    tuned_files = job.paths("knn_tuned") if "knn_tuned" in job.input else []
+    if len(knn_files) != len(SPLITS) * len(scores) or len(par_files) != len(SPLITS) * len(results) \
+            or len(tuned_files) not in (0, len(knn_files)):
+        raise ValueError(f"rule {job.rule}: inputs knn_logprobs / knn_tuned / par_logprobs must list one file per split "
+                         f"of every score / score / variant, found {len(knn_files)} / {len(tuned_files)} / {len(par_files)}")
     knn_name = {id(s): f"kNN-LM {s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores}
     best_name = knn_name[id(best)]
+    best_tuned = best_name + " τ*"  # the same kNN-LM at its τ tuned on valid (λ re-tuned; Table 1's 'τ tuned' row)
     par_names = [_variant_name(r) for r in results]
     rows = []
     for j, split in enumerate(SPLITS):
@@ -351,14 +354,19 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         for i, s in enumerate(scores):
             lps.append(interpolate(lp_lm[split], np.load(knn_files[i * len(SPLITS) + j]).astype(np.float64), s["lambda"]))
             names.append(knn_name[id(s)])
+            if tuned_files and s is best:
+                lps.append(interpolate(lp_lm[split], np.load(tuned_files[i * len(SPLITS) + j]).astype(np.float64),
+                                       s["tuned"]["lambda"]))
+                names.append(best_tuned)
         for i, r in enumerate(results):
             lam = r["stages"][r.get("final_stage", list(r["stages"])[-1])]["lambda"]
             lps.append(interpolate(lp_lm[split], np.load(par_files[i * len(SPLITS) + j]).astype(np.float64), lam))
             names.append(par_names[i])
         nll = per_document(-np.stack(lps), doc, len(doc_words))
-        pairs = [(n, "base") for n in par_names] + [(best_name, n) for n in par_names]
+        refs = [best_name] + [best_tuned] * bool(tuned_files)
+        pairs = [(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
         c = compare(nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"],
-                    shares=[(n, best_name) for n in par_names])
+                    shares=[(n, r) for r in refs for n in par_names])
         rows += comparison_rows(c, split=split)
         rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
                   "CI low": v["lo"], "CI high": v["hi"], "verdict": "-"} for k, v in c["share"].items()]
@@ -369,7 +377,8 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     boot = (f"95% CI: paired bootstrap over documents ({st['documents']}, {st['resamples']} resamples, seed "
             f"{st['seed']}); all tokens of valid and test.")
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
-           f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid), and 'share of the gain: "
+           f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid, at τ = "
+           f"{job.cfg['knn']['temperature']} and at its τ tuned on valid, 'τ*'), and 'share of the gain: "
            f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %). "
            f"steps / converged: the training of the variant the comparison involves.")
     write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot)
