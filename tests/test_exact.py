@@ -236,7 +236,6 @@ def test_subset_key_reads_keep_the_rss_flat(tmp_path):
     keys, q = open_npy(tmp_path / "keys.npy", (n, d), np.float16), open_npy(tmp_path / "q.npy", (t, d), np.float32)
     rows = np.arange(0, n, 4)
 
-
     sub, qq = np.array(keys[rows]), np.array(q)  # the reference, in RAM; its search maps the code's pages
     want_i, want_d = exact_topk(sub, qq, 8, "l2", key_chunk=4096, query_chunk=256, progress=False)
     del sub, qq

@@ -155,10 +155,13 @@ class AggregatedSoftmax(nn.Module):
         unnormalised keys) and only their differences matter, so they are always computed in fp32: under bf16
         autocast their rounding moved logits by nats (issue 10). IP scores follow autocast (tested to 0.05 nats)."""
         if self.metric == "l2":
-            with torch.autocast(h.device.type, enabled=False):
-                s = 2 * (h.float() @ self.weight.T) - (self.weight * self.weight).sum(1)
-                return s * torch.exp(-self.log_temperature)
+            return self.l2_scores(h) * torch.exp(-self.log_temperature)
         return (h @ self.weight.to(h.dtype).T).float()
+
+    def l2_scores(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, R] float32 2 h·W_r − |W_r|² (−|h − W_r|² up to a constant in h), before τ; always in fp32."""
+        with torch.autocast(h.device.type, enabled=False):
+            return 2 * (h.float() @ self.weight.T) - (self.weight * self.weight).sum(1)
 
     def log_prob(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """[B] log p(target | h) (natural log)."""
@@ -311,16 +314,13 @@ def tune_l2_temperature(model: AggregatedSoftmax, queries, targets, grid=TEMPERA
         raise ValueError(f"tune_l2_temperature needs an 'l2' model and a grid (metric {model.metric!r}, grid {grid!r})")
     model.eval()
     sums, n_total = np.zeros(len(grid)), 0
-    w = model.weight.float()
-    w2 = (w * w).sum(1)
     for s in range(0, len(targets), batch_size):
         h = torch.from_numpy(np.array(queries[s:s + batch_size], dtype=np.float32))
         y = torch.from_numpy(np.asarray(targets[s:s + batch_size], dtype=np.int64))
-        scores = 2 * (h @ w.T) - w2
+        scores = model.l2_scores(h)
         b, rows, lw = model.agg.target_entries(y)
         for i, tau in enumerate(grid):
-            logsm = torch.log_softmax(scores / tau, 1)
-            lp = _segment_logsumexp(logsm[b, rows] + lw, b, len(y))
+            lp = _TargetLogProb.apply(scores / tau, b, rows, lw, len(y))
             fin = torch.isfinite(lp)  # the same set for every τ: the targets some row of the model has
             sums[i] -= float(lp[fin].double().sum())
         n_total += int(fin.sum())

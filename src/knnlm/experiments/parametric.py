@@ -338,9 +338,9 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     st = job.cfg["stats"]
     lp_lm = lm_log_probs(job)
     knn_files, par_files = job.paths("knn_logprobs"), job.paths("par_logprobs")
-    tuned_files = job.paths("knn_tuned") if "knn_tuned" in job.input else []
+    tuned_files = job.paths("knn_tuned")
     if len(knn_files) != len(SPLITS) * len(scores) or len(par_files) != len(SPLITS) * len(results) \
-            or len(tuned_files) not in (0, len(knn_files)):
+            or len(tuned_files) != len(knn_files):
         raise ValueError(f"rule {job.rule}: inputs knn_logprobs / knn_tuned / par_logprobs must list one file per split "
                          f"of every score / score / variant, found {len(knn_files)} / {len(tuned_files)} / {len(par_files)}")
     knn_name = {id(s): f"kNN-LM {s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores}
@@ -354,7 +354,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         for i, s in enumerate(scores):
             lps.append(interpolate(lp_lm[split], np.load(knn_files[i * len(SPLITS) + j]).astype(np.float64), s["lambda"]))
             names.append(knn_name[id(s)])
-            if tuned_files and s is best:
+            if s is best:
                 lps.append(interpolate(lp_lm[split], np.load(tuned_files[i * len(SPLITS) + j]).astype(np.float64),
                                        s["tuned"]["lambda"]))
                 names.append(best_tuned)
@@ -363,7 +363,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
             lps.append(interpolate(lp_lm[split], np.load(par_files[i * len(SPLITS) + j]).astype(np.float64), lam))
             names.append(par_names[i])
         nll = per_document(-np.stack(lps), doc, len(doc_words))
-        refs = [best_name] + [best_tuned] * bool(tuned_files)
+        refs = [best_name, best_tuned]
         pairs = [(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
         c = compare(nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"],
                     shares=[(n, r) for r in refs for n in par_names])
