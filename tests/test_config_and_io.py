@@ -346,3 +346,20 @@ def test_iter_chunks_releases_the_rows_it_went_over(tmp_path):
         assert total == rows * dim
         del arr
     assert grown[False] > 48 and grown[True] < 16, grown
+
+
+def test_main_tables_target_leaves_out_the_extras(tmp_path):
+    """`snakemake main_tables` plans the paper's main tables (findings included) and none of the extras that `all`
+    adds (PCA stores, IVFPQ seeds and subset draws, Table 4): the part of the run the run-time target is about."""
+    def planned(target):
+        r = subprocess.run(SNAKEMAKE + [target, "-n", "--forceall", "-s", "workflow/Snakefile", "--configfile",
+                                        "configs/tiny.yaml", "--config", f"results_dir={tmp_path}"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return [line for line in r.stdout.splitlines() if line.strip().startswith("output:")]
+
+    main, everything = planned("main_tables"), planned("all")
+    extra = ("/pca", "-ivf", "-draw", "variance", "table4")
+    assert any("findings" in line for line in main) and any("parametric" in line for line in main)
+    assert not [line for line in main if any(e in line for e in extra)]
+    assert all(any(e in line for line in everything) for e in extra) and len(everything) > len(main)

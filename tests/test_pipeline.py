@@ -493,7 +493,7 @@ def test_findings_report(tiny_run):
 def test_report_stage_shares_and_readme_block(tiny_run, tmp_path):
     """`python -m knnlm.report <run> --readme` quotes the findings report and the stage shares into the README's
     results block (no hand-typed numbers), and leaves the rest of the file alone."""
-    from knnlm.report import BEGIN, END, stage_shares, stage_table, update_readme
+    from knnlm.report import BEGIN, END, MAIN_BUDGET, stage_shares, stage_table, update_readme
 
     root = Path(tiny_run["results_dir"]) / "tiny"
     shares = stage_shares(stage_table(root))
@@ -506,4 +506,4 @@ def test_report_stage_shares_and_readme_block(tiny_run, tmp_path):
     assert "old numbers" not in text and text.startswith("# title\n\nbefore\n") and text.endswith("\nafter\n")
     findings = art(tiny_run, "findings").read_text()
     rows = [line for line in findings.splitlines() if line.startswith("| Sec.")]
-    assert rows and all(r in text for r in rows) and "LM training" in text
+    assert rows and all(r in text for r in rows) and "LM training" in text and MAIN_BUDGET in text
