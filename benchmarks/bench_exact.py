@@ -10,7 +10,8 @@ with the first t of its valid att queries -- the threshold filter behaves differ
    over numpy's matmul (its OpenBLAS), the GEMM exact_topk calls on the CPU (knnlm.exact._scores).
 2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
    goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
-   distances to 1e-4 relative). The two run --repeat times in turn (default 3); the ratio is the median of the
+   distances to 1e-4 relative, and each one's error against float64 distances over |q|² + |x|², the scale of fp32
+   rounding in |q|² + |x|² − 2 q·x, which both compute). The two run --repeat times in turn (default 3); the ratio is the median of the
    pairs' ratios, so a load that comes and goes on a shared machine moves both members of a pair.
 3. peak RSS of exact search at 4x the datastore size over 1x (goal <= 1.2): memory is bounded by chunks.
 """
@@ -86,13 +87,26 @@ def compare(name: str, keys: np.ndarray, q: np.ndarray, a) -> None:
     del buf
     same_ids = float(np.mean([len(np.intersect1d(i, j)) / a.k for i, j in zip(ids, f_ids)]))
     rel = float(np.max(np.abs(dist - f_dist) / np.maximum(1.0, np.abs(f_dist))))
+    # both compute |q|² + |x|² − 2 q·x in fp32, whose rounding error is ~1e-7 of |q|² + |x|² whatever the distance:
+    # near-duplicate keys (real data) give distances near 0 where the two differ by more than 1e-4 relative. So the
+    # error of each against float64 distances of its own neighbours, over the scale |q|² + |x|² (a sample of rows)
+    rows = np.linspace(0, t - 1, min(t, 64)).astype(np.int64)
+    q64 = q[rows].astype(np.float64)
+
+    def err(i, dd):
+        x64 = x[i[rows]].astype(np.float64)  # [rows, k, d]
+        exact = ((x64 - q64[:, None, :]) ** 2).sum(-1)
+        scale = (q64 ** 2).sum(-1)[:, None] + (x64 ** 2).sum(-1)
+        return float(np.max(np.abs(dd[rows] - exact) / scale))
+    e_ours, e_faiss = err(ids, dist), err(f_ids, f_dist)
     print(f"[{name}] n={n} d={d} t={t} k={a.k} threads={torch.get_num_threads()}")
     print(f"[{name}] exact search {flops / t_exact / 1e9:.1f} GFLOP/s ({t_exact:.2f} s); torch.mm {flops / t_mm / 1e9:.1f} "
           f"GFLOP/s; ratio {t_mm / t_exact:.2f} (goal >= 0.8); numpy's BLAS {flops / t_np / 1e9:.1f} GFLOP/s, ratio "
           f"{t_np / t_exact:.2f}")
     print(f"[{name}] faiss.knn (brute force) {t_faiss:.2f} s; exact search is {ratio:.2f}x faster (goal > 1; median of "
           f"{a.repeat} interleaved pairs: {', '.join(f'{o:.2f}/{f:.2f} s' for o, f in pairs)}); "
-          f"same ids {100 * same_ids:.2f} %, max relative distance difference {rel:.1e}")
+          f"same ids {100 * same_ids:.2f} %, max relative distance difference {rel:.1e}; max error against float64 "
+          f"over |q|²+|x|² (64 queries): ours {e_ours:.1e}, faiss {e_faiss:.1e}")
 
 
 def main() -> None:
