@@ -21,3 +21,47 @@ def test_budget_shares_split_the_main_tables_from_the_extras():
     assert b.loc[EXTRA_BUDGETS["variance"], "wall (min)"] * 60 == pytest.approx(80 + 20 + 4)
     assert b.loc["total", "wall (min)"] == pytest.approx(stage_shares(df)["wall (min)"].iloc[-1])
     assert b["wall (min)"].iloc[:-1].sum() == pytest.approx(b.loc["total", "wall (min)"])
+
+
+def _fairseq_lines(records):
+    """fairseq --log-format json lines: one record per (num_updates, wall), with fairseq's prefix."""
+    import json
+
+    return ["2026-11-23 | INFO | train_inner | " + json.dumps({"epoch": 1, "num_updates": str(u), "wall": str(w)}) + "\n"
+            for u, w in records] + ["2026-11-23 | INFO | not a record {oops\n"]
+
+
+def test_fairseq_log_seconds_counts_each_update_once_across_resumes():
+    from knnlm.lm import fairseq_log_seconds
+
+    one = [(25, 100), (50, 200), (75, 300)]
+    assert fairseq_log_seconds(_fairseq_lines(one)) == (300.0, 300.0, 1)
+    # killed at 75 before any checkpoint (restarts at 25), then killed at 125 and resumed from the checkpoint at 100
+    runs = one + [(25, 90), (50, 190), (75, 290), (100, 390), (125, 490)] + [(125, 50), (150, 150)]
+    once, every, segments = fairseq_log_seconds(_fairseq_lines(runs))
+    assert segments == 3 and every == 300 + 490 + 150
+    assert once == 300 + (390 - 290) + (490 - 390) + (150 - 50)  # updates 25-75 once, 100-125 once, then 150
+    assert fairseq_log_seconds(["no json here\n"]) == (0.0, 0.0, 0)
+
+
+def test_stage_table_times_resumed_training_from_its_logs(tmp_path):
+    """A resumed job's benchmark file times only its last segment; the report takes the training logs' total."""
+    import json
+
+    from knnlm.report import stage_table
+
+    root = tmp_path / "run"
+    (root / "benchmarks").mkdir(parents=True)
+    (root / "logs").mkdir()
+    header = "s\th:m:s\tmax_rss\n"
+    for job, s in [("train_lm_base", 120.0), ("train_parametric_base_nv1_att", 50.0), ("bpe", 7.0)]:
+        (root / "benchmarks" / f"{job}.tsv").write_text(header + f"{s}\t0:00:{s:.0f}\t100\n")
+    resumed = [(25, 100), (50, 200), (50, 30), (75, 130)]  # resumed at update 50: 200 s, then 100 s more
+    (root / "logs" / "train_lm_base.fairseq.log").write_text("".join(_fairseq_lines(resumed)))
+    par = root / "lms" / "base" / "parametric" / "nv1_att"
+    par.mkdir(parents=True)
+    (par / "result.json").write_text(json.dumps({"history": {"seconds": 80.0}}))
+    t = stage_table(root).set_index("job")
+    assert t.loc["train_lm_base", "wall_s"] == 300.0 and t.loc["train_lm_base", "from_log"]
+    assert t.loc["train_parametric_base_nv1_att", "wall_s"] == 80.0 and t.loc["bpe", "wall_s"] == 7.0
+    assert not t.loc["bpe", "from_log"]

@@ -95,6 +95,39 @@ def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
+def fairseq_log_seconds(lines) -> tuple[float, float, int]:
+    """Training wall time in a fairseq --log-format json log appended to across resumes: (seconds, seconds_all,
+    segments).
+
+    fairseq's 'wall' counts seconds since its process started, so each drop of 'wall' begins a new segment (a
+    resumed run). seconds_all sums each segment's last 'wall': all the time logged, updates that a segment repeats
+    (it resumed from a checkpoint before where the last one stopped) included. seconds counts each update once, as
+    an uninterrupted run would: the 'wall' increments up to records whose update ('num_updates', or
+    'valid_num_updates') no earlier segment reached. Neither counts a killed segment's time after its last record.
+    (0.0, 0.0, 0) for a log without any 'wall'."""
+    once = every = 0.0
+    last, segments, reached, seg_reached = None, 0, -1, -1
+    for line in lines:
+        brace = line.find("{")
+        if brace < 0:
+            continue
+        try:
+            rec = json.loads(line[brace:])
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict) or "wall" not in rec:
+            continue
+        wall = float(rec["wall"])
+        update = int(float(rec.get("num_updates", rec.get("valid_num_updates", -1))))
+        if last is None or wall < last:  # a new process: its clock starts at 0
+            every += last or 0.0
+            segments, reached, last = segments + 1, max(reached, seg_reached), 0.0
+        if update > reached:
+            once += wall - last
+        seg_reached, last = max(seg_reached, update), wall
+    return once, every + (last or 0.0), segments
+
+
 def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: str | Path, threads: int,
           log_file: str | Path, on_log=None) -> dict[str, list[tuple[int, float]]]:
     """Run fairseq-train; copy the best checkpoint (lowest valid loss) to out_checkpoint atomically.

@@ -13,12 +13,39 @@ from .paths import Layout
 
 
 def stage_table(root: str | Path) -> pd.DataFrame:
-    """One row per job: job, wall seconds (`s`), peak RSS in MB (`max_rss`), from root/benchmarks/*.tsv."""
+    """One row per job: job, wall seconds, peak RSS in MB, from root/benchmarks/*.tsv (Snakemake's `s`, `max_rss`).
+
+    A benchmark file times only a job's last run. A training job that was killed and resumed records only its last
+    segment, so for those the wall time is the larger of that and the training time their own logs count across
+    resumes (resumed_seconds); column `from_log` marks them."""
     rows = []
     for p in sorted(Path(root, "benchmarks").glob("*.tsv")):
         b = pd.read_csv(p, sep="\t")
-        rows.append({"job": p.stem, "wall_s": float(b["s"].iloc[-1]), "peak_rss_mb": float(b["max_rss"].iloc[-1])})
-    return pd.DataFrame(rows)
+        wall, logged = float(b["s"].iloc[-1]), resumed_seconds(Path(root), p.stem)
+        rows.append({"job": p.stem, "wall_s": max(wall, logged or 0.0), "peak_rss_mb": float(b["max_rss"].iloc[-1]),
+                     "from_log": bool(logged and logged > wall)})
+    return pd.DataFrame(rows, columns=["job", "wall_s", "peak_rss_mb", "from_log"])
+
+
+def resumed_seconds(root: Path, job: str) -> float | None:
+    """Training seconds over every resumed segment of a training job, from what it logs: train_lm_<lm> from its
+    fairseq log (knnlm.lm.fairseq_log_seconds, each update counted once), train_parametric_<lm>_<variant>_<key>
+    from its result.json ('history.seconds', which a resumed training carries on). None for other jobs, or when the file is missing."""
+    from .io import read_json
+    from .lm import fairseq_log_seconds
+
+    layout = Layout(root.parent, root.name)
+    if job.startswith("train_lm_"):
+        path = layout.path("log", job=f"{job}.fairseq")
+        if path.exists():
+            with open(path) as f:
+                return fairseq_log_seconds(f)[0]  # each update once: as an uninterrupted run
+    elif job.startswith("train_parametric_") and job.count("_") >= 4:
+        lm, variant, key = job[len("train_parametric_"):].rsplit("_", 2)
+        path = layout.path("parametric_result", lm=lm, variant=variant, key=key)
+        if path.exists():
+            return float(read_json(path).get("history", {}).get("seconds", 0.0))
+    return None
 
 
 # Stages of a run (issue 10: "each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
@@ -95,9 +122,10 @@ def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
     primary = findings[0] if findings else (firsts[firsts.isin(lms)].mode().iloc[0] if firsts.isin(lms).any() else "")
     b = df.assign(budget=[budget_of(j, primary, lms) for j in df["job"]])
     total = b["wall_s"].sum()
-    rows = [{"budget": name, "jobs": int((b["budget"] == name).sum()), "wall (min)": b.loc[b["budget"] == name, "wall_s"].sum() / 60,
-             "share": f"{100 * b.loc[b['budget'] == name, 'wall_s'].sum() / total:.1f} %"}
-            for name in [MAIN_BUDGET, *EXTRA_BUDGETS.values()] if (b["budget"] == name).any()]
+    secs = b.groupby("budget")["wall_s"].sum()
+    rows = [{"budget": name, "jobs": int((b["budget"] == name).sum()), "wall (min)": secs[name] / 60,
+             "share": f"{100 * secs[name] / total:.1f} %"}
+            for name in [MAIN_BUDGET, *EXTRA_BUDGETS.values()] if name in secs.index]
     rows.append({"budget": "total", "jobs": len(b), "wall (min)": total / 60, "share": "100 %"})
     return pd.DataFrame(rows)
 
@@ -128,9 +156,12 @@ def readme_block(root: Path, lm: str = "base") -> str:
     jobs = stage_table(root)
     stages = stage_shares(jobs).to_markdown(index=False, floatfmt=".1f")
     budgets = budget_shares(jobs).to_markdown(index=False, floatfmt=".1f")
+    resumed = ("; resumed training timed from its own logs over every segment: " + ", ".join(jobs.job[jobs.from_log])
+               if jobs["from_log"].any() else "")
     src = ", ".join(f"`{p.relative_to(root.parent)}`" for p in quoted)
     return (f"{BEGIN}\n\nQuoted from {src} and the run's benchmark files.\n\n" + "\n\n".join(parts) + "\n\n"
-            f"#### Wall time per stage ({root.name}; sum of the jobs' wall times from `benchmarks/*.tsv`)\n\n{stages}\n\n"
+            f"#### Wall time per stage ({root.name}; sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
+            f"\n\n{stages}\n\n"
             f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n\n{END}")
 
 
@@ -157,6 +188,9 @@ def main(argv=None) -> None:
     layout = Layout(root.parent, root.name)
     df = stage_table(root)
     print(df.to_markdown(index=False, floatfmt=".1f"))
+    if df["from_log"].any():
+        print("\nresumed training jobs, timed from their own logs over every segment: "
+              + ", ".join(df.job[df.from_log]))
     print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
     print("\nStages (sum of job wall times; with 2+ cores some jobs overlap):\n")
     print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
