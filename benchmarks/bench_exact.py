@@ -11,8 +11,9 @@ with the first t of its valid att queries -- the threshold filter behaves differ
 2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
    goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
    distances to 1e-4 relative, and each one's error against float64 distances over |q|² + |x|², the scale of fp32
-   rounding in |q|² + |x|² − 2 q·x, which both compute). The two run --repeat times in turn (default 3); the ratio is the median of the
-   pairs' ratios, so a load that comes and goes on a shared machine moves both members of a pair.
+   rounding in |q|² + |x|² − 2 q·x, which both compute). The two run --repeat times in turn (default 3); the ratio
+   is the median of the pairs' ratios, so a load that comes and goes on a shared machine moves both members of a
+   pair.
 3. peak RSS of exact search at 4x the datastore size over 1x (goal <= 1.2): memory is bounded by chunks.
 """
 from __future__ import annotations

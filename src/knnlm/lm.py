@@ -69,9 +69,8 @@ def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads:
     return cmd
 
 
-def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
-    """Training curve from fairseq's --log-format json output: {'train_loss': [(update, loss base 2)], 'valid_loss': ...}."""
-    curves: dict[str, list[tuple[int, float]]] = {}
+def _fairseq_records(lines):
+    """The JSON records (dicts) of fairseq --log-format json lines, in order; other lines are skipped."""
     for line in lines:
         brace = line.find("{")
         if brace < 0:
@@ -80,8 +79,15 @@ def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
             rec = json.loads(line[brace:])
         except json.JSONDecodeError:
             continue
-        if not isinstance(rec, dict):
-            continue
+        if isinstance(rec, dict):
+            yield rec
+
+
+def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
+    """Training curve from fairseq's --log-format json output: {'train_loss': [(update, loss base 2)],
+    'valid_loss': ...}."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for rec in _fairseq_records(lines):
         if "valid_loss" in rec and "valid_num_updates" in rec:
             step = int(float(rec["valid_num_updates"]))
             curves.setdefault("valid_loss", []).append((step, float(rec["valid_loss"])))
@@ -107,15 +113,8 @@ def fairseq_log_seconds(lines) -> tuple[float, float, int]:
     (0.0, 0.0, 0) for a log without any 'wall'."""
     once = every = 0.0
     last, segments, reached, seg_reached = None, 0, -1, -1
-    for line in lines:
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        try:
-            rec = json.loads(line[brace:])
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict) or "wall" not in rec:
+    for rec in _fairseq_records(lines):
+        if "wall" not in rec:
             continue
         wall = float(rec["wall"])
         update = int(float(rec.get("num_updates", rec.get("valid_num_updates", -1))))

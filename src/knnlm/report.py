@@ -18,23 +18,25 @@ def stage_table(root: str | Path) -> pd.DataFrame:
     A benchmark file times only a job's last run. A training job that was killed and resumed records only its last
     segment, so for those the wall time is the larger of that and the training time their own logs count across
     resumes (resumed_seconds); column `from_log` marks them."""
+    root = Path(root)
+    layout = Layout(root.parent, root.name)
     rows = []
     for p in sorted(Path(root, "benchmarks").glob("*.tsv")):
         b = pd.read_csv(p, sep="\t")
-        wall, logged = float(b["s"].iloc[-1]), resumed_seconds(Path(root), p.stem)
+        wall, logged = float(b["s"].iloc[-1]), resumed_seconds(layout, p.stem)
         rows.append({"job": p.stem, "wall_s": max(wall, logged or 0.0), "peak_rss_mb": float(b["max_rss"].iloc[-1]),
                      "from_log": bool(logged and logged > wall)})
     return pd.DataFrame(rows, columns=["job", "wall_s", "peak_rss_mb", "from_log"])
 
 
-def resumed_seconds(root: Path, job: str) -> float | None:
-    """Training seconds over every resumed segment of a training job, from what it logs: train_lm_<lm> from its
-    fairseq log (knnlm.lm.fairseq_log_seconds, each update counted once), train_parametric_<lm>_<variant>_<key>
-    from its result.json ('history.seconds', which a resumed training carries on). None for other jobs, or when the file is missing."""
+def resumed_seconds(layout: Layout, job: str) -> float | None:
+    """Training seconds over every resumed segment of a training job of the run at `layout`, from what it logs:
+    train_lm_<lm> from its fairseq log (knnlm.lm.fairseq_log_seconds, each update counted once),
+    train_parametric_<lm>_<variant>_<key> from its result.json ('history.seconds', which a resumed training carries
+    on). None for other jobs, or when the file is missing."""
     from .io import read_json
     from .lm import fairseq_log_seconds
 
-    layout = Layout(root.parent, root.name)
     if job.startswith("train_lm_"):
         path = layout.path("log", job=f"{job}.fairseq")
         if path.exists():
