@@ -1,14 +1,25 @@
-"""Uncertainty of perplexities: documents of a split and the paired bootstrap over documents (issue 9, part 1).
+"""Uncertainty of perplexities: documents of a split, confidence intervals over documents and verdicts.
 
 A difference between two settings is a result only with its confidence interval: every setting is scored
-on the same tokens, the split is cut into documents, and whole documents are resampled with replacement
-(tokens of one article are correlated, so resampling tokens would understate the spread). All settings
-share each resample, so differences are paired. The bootstrap is vectorised: per-document NLL sums and word
-counts, then one [B, D] count matrix product per quantity.
+on the same tokens, the split is cut into documents, and the interval treats whole documents as the unit
+(tokens of one article are correlated, so intervals over tokens would understate the spread). Every
+statistic is a function of per-setting perplexities, each a ratio of per-document sums (NLL over words), so
+all settings share each resample (or each left-out document) and differences are paired.
+
+Intervals (config 'stats.interval'): 'jackknife_t' (default) = delete-one-document jackknife standard error
+on the log scale for perplexities and their ratios (the cluster-robust linearised variance of a ratio
+estimator) with a t quantile on n_eff − 1 degrees of freedom, n_eff = Kish's effective number of documents; 'bca' = bias-corrected and accelerated bootstrap;
+'percentile' = percentile bootstrap. Their coverage under WikiText-like documents is measured by
+knnlm.coverage (docs/statistics.md); the percentile bootstrap under-covers with few documents.
+
+Evidence (config 'stats.min_documents'): a comparison over fewer documents is 'inconclusive (N documents)'
+whatever its interval; a split with one document is an error.
 
 Documents (config 'stats.documents'): 'wikitext' = each top-level heading line ` = Title = ` starts a
 document (lines before the first heading join the first document; ` = = Section = = ` does not split);
-'blank_lines' = a blank line ends a document; 'blocks' = fixed blocks of 'stats.block_tokens' tokens.
+'blank_lines' = a blank line ends a document; 'blocks' = fixed blocks of 'stats.block_tokens' tokens;
+'auto' (default) = 'wikitext' when it gives the split at least 'stats.target_documents' documents, else
+'blank_lines' when that does, else blocks of ⌊T / target_documents⌋ tokens (at least target_documents blocks).
 """
 from __future__ import annotations
 
@@ -20,12 +31,20 @@ import numpy as np
 WIKITEXT_TITLE = re.compile(r"^ = [^=].* = $")
 
 
+SCHEMES = ("auto", "wikitext", "blank_lines", "blocks")
+INTERVALS = ("jackknife_t", "bca", "percentile")
+# the defaults of config section 'stats' (workflow/schemas/config.schema.yaml holds the same)
+STATS_DEFAULTS = {"documents": "auto", "target_documents": 40, "block_tokens": 2048, "min_documents": 20,
+                  "interval": "jackknife_t", "resamples": 1000, "level": 0.95, "seed": 1}
+SCHEME_NAMES = {"wikitext": "WikiText articles", "blank_lines": "blank-line paragraphs", "blocks": "token blocks"}
+
+
 def line_documents(lines: list[str], scheme: str) -> np.ndarray:
     """Document id of each line: [n_lines] int64, ids 0, 1, ... in order. A line that starts a document (a
     WikiText title, or the first non-blank line after a blank one) does so only after some text; blank lines
     belong to the document before them. Raises ValueError for other schemes ('blocks' is token-level)."""
     if scheme not in ("wikitext", "blank_lines"):
-        raise ValueError(f"config key 'stats.documents': expected 'wikitext', 'blank_lines' or 'blocks', found {scheme!r}")
+        raise ValueError(f"config key 'stats.documents': expected one of {', '.join(SCHEMES)}, found {scheme!r}")
     starts = np.zeros(len(lines), dtype=bool)
     seen, prev_blank = False, False
     for i, line in enumerate(lines):
@@ -61,18 +80,50 @@ def save_token_lines(path: str | Path, tl: dict[str, np.ndarray]) -> None:
         np.savez(f, line=tl["line"], words=tl["words"])
 
 
-def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048) -> np.ndarray:
-    """Document id of every target token of a split: [T] int32, from the line of each target (line [T], as
-    bpe_token_lines or knnlm.hf.tokenize_split give it) and the split's text (config 'stats.documents').
-    Raises ValueError if a target's line is not in the file."""
+def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048,
+                         target_documents: int = 40) -> np.ndarray:
+    """Document id of every target token of a split: [T] int32 (split_token_documents without the scheme)."""
+    return split_token_documents(text_path, line, scheme, block_tokens, target_documents)[0]
+
+
+def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048,
+                          target_documents: int = 40) -> tuple[np.ndarray, str, int]:
+    """Documents of a split's target tokens (config 'stats.documents'; 'auto' as the module docstring says).
+
+    text_path: the split's text file; line: [T] int line of each target (bpe_token_lines or
+    knnlm.hf.tokenize_split). Returns (doc [T] int32 ids 0, 1, ... in order, the scheme used ('wikitext',
+    'blank_lines' or 'blocks'), the block size in tokens (0 unless blocks)). Raises ValueError if a target's line
+    is not in the file or the scheme is unknown.
+    """
     line = np.asarray(line)
-    if scheme == "blocks":
-        return (np.arange(len(line)) // block_tokens).astype(np.int32)
-    with open(text_path, encoding="utf-8") as f:
-        lines = f.readlines()
-    if len(line) and (line.max() >= len(lines) or line.min() < 0):
-        raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
-    return line_documents(lines, scheme)[line].astype(np.int32)
+    if scheme not in SCHEMES:
+        raise ValueError(f"config key 'stats.documents': expected one of {', '.join(SCHEMES)}, found {scheme!r}")
+    if scheme != "blocks":
+        with open(text_path, encoding="utf-8") as f:
+            lines = f.readlines()
+        if len(line) and (line.max() >= len(lines) or line.min() < 0):
+            raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
+        for s in (("wikitext", "blank_lines") if scheme == "auto" else (scheme,)):
+            ids = line_documents(lines, s)[line].astype(np.int32)
+            if scheme != "auto" or len(np.unique(ids)) >= target_documents:
+                return _renumber(ids), s, 0
+        block_tokens = max(1, len(line) // target_documents)
+    return (np.arange(len(line)) // block_tokens).astype(np.int32), "blocks", int(block_tokens)
+
+
+def _renumber(ids: np.ndarray) -> np.ndarray:
+    """Ids 0, 1, ... in order of first appearance (documents whose lines hold no target are dropped)."""
+    if not len(ids):
+        return ids
+    return (np.cumsum(np.r_[True, ids[1:] != ids[:-1]]) - 1).astype(np.int32)
+
+
+def check_documents(n_docs: int, where: str, scheme: str) -> None:
+    """Raise ValueError when a split has fewer than 2 documents (no interval over documents exists), naming
+    config key 'stats.documents' and the file or split `where`."""
+    if n_docs < 2:
+        raise ValueError(f"config key 'stats.documents' = {scheme!r}: {where} has {n_docs} document(s); intervals "
+                         f"over documents need at least 2 (and verdicts 'stats.min_documents'). Use 'auto' or 'blocks'.")
 
 
 def per_document(values: np.ndarray, docs: np.ndarray, n_docs: int) -> np.ndarray:
@@ -97,58 +148,178 @@ def bootstrap_ppl(doc_nll: np.ndarray, doc_words: np.ndarray, counts: np.ndarray
     return np.exp(nll / (c @ np.asarray(doc_words, dtype=np.float64))[:, None])
 
 
+def leave_one_out_ppl(doc_nll: np.ndarray, doc_words: np.ndarray) -> np.ndarray:
+    """Perplexity of each setting with each document left out: [D, S] from doc_nll [S, D] and doc_words [D]."""
+    doc_nll = np.asarray(doc_nll, dtype=np.float64)
+    w = np.asarray(doc_words, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.exp((doc_nll.sum(1)[None, :] - doc_nll.T) / (w.sum() - w)[:, None])
+
+
 def interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of bootstrap samples [B] at `level` (two-sided)."""
+    """Percentile interval of bootstrap samples [B] at `level` (two-sided), over the finite samples."""
     a = (1 - level) / 2
+    samples = np.asarray(samples)
+    samples = samples[np.isfinite(samples)]
+    if not len(samples):
+        return float("nan"), float("nan")
     lo, hi = np.quantile(samples, [a, 1 - a])
     return float(lo), float(hi)
 
 
-def verdict(lo: float, hi: float) -> str:
-    """'lower' / 'higher' when the interval of a difference excludes 0, else 'inconclusive'."""
+def effective_documents(doc_words: np.ndarray) -> float:
+    """Kish's effective number of documents (Σ w)² / Σ w² of documents with word counts doc_words [D]: D when
+    they are equally long, fewer when a few long documents carry most of the words. The jackknife-t interval
+    takes its t quantile on effective_documents − 1 degrees of freedom (at least 1): with D − 1 it under-covers
+    on WikiText-like articles (91.9 % at 20 documents), with this 95.4 % (docs/statistics.md)."""
+    w = np.asarray(doc_words, dtype=np.float64)
+    return float(max(2.0, w.sum() ** 2 / (w ** 2).sum()))
+
+
+def options(stats: dict | None) -> dict:
+    """Config section 'stats' with its defaults (STATS_DEFAULTS) filled in; raises ValueError for an unknown
+    'stats.interval'."""
+    st = {**STATS_DEFAULTS, **(stats or {})}
+    if st["interval"] not in INTERVALS:
+        raise ValueError(f"config key 'stats.interval': expected one of {', '.join(INTERVALS)}, found {st['interval']!r}")
+    return st
+
+
+def estimate(fn, doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None = None, scale: str = "log",
+             counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Point estimates and confidence intervals over documents of statistics of the settings' perplexities.
+
+    fn: maps perplexities [..., S] to statistics [..., K] (vectorised over leading axes); doc_nll [S, D]
+    per-document NLL sums (nats), doc_words [D] words (or tokens); stats: config 'stats' ('interval', 'level',
+    'resamples', 'seed'); scale: 'log' for positive statistics (perplexities, ratios of them), 'linear' otherwise
+    (the jackknife-t interval is symmetric on this scale); counts: [B, D] bootstrap resample counts to share
+    between calls (drawn from 'stats.seed' otherwise). Returns (value [K], lo [K], hi [K]) float64; nan where
+    the statistic is not finite on every resample or left-out set that the method needs. Raises ValueError for
+    fewer than 2 documents.
+    """
+    from scipy.stats import norm, t as student_t
+
+    st = options(stats)
+    doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
+    doc_words = np.asarray(doc_words, dtype=np.float64)
+    n = doc_nll.shape[1]
+    if n < 2:
+        raise ValueError(f"an interval over documents needs at least 2 documents, found {n} (config key 'stats.documents')")
+    fwd, inv = (np.log, np.exp) if scale == "log" else (lambda x: x, lambda x: x)
+    with np.errstate(all="ignore"):
+        point = np.asarray(fn(np.exp(doc_nll.sum(1) / doc_words.sum())), dtype=np.float64)
+        level, method = st["level"], st["interval"]
+        if method in ("jackknife_t", "bca"):
+            loo = np.asarray(fn(leave_one_out_ppl(doc_nll, doc_words)), dtype=np.float64)  # [D, K]
+        if method == "jackknife_t":
+            g = fwd(loo)
+            se = np.sqrt((n - 1) / n * ((g - g.mean(0)) ** 2).sum(0))
+            q = student_t.ppf((1 + level) / 2, effective_documents(doc_words) - 1)
+            return point, inv(fwd(point) - q * se), inv(fwd(point) + q * se)
+        if counts is None:
+            counts = resample_counts(n, st["resamples"], st["seed"])
+        boot = np.asarray(fn(bootstrap_ppl(doc_nll, doc_words, counts)), dtype=np.float64)  # [B, K]
+        a = (1 - level) / 2
+        if method == "percentile":
+            lo_hi = np.array([interval(boot[:, k], level) for k in range(boot.shape[1])])
+            return point, lo_hi[:, 0], lo_hi[:, 1]
+        lo, hi = np.full(len(point), np.nan), np.full(len(point), np.nan)
+        for k in range(len(point)):  # bca: Efron (1987); z0 from the bootstrap, acceleration from the jackknife
+            b, j = boot[:, k], loo[:, k]
+            if not (np.all(np.isfinite(b)) and np.all(np.isfinite(j))):
+                continue
+            z0 = norm.ppf(np.clip(np.mean(b < point[k]) + 0.5 * np.mean(b == point[k]), 1 / len(b), 1 - 1 / len(b)))
+            d = j.mean() - j
+            acc = (d ** 3).sum() / (6 * ((d ** 2).sum()) ** 1.5) if np.any(d) else 0.0
+            z = norm.ppf([a, 1 - a])
+            adj = norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+            lo[k], hi[k] = np.quantile(b, adj)
+        return point, lo, hi
+
+
+def ppl_intervals(doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None = None,
+                  counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lo [S], hi [S]): the CI of each setting's perplexity (config 'stats.interval') from doc_nll [S, D]."""
+    _, lo, hi = estimate(lambda p: p, doc_nll, doc_words, stats, "log", counts)
+    return lo, hi
+
+
+def verdict(lo: float, hi: float, documents: int | None = None, min_documents: int = 0) -> str:
+    """'lower' / 'higher' when the interval of a difference excludes 0, else 'inconclusive'; 'inconclusive (N
+    documents)' whatever the interval when fewer than `min_documents` documents (config 'stats.min_documents')
+    back it."""
+    if documents is not None and documents < min_documents:
+        return f"inconclusive ({documents} documents)"
     return "lower" if hi < 0 else "higher" if lo > 0 else "inconclusive"
 
 
 def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs: list[tuple[str, str]],
-            resamples: int = 1000, seed: int = 1, level: float = 0.95, shares: list[tuple[str, str]] = (),
-            base: str = "base") -> dict:
-    """Perplexities with CIs and paired relative differences with CIs, from one set of bootstrap resamples.
+            stats: dict | None = None, shares: list[tuple[str, str]] = (), base: str = "base") -> dict:
+    """Perplexities with CIs and paired relative differences with CIs and verdicts, on the same documents.
 
-    doc_nll: [S, D] per-document NLL of the S settings `names` (same documents); pairs: (a, b) to compare as
-    ppl_a / ppl_b − 1; shares: (a, b) whose share of b's gain over `base` a recovers, (ppl_base − ppl_a) /
-    (ppl_base − ppl_b) (Xu et al. 2023, Sec. 4: "W_ds recovers 55 % of the kNN-LM's gain"). Returns {'ppl': {name:
-    {'value', 'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi', 'verdict'}}, 'share': {'a of b': {'value',
-    'lo', 'hi'}}, 'documents': D, 'resamples': B, 'level': level}.
+    doc_nll: [S, D] per-document NLL of the S settings `names` (same documents); doc_words [D]; pairs: (a, b)
+    to compare as ppl_a / ppl_b − 1; shares: (a, b) whose share of b's gain over `base` a recovers, (ppl_base −
+    ppl_a) / (ppl_base − ppl_b) (Xu et al. 2023, Sec. 4: "W_ds recovers 55 % of the kNN-LM's gain"); stats:
+    config 'stats' (interval method, level, minimum documents for a verdict). Returns {'ppl': {name: {'value',
+    'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi', 'verdict', 'documents'}}, 'share': {'a of b':
+    {'value', 'lo', 'hi', 'documents'}}, 'documents': D, 'interval', 'resamples', 'level'}. Raises ValueError
+    for fewer than 2 documents.
     """
+    st = options(stats)
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
-    point = np.exp(doc_nll.sum(1) / np.sum(doc_words))
-    boot = bootstrap_ppl(doc_nll, doc_words, resample_counts(doc_nll.shape[1], resamples, seed))
+    n_docs = int(doc_nll.shape[1])
+    check_documents(n_docs, "a compared split", st["documents"])
     idx = {n: i for i, n in enumerate(names)}
-    out = {"ppl": {}, "diff": {}, "documents": int(doc_nll.shape[1]), "resamples": resamples, "level": level}
+    counts = resample_counts(n_docs, st["resamples"], st["seed"]) if st["interval"] != "jackknife_t" else None
+    out = {"ppl": {}, "diff": {}, "share": {}, "documents": n_docs, "interval": st["interval"],
+           "resamples": st["resamples"], "level": st["level"]}
+    v, lo, hi = estimate(lambda p: p, doc_nll, doc_words, st, "log", counts)
     for n, i in idx.items():
-        lo, hi = interval(boot[:, i], level)
-        out["ppl"][n] = {"value": float(point[i]), "lo": lo, "hi": hi}
-    for a, b in pairs:
-        rel = boot[:, idx[a]] / boot[:, idx[b]] - 1
-        lo, hi = interval(rel, level)
-        out["diff"][f"{a} vs {b}"] = {"value": float(point[idx[a]] / point[idx[b]] - 1), "lo": lo, "hi": hi,
-                                      "verdict": verdict(lo, hi)}
-    out["share"] = {}
-    for a, b in shares:
+        out["ppl"][n] = {"value": float(v[i]), "lo": float(lo[i]), "hi": float(hi[i])}
+    if pairs:
+        a_i = [idx[a] for a, _ in pairs]
+        b_i = [idx[b] for _, b in pairs]
+        v, lo, hi = estimate(lambda p: p[..., a_i] / p[..., b_i], doc_nll, doc_words, st, "log", counts)
+        for k, (a, b) in enumerate(pairs):
+            out["diff"][f"{a} vs {b}"] = {"value": float(v[k] - 1), "lo": float(lo[k] - 1), "hi": float(hi[k] - 1),
+                                          "verdict": verdict(lo[k] - 1, hi[k] - 1, n_docs, st["min_documents"]),
+                                          "documents": n_docs}
+    if shares:
         z = idx[base]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            sh = (boot[:, z] - boot[:, idx[a]]) / (boot[:, z] - boot[:, idx[b]])
-        sh = sh[np.isfinite(sh)]
-        lo, hi = interval(sh, level) if len(sh) else (float("nan"), float("nan"))
-        out["share"][f"{a} of {b}"] = {"value": float((point[z] - point[idx[a]]) / (point[z] - point[idx[b]])),
-                                       "lo": lo, "hi": hi}
+        a_i = [idx[a] for a, _ in shares]
+        b_i = [idx[b] for _, b in shares]
+        v, lo, hi = estimate(lambda p: (p[..., [z]] - p[..., a_i]) / (p[..., [z]] - p[..., b_i]), doc_nll, doc_words,
+                             st, "linear", counts)
+        for k, (a, b) in enumerate(shares):
+            out["share"][f"{a} of {b}"] = {"value": float(v[k]), "lo": float(lo[k]), "hi": float(hi[k]),
+                                           "documents": n_docs}
     return out
 
 
+def ci_caption(stats: dict | None, documents: str = "") -> str:
+    """How a table's CIs were computed, for captions: the level, the interval method, the documents (`documents`:
+    e.g. 'WikiText articles: 60 test, 60 valid') and the minimum for a verdict."""
+    st = options(stats)
+    how = {"jackknife_t": "delete-one-document jackknife, t interval on the log scale with Kish's effective number "
+                          "of documents",
+           "bca": f"BCa bootstrap over documents, {st['resamples']} resamples, seed {st['seed']}",
+           "percentile": f"percentile bootstrap over documents, {st['resamples']} resamples, seed {st['seed']}"}
+    docs = f"; documents: {documents}" if documents else ""
+    return (f"{100 * st['level']:g}% CI, paired over documents ({how[st['interval']]}{docs}); a comparison on fewer "
+            f"than {st['min_documents']} documents is inconclusive whatever its CI")
+
+
+def documents_label(scheme: str, counts: dict[str, int], block_tokens: int = 0) -> str:
+    """'WikiText articles: 60 test, 61 valid' (or 'token blocks of 1,234 tokens: ...') for captions and rows."""
+    name = SCHEME_NAMES.get(scheme, scheme) + (f" of {block_tokens:,} tokens" if scheme == "blocks" and block_tokens else "")
+    return f"{name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
 def comparison_rows(result: dict, **labels) -> list[dict]:
-    """Rows (labels, comparison, relative difference, CI low, CI high, verdict) of a compare() result."""
+    """Rows (labels, comparison, relative difference, CI low, CI high, verdict, documents) of a compare() result."""
     return [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
-             "verdict": v["verdict"]} for k, v in result["diff"].items()]
+             "verdict": v["verdict"], "documents": v.get("documents", result.get("documents"))}
+            for k, v in result["diff"].items()]
 
 
 def fmt_ci(v: dict, pct: bool = False) -> str:

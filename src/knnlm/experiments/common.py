@@ -60,3 +60,17 @@ def split_documents(job: Job, split: str) -> tuple[np.ndarray, np.ndarray]:
     d = np.load(by_split(job, "documents")[split])
     doc = d["doc"]
     return doc, np.bincount(doc, weights=d["words"], minlength=int(doc.max()) + 1).astype(np.int64)
+
+
+def documents_label(job: Job, name: str = "documents", counts: dict[str, int] | None = None) -> str:
+    """The documents a job's intervals rest on, for captions: 'WikiText articles: 60 valid, 62 test' from the
+    per-split input list `name` (knnlm.experiments.spine.documents), or with `counts` ({split: documents} of a
+    sample of them, e.g. the retrieval scope) instead of the whole splits' counts."""
+    from ..stats import documents_label as label
+
+    files = {s: np.load(p) for s, p in by_split(job, name).items()}
+    scheme = str(next(iter(files.values()))["scheme"]) if files and "scheme" in next(iter(files.values())) else \
+        job.cfg["stats"]["documents"]
+    block = int(next(iter(files.values())).get("block_tokens", 0)) if files else 0
+    counts = counts or {s: len(f["tokens"]) for s, f in files.items()}
+    return label(scheme, counts, block if len({int(f.get("block_tokens", 0)) for f in files.values()}) == 1 else 0)

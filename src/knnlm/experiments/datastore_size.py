@@ -16,7 +16,7 @@ from ..io import read_json
 from ..results import METRIC_NAME
 from ..scope import scope_caption
 from ..tables import write_table
-from .retrieval import SETTING_LABEL, SETTINGS, settings_rows
+from .retrieval import SETTING_LABEL, SETTINGS, settings_ci_caption, settings_rows
 
 
 def size_table(sweeps: list[dict], stats: dict) -> pd.DataFrame:
@@ -61,8 +61,7 @@ def figures(job: Job) -> dict:
     cap = (f"Datastore size ({name}; Xu et al. 2023, Sec. 5, Figures 2 and 4): seeded random subsets of the datastore "
            f"(nested, one IVFPQ per ratio), τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; "
            f"scope: {scope_caption(cfg)}. CI low/high: 95% CI of interp PPL (word); 'vs full': paired relative "
-           f"difference to the same setting on the full datastore (bootstrap over the scope's documents, "
-           f"{cfg['stats']['resamples']} resamples). {note}")
+           f"difference to the same setting on the full datastore ({settings_ci_caption(sweeps, cfg['stats'])}). {note}")
     write_table(size, job.path("csv"), job.path("md"), "Datastore size: interpolated perplexity vs fraction of the datastore",
                 cap)
     written = [str(job.path("csv")), str(job.path("md"))]

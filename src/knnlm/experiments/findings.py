@@ -1,8 +1,11 @@
 """The findings report: for each claim of Xu et al. (2023) that the run can test, the paper's numbers, ours with
-its 95 % CI (paired bootstrap over documents, knnlm.stats) and a verdict computed from the CI (issue 9):
+its 95 % CI (paired over documents, knnlm.stats; the method and its measured coverage: docs/statistics.md) and a
+verdict computed from the CI:
   reproduced    -- the CI excludes 0 and the difference has the paper's sign
   contradicted  -- the CI excludes 0 and the difference has the opposite sign
   inconclusive  -- the CI includes 0 (no difference can be claimed at this scope)
+  inconclusive (N documents) -- the comparison rests on fewer than 'stats.min_documents' documents, whatever its CI
+Every row says how many test documents it rests on.
 A claim that two settings are about as good ("τ = 1 is close to optimal") is tested against a margin m instead:
 reproduced when the whole CI lies above −m (tuning gains less than m), contradicted when it lies below −m. A
 claimed share of a gain ("W_ds recovers ~55 %") is reproduced when our CI of the share holds the paper's value.
@@ -23,7 +26,7 @@ import pandas as pd
 
 from ..cli import Job
 from ..io import atomic_path, read_json
-from ..stats import comparison_rows
+from ..stats import ci_caption, comparison_rows
 from .retrieval import store_vs_store
 
 T = " τ*"  # a setting at its tuned τ (knnlm.experiments.retrieval.TUNED)
@@ -105,9 +108,11 @@ CLAIMS = [
 
 
 def verdict(ours: str, paper_sign: int) -> str:
-    """'reproduced' / 'contradicted' / 'inconclusive' from our CI's verdict ('lower', 'higher', 'inconclusive')
-    and the sign of the paper's difference (−1: a lower than b)."""
-    if ours == "inconclusive" or paper_sign == 0:
+    """'reproduced' / 'contradicted' / 'inconclusive' from our CI's verdict ('lower', 'higher', 'inconclusive',
+    'inconclusive (N documents)', kept as it is) and the sign of the paper's difference (−1: a lower than b)."""
+    if ours.startswith("inconclusive"):
+        return ours
+    if paper_sign == 0:
         return "inconclusive"
     return "reproduced" if (ours == "lower") == (paper_sign < 0) else "contradicted"
 
@@ -136,8 +141,9 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     `s`: the settings JSON of input 'small_store', or None without one."""
     t3 = pd.read_csv(job.path("table3"))
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
+    every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
-           "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}" if len(t3) else "")}
+           "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{every}" if len(t3) else "")}
     if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
         label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store"
@@ -163,7 +169,7 @@ def size_comparisons(small: dict, full: dict, stats: dict) -> pd.DataFrame:
 
 def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
     """What the retrieval scope can decide: the median 95 % CI half-width of Table 3's test comparisons, and the
-    scope (documents, tokens) that would bring it under `target` if it shrinks as 1/sqrt(documents) (issue 9); with
+    scope (documents, tokens) that would bring it under `target` if it shrinks as 1/sqrt(documents); with
     `s`, the small store's settings JSON scored on every token, its test documents and tokens."""
     t3, cmp = pd.read_csv(job.path("table3_table")), pd.read_csv(job.path("table3"))
     test = t3[t3["split"] == "test"]
@@ -205,16 +211,21 @@ def _alternative_looks_worse(c: dict, r: pd.Series) -> bool:
     return r["verdict"] == "higher"
 
 
-def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
-    """The findings row of claim `c` on comparison row `r` (its verdict counted in `counts`)."""
+def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int) -> dict:
+    """The findings row of claim `c` on comparison row `r` (its verdict counted in `counts`); a row on fewer than
+    `min_documents` documents (config 'stats.min_documents') is 'inconclusive (N documents)'."""
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
-    if c["share"] is not None:
+    docs = int(r["documents"]) if "documents" in r and pd.notna(r["documents"]) else None
+    if docs is not None and docs < min_documents:
+        v = f"inconclusive ({docs} documents)"
+    elif c["share"] is not None:
         v = "reproduced" if r["CI low"] <= c["share"] <= r["CI high"] else "contradicted"
     elif c["within"] is not None:
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
     else:
         v = verdict(r["verdict"], sign)
-    if str(r.get("converged", "yes")).startswith("no") and v != "inconclusive" and _alternative_looks_worse(c, r):
+    if str(r.get("converged", "yes")).startswith("no") and not v.startswith("inconclusive") \
+            and _alternative_looks_worse(c, r):
         v = "inconclusive (under-trained)"
     if "converged" in r:
         trained = "" if r["converged"] == "yes" else ", under-trained"
@@ -224,7 +235,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict) -> dict:
     ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
                      f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
     return {"section": c["section"], "claim": c["claim"], "comparison (a vs b)": r["comparison"], "paper": paper,
-            "ours (test, 95% CI)": ours, "on": label or "all tokens", "verdict": v}
+            "ours (test, 95% CI)": ours, "on": label or "all tokens", "documents": docs if docs is not None else "-",
+            "verdict": v}
 
 
 def findings(job: Job) -> dict:
@@ -239,14 +251,15 @@ def findings(job: Job) -> dict:
         if sel is None or sel.empty:
             rows.append({"section": c["section"], "claim": c["claim"], "comparison (a vs b)": c["comparison"],
                          "paper": _paper(c, None)[0], "ours (test, 95% CI)": "not run", "on": "-",
-                         "verdict": "not run"})
+                         "documents": "-", "verdict": "not run"})
             continue
         for _, r in sel.iterrows():
-            rows.append(_tested(c, r, label, counts))
+            rows.append(_tested(c, r, label, counts, job.cfg["stats"]["min_documents"]))
     cfg = job.cfg
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
-            f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}.\n\n",
+            f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}. "
+            f"{ci_caption(cfg['stats'])}; 'documents' = the test documents a row rests on.\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
@@ -255,4 +268,5 @@ def findings(job: Job) -> dict:
             "Not yet tested here: the rejected hypotheses of Sec. 6 / App. E.\n"]
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))
-    return {"metrics": {f"n_{k}": n for k, n in counts.items()}, "artifacts": [job.path("out")]}
+    return {"metrics": {"n_" + re.sub(r"[^0-9A-Za-z_]+", "_", k).strip("_"): n for k, n in counts.items()},
+            "artifacts": [job.path("out")]}

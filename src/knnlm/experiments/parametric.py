@@ -29,7 +29,8 @@ from ..parametric import (Aggregation, AggregatedSoftmax, KeyBatches, MixtureOfS
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..stats import per_document
 from ..stores import subsample_rows
-from .common import by_split, lm_log_probs, open_datastore, open_split, split_documents, words_per_split
+from .common import (by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
+                     words_per_split)
 
 log = logging.getLogger(__name__)
 
@@ -332,7 +333,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     kNN-LM (Table 1, chosen on valid), and the share of that kNN-LM's gain it recovers (Sec. 4: the learned W_ds
     recovers ~55 %), each with a 95 % CI from the paired bootstrap over documents (whole valid and test)."""
     from ..scoring import interpolate
-    from ..stats import compare, comparison_rows
+    from ..stats import ci_caption, compare, comparison_rows
     from ..tables import write_comparisons
 
     st = job.cfg["stats"]
@@ -365,17 +366,16 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         nll = per_document(-np.stack(lps), doc, len(doc_words))
         refs = [best_name, best_tuned]
         pairs = [(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
-        c = compare(nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"],
-                    shares=[(n, r) for r in refs for n in par_names])
+        c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names])
         rows += comparison_rows(c, split=split)
         rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
-                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-"} for k, v in c["share"].items()]
+                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"]}
+                 for k, v in c["share"].items()]
     history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
     for row in rows:  # the training of the variant each comparison involves: under-trained rows prove less
         h = history[comparison_variant(row["comparison"], par_names)]
         row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)"})
-    boot = (f"95% CI: paired bootstrap over documents ({st['documents']}, {st['resamples']} resamples, seed "
-            f"{st['seed']}); all tokens of valid and test.")
+    boot = f"{ci_caption(st, documents_label(job))}; all tokens of valid and test."
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
            f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid, at τ = "
            f"{job.cfg['knn']['temperature']} and at its τ tuned on valid, 'τ*'), and 'share of the gain: "

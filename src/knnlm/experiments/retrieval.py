@@ -339,13 +339,13 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, 
     linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (best_lambda_per_tau, the argmin of nll_grid); the
     interpolated perplexities of both
     splits at that λ are recomputed exactly (interpolate). The best τ minimises the valid NLL. With `docs`
-    ({split: (doc [T_s], doc_words [D], ids)}) and `stats` (config 'stats'), each curve gets a 95 % bootstrap band
-    over documents ('{split}_lo', '{split}_hi'; one resample set for every τ). Returns per setting: {'tau',
+    ({split: (doc [T_s], doc_words [D], ids)}) and `stats` (config 'stats'), each curve gets a 95 % band over
+    documents ('{split}_lo', '{split}_hi'; knnlm.stats.ppl_intervals, config 'stats.interval'). Returns per setting: {'tau',
     'lambda', '{split}_interp_ppl_word', '{split}_interp_ppl_token', 'best': {'tau', 'lambda', ...}, 'lp_best':
     {split: [T_s] log p_kNN at the best τ}}; the caller pops 'lp_best' (arrays) before writing JSON.
     """
     from ..scoring import best_lambda_per_tau, interpolate, lambda_grid
-    from ..stats import bootstrap_ppl, interval, per_document, resample_counts
+    from ..stats import per_document, ppl_intervals
 
     lams = lambda_grid(lambda_steps)
     out = {}
@@ -360,9 +360,8 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, 
             if docs is not None:
                 doc, doc_words, _ = docs[split]
                 nll = per_document(-lp, doc, len(doc_words))
-                boot = bootstrap_ppl(nll, doc_words, resample_counts(len(doc_words), stats["resamples"], stats["seed"]))
-                band = [interval(boot[:, i], stats["level"]) for i in range(len(taus))]
-                res[f"{split}_lo"], res[f"{split}_hi"] = [b[0] for b in band], [b[1] for b in band]
+                lo, hi = ppl_intervals(nll, doc_words, stats)
+                res[f"{split}_lo"], res[f"{split}_hi"] = lo.tolist(), hi.tolist()
         i = int(np.argmin(res["valid_interp_ppl_word"]))
         res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
                        "test_interp_ppl_word": res["test_interp_ppl_word"][i],
@@ -395,7 +394,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
         nll = per_document(-np.stack(list(lps.values())), doc, len(doc_words))
         doc_nll[split] = dict(zip(lps, nll.tolist()))
         pairs = [(a, b) for a, b in SETTING_PAIRS if a in lps and b in lps]
-        ci[split] = compare(nll, doc_words, list(lps), pairs, st["resamples"], st["seed"], st["level"])
+        ci[split] = compare(nll, doc_words, list(lps), pairs, st)
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
@@ -403,8 +402,18 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
-            "doc_ids": {s: d[2].tolist() for s, d in docs.items()},
+            "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": _documents_scheme(job),
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
+
+
+def _documents_scheme(job: Job) -> dict:
+    """{'scheme', 'block_tokens', 'split_documents': {split: documents of the whole split}} of the job's
+    per-split 'documents' inputs (knnlm.experiments.spine.documents)."""
+    d = {s: np.load(p) for s, p in by_split(job, "documents").items()}
+    first = d[SPLITS[0]]
+    return {"scheme": str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"],
+            "block_tokens": int(first["block_tokens"]) if "block_tokens" in first else 0,
+            "split_documents": {s: len(v["tokens"]) for s, v in d.items()}}
 
 
 def settings(job: Job) -> dict:
@@ -442,13 +451,13 @@ def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> d
     if a["doc_ids"][split] != b["doc_ids"][split]:
         raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
     return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
-                   [("a", "b")], stats["resamples"], stats["seed"], stats["level"])["diff"]["a vs b"]
+                   [("a", "b")], stats)["diff"]["a vs b"]
 
 
 def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
                   stats: dict | None = None) -> list[dict]:
     """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
-    base PPL (word), CI low, CI high) of every mask/score setting in settings JSONs: the tables that compare
+    base PPL (word), CI low, CI high, documents) of every mask/score setting in settings JSONs: the tables that compare
     stores. With `reference` (a store, e.g. 'full'): also each row's paired relative difference to the same
     setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`), from the
     per-document NLL of both stores on the same scope.
@@ -466,7 +475,7 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
                 r = result_row(split, lab, s["settings"][setting])
                 ci = s["ci"][split]["ppl"][setting]
                 row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
-                       "CI low": ci["lo"], "CI high": ci["hi"]}
+                       "CI low": ci["lo"], "CI high": ci["hi"], "documents": len(s["doc_ids"][split])}
                 if reference:
                     d = store_vs_store(s, ref[(s["key_type"], s["metric"])], split, setting, stats)
                     row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
@@ -474,20 +483,37 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
     return rows
 
 
+def settings_ci_caption(jsons: list[dict], stats: dict) -> str:
+    """The CI sentence of a table of settings JSONs: method, documents scheme and the documents scored per split
+    (of the whole split's), via knnlm.stats.ci_caption."""
+    from ..stats import ci_caption, documents_label
+
+    s = jsons[0]
+    sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": 0, "split_documents": {}})
+    counts = {sp: len(ids) for sp, ids in s["doc_ids"].items()}
+    label = documents_label(sch["scheme"], counts, sch["block_tokens"])
+    if sch["split_documents"] and counts != sch["split_documents"]:
+        label += " (of " + ", ".join(f"{n} {sp}" for sp, n in sch["split_documents"].items()) + " in the splits)"
+    return ci_caption(stats, label)
+
+
 def table3(job: Job) -> dict:
-    """Table 3: FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's settings,
-    with 95 % CIs (paired bootstrap over the scope's documents), and the table of its comparisons; from the
-    settings of a subset scored on every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
+    """Table 3 (Sec. 5.1): FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's
+    settings, with 95 % CIs over the scope's documents (knnlm.stats), and the table of its comparisons; from the
+    full store scored on every token ('full-alltokens', the paper's pair), 'table3_all'; from a subset scored on
+    every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
     import pandas as pd
 
     from ..stats import comparison_rows, fmt_ci
+    from ..stores import same_index_store
     from ..tables import write_comparisons, write_table
 
     cfg = job.cfg
     rows, metrics, comparisons = [], {}, []
     jsons = [read_json(p) for p in job.paths("settings")]
     stores = sorted({s["store"] for s in jsons})
-    on = "" if stores == ["full"] else f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})"
+    on = ("" if [same_index_store(x) for x in stores] == ["full"] else
+          f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})")
     scope = ("all tokens of valid and test" if all(s.get("scope") == "all tokens" for s in jsons)
              else scope_caption(cfg))
     for s in jsons:
@@ -516,9 +542,7 @@ def table3(job: Job) -> dict:
             "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}", "95% CI (word)",
             "vs base (95% CI)"]
     df = pd.DataFrame(rows)[cols]
-    st = cfg["stats"]
-    boot = (f"95% CI: paired bootstrap over the scope's documents ({st['documents']}, {st['resamples']} resamples, seed "
-            f"{st['seed']}).")
+    boot = settings_ci_caption(jsons, cfg["stats"]) + "."
     t = cfg["temperature"]
     cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5){on}: FAISS (IVFPQ) vs real (exact) mask and score, "
            f"at τ = {cfg['knn']['temperature']:g} (the paper's table) and at each setting's τ tuned on valid (τ*, "

@@ -140,15 +140,23 @@ def token_lines(job: Job) -> dict:
 
 def documents(job: Job) -> dict:
     """The documents of a valid/test split for one LM's tokens (knnlm.stats, config 'stats'): 'doc' [T] int32
-    document id per target, 'words' [T] int16 words starting at each target, 'tokens' [D] int64 per document."""
+    document id per target, 'words' [T] int16 words starting at each target, 'tokens' [D] int64 per document,
+    'scheme' (the scheme used: 'auto' resolves to 'wikitext', 'blank_lines' or 'blocks') and 'block_tokens'.
+    Raises ValueError naming config key 'stats.documents' and the text file when the split has one document."""
     from ..io import atomic_path
-    from ..stats import line_token_documents
+    from ..stats import SCHEME_NAMES, check_documents, split_token_documents
 
     st = job.cfg["stats"]
     tl = np.load(job.path("token_lines"))
-    doc = line_token_documents(job.path("text"), tl["line"], st["documents"], st["block_tokens"])
+    doc, scheme, block = split_token_documents(job.path("text"), tl["line"], st["documents"], st["block_tokens"],
+                                               st["target_documents"])
     tokens = np.bincount(doc).astype(np.int64)
+    check_documents(len(tokens), f"{job.path('text')} ({len(doc)} tokens)", st["documents"])
+    if len(tokens) < st["min_documents"]:
+        log.warning("%s: %d documents (%s), fewer than stats.min_documents = %d: every comparison on it is "
+                    "inconclusive", job.path("text"), len(tokens), SCHEME_NAMES[scheme], st["min_documents"])
     with atomic_path(job.path("out")) as tmp:
         with open(tmp, "wb") as f:
-            np.savez(f, doc=doc, words=tl["words"], tokens=tokens)
-    return {"metrics": {"documents": len(tokens), "median_tokens": float(np.median(tokens)) if len(tokens) else 0.0}}
+            np.savez(f, doc=doc, words=tl["words"], tokens=tokens, scheme=np.array(scheme), block_tokens=block)
+    return {"metrics": {"documents": len(tokens), "median_tokens": float(np.median(tokens)) if len(tokens) else 0.0,
+                        "block_tokens": block}, "params": {"documents_scheme": scheme}}

@@ -14,7 +14,8 @@ import numpy as np
 from ..cli import Job
 from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
-from .common import by_split, lm_log_probs, open_datastore, open_split, split_documents, words_per_split
+from .common import (by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
+                     words_per_split)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def table1(job: Job) -> dict:
     import pandas as pd
 
     from ..scoring import interpolate
-    from ..stats import compare, comparison_rows, fmt_ci, per_document
+    from ..stats import ci_caption, compare, comparison_rows, fmt_ci, per_document
     from ..tables import write_comparisons, write_table
 
     cfg, st = job.cfg, job.cfg["stats"]
@@ -106,7 +107,7 @@ def table1(job: Job) -> dict:
         lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["tuned"]["lambda"])
                 for s, p in zip(scores, job.paths(f"tuned_{split}"))]
         doc_nll = per_document(-np.stack(lps), doc, n_docs)
-        ci[split] = compare(doc_nll, doc_words, names, pairs, st["resamples"], st["seed"], st["level"])
+        ci[split] = compare(doc_nll, doc_words, names, pairs, st)
         comparisons += comparison_rows(ci[split], split=split)
     rows = []
     for split in ("test", "valid"):
@@ -120,12 +121,10 @@ def table1(job: Job) -> dict:
             rows.append(result_row(split, {"model": "kNN-LM (τ tuned)", **lab, "τ": s["tuned"]["temperature"]}, s["tuned"])
                         | {"95% CI (word)": fmt_ci(c["ppl"][nt]), "vs base (95% CI)": fmt_ci(c["diff"][f"{nt} vs base"], pct=True)})
     df = pd.DataFrame(rows)
-    ndoc = {s: ci[s]["documents"] for s in SPLITS}
     t = cfg["temperature"]
     boot = (f"'τ tuned': τ chosen on valid over {t['start']:g} … {t['stop']:g} step {t['step']:g} (with λ re-tuned; "
-            f"comparisons name it τ*). 95% CI: paired bootstrap over documents ({st['documents']}; {ndoc['test']} test and {ndoc['valid']} valid "
-            f"documents, {st['resamples']} resamples, seed {st['seed']}); the CI of a kNN-LM row is of its interp PPL "
-            f"(word), 'vs base' its relative difference to the base LM on the same resamples.")
+            f"comparisons name it τ*). {ci_caption(st, documents_label(job))}; the CI of a kNN-LM row is of its interp "
+            f"PPL (word), 'vs base' its relative difference to the base LM on the same documents.")
     cap = (f"Table 1 ({cfg['name']}; Xu et al. 2023, Sec. 3): perplexity of the base LM and of kNN-LMs with att/ffn keys "
            f"and L2/IP. 'PPL' of a kNN-LM row is kNN-only (inf when a target is absent from the k={cfg['knn']['k']} FAISS "
            f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "

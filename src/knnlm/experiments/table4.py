@@ -20,7 +20,7 @@ from ..cli import Job
 from ..io import read_json
 from ..results import METRIC_NAME
 from ..scoring import interpolate
-from ..stats import bootstrap_ppl, compare, fmt_ci, interval, per_document, resample_counts, verdict
+from ..stats import ci_caption, compare, estimate, fmt_ci, per_document, verdict
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,7 @@ def table4(job: Job) -> dict:
             n_docs = int(d["doc"].max()) + 1
             doc_words = np.bincount(d["doc"], weights=d["words"], minlength=n_docs)
             doc_nll = per_document(_lm_nll(job, split, i, scores[i]), d["doc"], n_docs)
-            c = compare(doc_nll, doc_words, ["base", "knn", "tuned"], [("knn", "base"), ("tuned", "base")],
-                        st["resamples"], st["seed"], st["level"])
+            c = compare(doc_nll, doc_words, ["base", "knn", "tuned"], [("knn", "base"), ("tuned", "base")], st)
             boots.append((doc_nll, doc_words))
             b, k, kt = (c["ppl"][x] for x in ("base", "knn", "tuned"))
             rows.append({"split": split, "LM": name, "source": cfg["lms"][name]["source"],
@@ -101,15 +100,15 @@ def table4(job: Job) -> dict:
             m[f"{split}_{name}_rel_gain"] = c["diff"]["knn vs base"]["value"]
         cross += _cross_lm(names, boots, split, st)
     df = pd.DataFrame(rows)
-    note = (f"Documents ({st['documents']}) differ between LMs, so gains of different LMs are not compared with "
-            "each other." if not cross else "")
+    scheme = str(docs[0]["scheme"]) if "scheme" in docs[0] else st["documents"]
+    note = (f"Documents ({scheme}) differ between LMs, so gains of different LMs are not compared with each other."
+            if not cross else "")
     cap = (f"Table 4 ({cfg['name']}; Xu et al. 2023, App. A): the kNN-LM of Sec. 3 on every base LM of config 'lms' "
            f"(each with its own datastore from its own pass over train): h_ds = {t4['key_type']}, ⊗ = "
            f"{METRIC_NAME[t4['metric']]}, full store, FAISS mask + score, k = {cfg['knn']['k']}, τ = "
            f"{cfg['knn']['temperature']} (and τ tuned on valid), λ tuned on valid. Per word = total NLL / (whitespace "
            f"words + one <eos> per line), the same word count for every tokenizer. Relative gain = kNN-LM / base − 1 "
-           f"(negative = better), 95% CI: paired bootstrap over documents ({st['resamples']} resamples, seed "
-           f"{st['seed']}). #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its "
+           f"(negative = better), {ci_caption(st)}; documents per row in 'documents'. #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its "
            f"checkpoint records it (valid curves: the MLflow runs of train_lm). {note} "
            f"{cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap)
@@ -127,26 +126,27 @@ def table4(job: Job) -> dict:
 
 
 def _cross_lm(names: list[str], boots: list[tuple[np.ndarray, np.ndarray]], split: str, st: dict) -> list[dict]:
-    """Pairwise differences of relative gain (kNN-LM at the config τ) between LMs, on shared bootstrap
-    resamples of the same documents; [] when the LMs' documents differ (other counts or words per document)."""
+    """Pairwise differences of relative gain (kNN-LM at the config τ) between LMs, paired over the same documents
+    (knnlm.stats.estimate, config 'stats.interval'); [] when the LMs' documents differ (other counts or words per document)."""
     if len(names) < 2:
         return []
     n_docs = boots[0][0].shape[1]
     if any(b[0].shape[1] != n_docs or not np.array_equal(b[1], boots[0][1]) for b in boots):
         return []
-    counts = resample_counts(n_docs, st["resamples"], st["seed"])
-    gains, points = [], []
-    for doc_nll, doc_words in boots:
-        boot = bootstrap_ppl(doc_nll[:2], doc_words, counts)  # [B, 2]: base, kNN-LM
-        gains.append(boot[:, 1] / boot[:, 0] - 1)
-        points.append(np.exp((doc_nll[1].sum() - doc_nll[0].sum()) / doc_words.sum()) - 1)
+    nll = np.concatenate([b[0][:2] for b in boots])  # [2 L, D]: base, kNN-LM of every LM, same documents
+    pairs = [(i, j) for i in range(len(names)) for j in range(i + 1, len(names))]
+
+    def gain_diffs(p):  # relative gain of LM i minus that of LM j, for every pair
+        gains = [p[..., 2 * i + 1] / p[..., 2 * i] - 1 for i in range(len(names))]
+        return np.stack([gains[i] - gains[j] for i, j in pairs], axis=-1)
+
+    point, lo, hi = estimate(gain_diffs, nll, boots[0][1], st, "linear")
     out = []
-    for i in range(len(names)):
-        for j in range(i + 1, len(names)):
-            lo, hi = interval(gains[i] - gains[j], st["level"])
-            out.append({"split": split, "a": names[i], "b": names[j], "gain a − gain b (pp)": 100 * (points[i] - points[j]),
-                        "CI low": 100 * lo, "CI high": 100 * hi, "verdict": verdict(lo, hi).replace(
-                            "lower", "a gains more").replace("higher", "b gains more")})
+    for k, (i, j) in enumerate(pairs):
+        out.append({"split": split, "a": names[i], "b": names[j], "gain a − gain b (pp)": 100 * point[k],
+                    "CI low": 100 * lo[k], "CI high": 100 * hi[k], "documents": n_docs,
+                    "verdict": verdict(lo[k], hi[k], n_docs, st["min_documents"]).replace(
+                        "lower", "a gains more").replace("higher", "b gains more")})
     return out
 
 
@@ -161,7 +161,8 @@ def appendix_a_verdict(rows, cross) -> str:
         hit = cross[((cross["a"] == a) & (cross["b"] == b)) | ((cross["a"] == b) & (cross["b"] == a))].iloc[0]
         sign = 1 if hit["a"] == a else -1  # the CI of gain(stronger) − gain(weaker)
         lo, hi = sorted((sign * hit["CI low"], sign * hit["CI high"]))
-        verdicts.append("reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive")
+        few = str(hit.get("verdict", "")).startswith("inconclusive (")  # fewer documents than stats.min_documents
+        verdicts.append(hit["verdict"] if few else "reproduced" if lo > 0 else "contradicted" if hi < 0 else "inconclusive")
         verdicts[-1] += f" ({a} vs {b}: {sign * hit['gain a − gain b (pp)']:+.2f} pp [{lo:+.2f}, {hi:+.2f}])"
     overall = ("reproduced" if all(v.startswith("reproduced") for v in verdicts) else
                "contradicted" if any(v.startswith("contradicted") for v in verdicts) else "inconclusive")

@@ -15,7 +15,7 @@ from ..results import METRIC_NAME
 from ..scope import scope_caption
 from ..stats import fmt_ci
 from ..tables import write_table
-from .retrieval import SETTING_LABEL, SETTINGS, TUNED
+from .retrieval import SETTING_LABEL, SETTINGS, TUNED, settings_ci_caption
 
 
 def figures(job: Job) -> dict:
@@ -69,7 +69,7 @@ def figures(job: Job) -> dict:
     cap = (f"Temperature ({name}; Xu et al. 2023, Sec. 5, Figure 5): best τ per setting, chosen on valid over τ = "
            f"{t['start']:g} … {t['stop']:g} step {t['step']:g} (τ = 0 is the limit τ → 0), λ tuned on valid over "
            f"{t['lambda_steps']} values for every τ; test perplexities at the chosen (τ, λ); scope: {scope_caption(cfg)}. "
-           f"Bands in Figure 5 and the CI of 'best τ vs τ = {tau0:g}': 95 %, paired bootstrap over the scope's "
-           f"documents ({cfg['stats']['resamples']} resamples); the band at each τ is that of its own λ. {note}")
+           f"Bands in Figure 5 and the CI of 'best τ vs τ = {tau0:g}': {settings_ci_caption(sweeps, cfg['stats'])}; the "
+           f"band at each τ is that of its own λ. {note}")
     write_table(pd.DataFrame(trows), job.path("csv"), job.path("md"), "Temperature: best τ per setting", cap)
     return {"artifacts": written + [str(job.path("csv")), str(job.path("md"))]}

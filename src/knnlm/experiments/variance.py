@@ -12,7 +12,7 @@ import pandas as pd
 from ..cli import Job
 from ..io import read_json
 from ..scope import scope_caption
-from ..stats import fmt_ci
+from ..stats import ci_caption, fmt_ci
 from ..tables import write_table
 from .retrieval import SETTING_LABEL, SETTINGS
 
@@ -60,7 +60,8 @@ def table(job: Job) -> dict:
            f"training seed (full datastore; seeds {[cfg['index']['seed']] + v['index_seeds']}) and the draw of the "
            f"{v['ratio']:.0%} subset (seeds {[cfg['datastore_size']['seed']] + v['draw_seeds']}); the exact search "
            f"depends on the draw only. Rows 'over seeds': mean, sample sd and range of the interp PPL, mean recall, "
-           f"and the spread max/min − 1. CIs: paired bootstrap over the scope's documents, index and draw fixed. "
+           f"and the spread max/min − 1. CIs: paired over the scope's documents "
+           f"({ci_caption(cfg['stats'])}), index and draw fixed. "
            f"Scope: {scope_caption(cfg)}. {cfg.get('profile', {}).get('caption', '')}")
     write_table(out, job.path("csv"), job.path("md"), "Variance over IVFPQ seeds and subset draws", cap)
     spread = {f"{r['randomness'].replace(' ', '_')}_{r['mask']}_{r['score']}_sd": float(str(r["95% CI (word)"])[3:])
