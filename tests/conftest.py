@@ -44,19 +44,40 @@ def tiny_lms(results: Path) -> Path:
     return overlay
 
 
+def headingless_data(results: Path) -> Path:
+    """A config overlay whose data are the tiny config's WikiText-2 files without their heading lines (' = Title = ',
+    ' = = Section = = '), as a corpus without WikiText markup looks: the tiny DAG runs on it with no 'stats'
+    setting, so its documents come from 'stats.documents: auto'. Returns the overlay's path."""
+    import re
+
+    src = PROJECT_ROOT / yaml.safe_load((PROJECT_ROOT / "configs" / "tiny.yaml").read_text())["data"]["dir"]
+    dst = results / "data-headingless"
+    dst.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        lines = (src / f"wiki.{split}.tokens").read_text(encoding="utf-8").splitlines(keepends=True)
+        text = "".join(l for l in lines if not re.match(r"^ =.* = $", l.rstrip("\n")))
+        if not (dst / f"wiki.{split}.tokens").exists() or (dst / f"wiki.{split}.tokens").read_text() != text:
+            (dst / f"wiki.{split}.tokens").write_text(text, encoding="utf-8")
+    overlay = results / "data.yaml"
+    overlay.write_text(yaml.safe_dump({"data": {"dir": str(dst)}}))
+    return overlay
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """The whole DAG on configs/tiny.yaml, once per test session, into a temporary results_dir, or (for quick
-    iterations while developing) into $KNNLM_TINY_RESULTS, where only what changed is rerun."""
+    """The whole DAG on configs/tiny.yaml over its WikiText-2 slice without headings (headingless_data), once per
+    test session, into a temporary results_dir, or (for quick iterations while developing) into
+    $KNNLM_TINY_RESULTS, where only what changed is rerun."""
     reused = bool(os.environ.get("KNNLM_TINY_RESULTS"))
     results = Path(os.environ["KNNLM_TINY_RESULTS"]) if reused else tmp_path_factory.mktemp("results")
+    data = headingless_data(results)
     overlay = tiny_lms(results)
     env_uri = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
-        r = run_snakemake("--configfile", "configs/tiny.yaml", str(overlay), "--config", f"results_dir={results}",
-                          "--cores", "2")
+        r = run_snakemake("--configfile", "configs/tiny.yaml", str(data), str(overlay), "--config",
+                          f"results_dir={results}", "--cores", "2")
     finally:
         if env_uri is not None:
             os.environ["MLFLOW_TRACKING_URI"] = env_uri
     return {"results_dir": results, "root": results / "tiny", "log": r.stdout, "reused": reused,
-            "configfiles": ["configs/tiny.yaml", str(overlay)]}
+            "configfiles": ["configs/tiny.yaml", str(data), str(overlay)], "data_overlay": str(data)}

@@ -18,6 +18,7 @@ from knnlm.paths import Layout
 from knnlm.tracking import count_runs
 
 TINY = load_config(PROJECT_ROOT / "configs" / "tiny.yaml")
+TINY_RAW = __import__("yaml").safe_load((PROJECT_ROOT / "configs" / "tiny.yaml").read_text())
 
 
 def art(run, name, **wc):
@@ -507,3 +508,25 @@ def test_report_stage_shares_and_readme_block(tiny_run, tmp_path):
     findings = art(tiny_run, "findings").read_text()
     rows = [line for line in findings.splitlines() if line.startswith("| Sec.")]
     assert rows and all(r in text for r in rows) and "LM training" in text and MAIN_BUDGET in text
+
+
+def test_headingless_corpus_gets_documents_and_intervals_without_configuration(tiny_run):
+    """The tiny DAG runs on WikiText without its headings and no 'stats' setting: 'auto' finds >= 20 documents per
+    split (the minimum for a verdict), records its scheme, and no interval of a comparison has zero width; every
+    comparison row and findings row says how many documents it rests on."""
+    assert "stats" not in TINY_RAW
+    for split in ("valid", "test"):
+        d = np.load(art(tiny_run, "documents", split=split))
+        assert str(d["scheme"]) in ("blank_lines", "blocks") and len(d["tokens"]) >= 20, (str(d["scheme"]), len(d["tokens"]))
+    for table in ("table1_comparisons", "table3_comparisons", "table3_all_comparisons"):
+        cmp = pd.read_csv(art(tiny_run, "table", table=table, ext="csv"))
+        assert len(cmp) and (cmp["CI high"] - cmp["CI low"] > 0).all(), table
+        assert (cmp["documents"] >= 20).all(), table
+    md = art(tiny_run, "table", table="table1", ext="md").read_text()
+    assert "jackknife" in md and ("blank-line paragraphs:" in md or "token blocks" in md)
+    findings = art(tiny_run, "findings").read_text()
+    header = next(line for line in findings.splitlines() if line.startswith("| section"))
+    assert "documents" in [c.strip() for c in header.split("|")]
+    t3 = pd.read_csv(art(tiny_run, "table", table="table3_all", ext="csv"))
+    full = len(np.load(art(tiny_run, "documents", split="test"))["tokens"])
+    assert set(t3[t3["split"] == "test"]["documents"]) == {full}  # Table 3's pair on every test document

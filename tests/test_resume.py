@@ -67,8 +67,8 @@ def _numbers(tree, prefix="") -> dict[str, float]:
 
 def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
     results = tmp_path / "results"
-    cmd = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", "configs/tiny.yaml", "--config",
-                       f"results_dir={results}", "--cores", "2",
+    cmd = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", "configs/tiny.yaml", tiny_run["data_overlay"],
+                       "--config", f"results_dir={results}", "--cores", "2",
                        *(t if "/" not in t else str(results / "tiny" / t) for t in TARGETS)]
     logs = results / "tiny" / "logs"
     rng = np.random.default_rng(13)
