@@ -99,3 +99,33 @@ def test_a_held_lock_times_out_instead_of_hanging(tmp_path, monkeypatch):
         with pytest.raises(TimeoutError, match="held by another process"):
             with tracking._lock(tmp_path):
                 pass
+
+
+def test_invalid_names_are_made_valid_and_a_rejection_is_not_retried(tmp_path, monkeypatch):
+    """Names MLflow rejects (parentheses, %, τ) are made valid in one place, so every job's run ends FINISHED; a
+    deterministic rejection is raised at once instead of being retried as if the store were busy."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+    from mlflow.tracking import MlflowClient
+
+    from knnlm import tracking
+
+    assert tracking.mlflow_key("n_inconclusive (under-trained)") == "n_inconclusive _under-trained"
+    assert tracking.mlflow_key("best_tau τ*") == "best_tau"
+    cfg = {"name": "names", "results_dir": str(tmp_path)}
+    rid = tracking.log_run(cfg, "write_findings", {"lm": "base"}, metrics={"n_inconclusive (5 documents)": 2.0},
+                           params={"a (b)": 1})
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    run = client.get_run(rid)
+    assert run.info.status == "FINISHED" and run.data.metrics == {"n_inconclusive _5 documents": 2.0}
+    assert not (tmp_path / tracking.PENDING_DIR).exists()
+    calls = []
+
+    def rejected():
+        calls.append(1)
+        raise MlflowException("Invalid metric name", error_code=INVALID_PARAMETER_VALUE)
+
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    with pytest.raises(MlflowException):
+        tracking._retrying(rejected, "a rejected call", retries=4)
+    assert len(calls) == 1

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -67,15 +68,30 @@ def _lock(results_dir: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_NOT_IN_NAMES = re.compile(r"[^0-9A-Za-z_\-. /]+")  # MLflow keys: alphanumerics, _ - . space /
+
+
+def mlflow_key(name: str) -> str:
+    """A metric or param name MLflow accepts: each run of other characters (parentheses, '%', 'τ', ...) becomes
+    '_'. Every job's names pass through here (_log_run_once, log_points)."""
+    return _NOT_IN_NAMES.sub("_", str(name)).strip("_ ") or "_"
+
+
+def _deterministic(e: Exception) -> bool:
+    """An MLflow rejection that a retry cannot fix (an invalid name or value)."""
+    return getattr(e, "error_code", None) in ("INVALID_PARAMETER_VALUE", "BAD_REQUEST")
+
+
 def _retrying(fn, what: str, retries: int | None = None):
     """fn() retried on errors of a busy or unreachable store (sqlite locked, HTTP errors, lock timeout), with
-    exponential backoff; the last error is raised."""
+    exponential backoff; the last error is raised, and a deterministic rejection (an invalid name or value) at
+    once."""
     retries = RETRIES if retries is None else retries
     for attempt in range(retries + 1):
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - any store error is retried the same way
-            if attempt == retries:
+            if attempt == retries or _deterministic(e):
                 raise
             wait = 2.0 ** (attempt + 1)
             log.warning("MLflow: %s failed (%s: %s); retrying in %.0f s", what, type(e).__name__, e, wait)
@@ -279,10 +295,10 @@ def _log_run_once(
         all_params = {**{f"wildcard.{k}": v for k, v in wildcards.items()}, **flatten(params or {})}
         from mlflow.entities import Metric, Param
         now = int(time.time() * 1000)
-        ms = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
+        ms = [Metric(mlflow_key(k), float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
         for k, series in (step_metrics or {}).items():
-            ms += [Metric(k, float(v), now, int(s)) for s, v in series]
-        ps = [Param(k, str(v)[:6000]) for k, v in all_params.items()]
+            ms += [Metric(mlflow_key(k), float(v), now, int(s)) for s, v in series]
+        ps = [Param(mlflow_key(k), str(v)[:6000]) for k, v in all_params.items()]
         for i in range(0, len(ps), 100):  # MLflow's batch limits: 100 params, 1000 metrics
             client.log_batch(rid, params=ps[i:i + 100])
         for i in range(0, len(ms), 1000):
