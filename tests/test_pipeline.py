@@ -51,7 +51,7 @@ def test_table1_produced(tiny_run):
         assert r["interp PPL (word)"] > r["interp PPL (token)"]  # more tokens than words with a 400-piece BPE
     assert (base["PPL (word)"] > base["PPL (token)"]).all()
     md = art(tiny_run, "table", table="table1", ext="md").read_text()
-    assert "## test" in md and "## valid" in md and "Tiny CI config" in md and "paired bootstrap over documents" in md
+    assert "## test" in md and "## valid" in md and "Tiny CI config" in md and "paired over documents" in md
     for _, r in df.iterrows():  # the CI brackets its point estimate (interp PPL for kNN-LM rows, PPL for the base)
         v, lo, hi = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", r["95% CI (word)"]).groups())
         want = r["PPL (word)"] if r["model"] == "Base LM" else r["interp PPL (word)"]
