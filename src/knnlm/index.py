@@ -37,25 +37,37 @@ def auto_code_size(d: int, dims_per_byte: int = 16) -> int:
 PAPER_PROBE_FRACTION = 32 / 4096  # the kNN-LM paper: nprobe 32 of 4096 lists
 
 
-def resolve_index_params(index_cfg: dict, n: int, d: int) -> dict:
+def resolve_index_params(index_cfg: dict, n: int, d: int, k: int | None = None, code_dim: int | None = None) -> dict:
     """Turn config section 'index' ("auto" values) into concrete numbers for a store of N keys of dim D.
 
-    The approximation's strength is a controlled variable (Xu et al. 2023, Sec. 5): code size D/16 bytes and
-    nprobe = probe_fraction × lists (the paper's 32/4096) by default, so a smaller datastore (fewer lists) is
-    searched with the same probed fraction and the same bytes per dimension.
+    The approximation's strength is a controlled variable (Xu et al. 2023, Sec. 5), stated relative to k: nprobe
+    "auto" = the larger of probe_fraction × lists (the paper's 32/4096) and the fewest lists that hold
+    scan_factor × k keys on average (capped at every list), so a small store is never searched with about k
+    keys per query (where the FAISS mask would be nearly "every key probed"); code size D/16 bytes, of
+    `code_dim` when given (a PCA store keeps the full keys' bytes, so dimension and code size are not mixed).
+    Returns {'ncentroids', 'code_size', 'train_size', 'nprobe', 'probed_fraction', 'bytes_per_dim',
+    'expected_keys_scanned' (nprobe × N / lists), 'scan_factor', 'add_chunk', 'seed'}. Raises ValueError when
+    the code size does not divide D.
     """
     nc = index_cfg["ncentroids"]
     nc = auto_ncentroids(n) if nc == "auto" else int(nc)
     cs = index_cfg["code_size"]
-    cs = auto_code_size(d, int(index_cfg.get("dims_per_code_byte", 16))) if cs == "auto" else int(cs)
+    cs = auto_code_size(code_dim or d, int(index_cfg.get("dims_per_code_byte", 16))) if cs == "auto" else int(cs)
     if d % cs:
-        raise ValueError(f"config key 'index.code_size': must divide the key dimension {d}, found {cs}")
+        raise ValueError(f"config key 'index.code_size': {cs} bytes must divide the key dimension {d} (a PCA "
+                         f"store keeps the full keys' code size; choose its dimension or index.code_size so)")
     ts = index_cfg["train_size"]
     ts = min(n, max(64 * nc, 65536)) if ts == "auto" else min(n, int(ts))
     npr = index_cfg["nprobe"]
-    npr = max(1, round(index_cfg["probe_fraction"] * nc)) if npr == "auto" else min(int(npr), nc)
+    c = float(index_cfg.get("scan_factor", 16))
+    if npr == "auto":
+        npr = max(1, round(index_cfg["probe_fraction"] * nc))
+        if k:
+            npr = max(npr, math.ceil(c * k * nc / max(n, 1)))
+    npr = min(int(npr), nc)
     return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": npr, "probed_fraction": npr / nc,
-            "bytes_per_dim": cs / d, "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
+            "bytes_per_dim": cs / d, "expected_keys_scanned": npr * n / nc, "scan_factor": c,
+            "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
 
 
 def check_index_matches(meta: dict, params: dict, index_path: str | Path) -> None:
@@ -150,8 +162,12 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
            chunk: int = 8192, threads: int = 2) -> dict:
     """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
 
-    out_ids: [T, k] int32 datastore row ids (−1 where fewer than k were found); out_dists: [T, k] float32
-    faiss distances (squared L2 for 'l2', inner product for 'ip'), both .npy, atomic. Returns stats.
+    A query whose probed lists hold fewer than k keys is searched again with nprobe doubled until it has k
+    neighbours (or every list is probed), so the FAISS mask has k neighbours unless the store has fewer keys.
+    out_ids: [T, k] int32 datastore row ids (−1 only where fewer than k exist); out_dists: [T, k] float32 faiss
+    distances (squared L2 for 'l2', inner product for 'ip'), both .npy, atomic. Returns stats: 'missing_neighbours'
+    (−1 ids left), 'requeried_for_k' (queries searched again), 'keys_scanned_per_query' (PQ distances computed
+    per query, measured by faiss; None on GPU), 'nprobe', 'T', 'k', 'ntotal', 'device'.
     """
     import faiss
 
@@ -166,13 +182,30 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
         faiss.GpuParameterSpace().set_index_parameter(gpu, "nprobe", nprobe)
         index = gpu
     t = queries.shape[0]
-    missing = 0
+    ivf = faiss.extract_index_ivf(index) if gpu is None else None
+    nlist = ivf.nlist if ivf is not None else nprobe
+    missing = refilled = 0
+    scanned = 0.0
     with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
         for s, e in tqdm(iter_chunks(t, chunk, ids, dists, queries), total=-(-t // chunk),  # RSS flat in T
                          desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
-            dd, ii = index.search(np.ascontiguousarray(queries[s:e], dtype=np.float32), k)
+            q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
+            faiss.cvar.indexIVF_stats.reset()
+            dd, ii = index.search(q, k)
+            scanned += faiss.cvar.indexIVF_stats.ndis
+            short = np.flatnonzero((ii < 0).any(1))  # fewer than k neighbours in the probed lists
+            wider = nprobe
+            while len(short) and ivf is not None and wider < nlist:  # probe more lists for those queries only
+                wider = min(nlist, 2 * wider)
+                ivf.nprobe = wider
+                d2, i2 = index.search(q[short], k)
+                dd[short], ii[short] = d2, i2
+                refilled += len(short)
+                short = short[(i2 < 0).any(1)]
+            ivf is not None and setattr(ivf, "nprobe", nprobe)
             ids[s:e] = ii
             dists[s:e] = dd
             missing += int((ii < 0).sum())
-    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "ntotal": int(index.ntotal),
+    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "requeried_for_k": refilled,
+            "keys_scanned_per_query": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}

@@ -82,13 +82,15 @@ def prepare_store(job: Job) -> dict:
     return {"metrics": {"size": meta["size"], "dim": meta["dim"]}, "params": {"store_meta": meta}}
 
 
-def _index_params(job: Job, store) -> dict:
-    """The store's IVFPQ parameters (knnlm.index.resolve_index_params of config 'index'; a store named '-ivf<k>'
-    trains its index with seed k)."""
+def _index_params(job: Job, store, man: dict) -> dict:
+    """The store's IVFPQ parameters (knnlm.index.resolve_index_params of config 'index' at k = 'knn.k': nprobe
+    scans at least index.scan_factor × k keys; a PCA store keeps the full keys' code size; a store named
+    '-ivf<k>' trains its index with seed k)."""
     from ..index import resolve_index_params
 
     cfg = dict(job.cfg["index"], seed=store.meta.get("index_seed", job.cfg["index"]["seed"]))
-    return resolve_index_params(cfg, store.size, store.meta["dim"])
+    k = job.cfg.get("knn", {}).get("k")  # a build needs no k: nprobe is set at search time
+    return resolve_index_params(cfg, store.size, store.meta["dim"], k, code_dim=man["D"] if store.transform else None)
 
 
 def build_index(job: Job) -> dict:
@@ -96,7 +98,7 @@ def build_index(job: Job) -> dict:
     from ..index import build_ivfpq
 
     store, man = _store(job)
-    params = _index_params(job, store)
+    params = _index_params(job, store, man)
     t0 = time.time()
     stats = build_ivfpq(store.keys, job.wildcards["metric"], params, job.path("index"), job.threads, rows=store.rows)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], store=job.wildcards["store"],
@@ -118,7 +120,7 @@ def search(job: Job) -> dict:
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
-    params = _index_params(job, store)
+    params = _index_params(job, store, man)
     check_index_matches(idx_meta, params, job.path("index"))
     everything = job.wildcards["store"] == "full" or scores_every_token(job.wildcards["store"])  # Table 1 reads full's
     q, queries, sc = _scoped(job, man, everything)
@@ -131,7 +133,9 @@ def search(job: Job) -> dict:
                  checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"])
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": stats["T"], "missing_neighbours": stats["missing_neighbours"],
-                        "search_seconds": stats["search_seconds"]}}
+                        "requeried_for_k": stats["requeried_for_k"], "search_seconds": stats["search_seconds"],
+                        **({"keys_scanned_per_query": stats["keys_scanned_per_query"]}
+                           if stats["keys_scanned_per_query"] is not None else {})}}
 
 
 def real_score(job: Job, chunk: int = 16384) -> dict:
