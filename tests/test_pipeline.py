@@ -62,7 +62,12 @@ def test_table1_produced(tiny_run):
     assert len(cmp) == 2 * 20 and set(cmp["verdict"]) <= {"lower", "higher", "inconclusive"}
     assert (cmp["documents"] >= TINY["stats"]["min_documents"]).all()
     tuned = df[df["model"] == "kNN-LM (τ tuned)"]
-    assert len(tuned) == 8 and set(tuned["τ"]) <= set(temperatures(TINY))
+    grid = temperatures(TINY)  # extended by its span while τ* is its last value (temperature.max_extensions)
+    span = grid[-1] - grid[0]
+    grid += [round(t + e * span, 9) for e in range(1, TINY["temperature"]["max_extensions"] + 1) for t in grid[1:]]
+    assert len(tuned) == 8 and set(tuned["τ"]) <= set(grid)
+    on_edge = tuned[tuned["τ* on grid edge"].fillna("") != ""]
+    assert (on_edge["τ"] == max(grid)).all()  # only a τ* at the end of every extension is flagged
     assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()
     clear = (cmp["CI low"].abs() > 1e-4) & (cmp["CI high"].abs() > 1e-4)  # the CSV rounds to 4 decimals
     assert ((cmp["verdict"] == "inconclusive") == ((cmp["CI low"] <= 0) & (cmp["CI high"] >= 0)))[clear].all()

@@ -163,6 +163,40 @@ def temperatures(cfg: dict) -> list[float]:
     return [round(t["start"] + i * t["step"], 9) for i in range(n) if t["start"] + i * t["step"] <= t["stop"] + 1e-9]
 
 
+def extended_temperatures(cfg: dict, taus: list[float]) -> list[float]:
+    """The next segment of a τ grid whose tuned τ is its last value: the config grid's steps again beyond the
+    current end (stop + step, ..., stop + (stop − start)), so each extension adds the grid's own span. Used while
+    τ* is the grid's last value, at most 'temperature.max_extensions' times (Xu et al. 2023, Sec. 5.2: τ tuned,
+    not τ at the edge of a grid)."""
+    base = temperatures(cfg)
+    return [round(taus[-1] + (b - base[0]), 9) for b in base[1:]]
+
+
+def extend_while_on_edge(cfg: dict, taus: list[float], best, add) -> tuple[list[float], int]:
+    """Extend τ grid `taus` while its tuned τ is its last value, at most 'temperature.max_extensions' times.
+
+    best(taus) -> index of τ* on the grid (tuned on valid, with the values computed so far); add(new_taus)
+    computes the values of the grid's next segment (extended_temperatures). Returns (the final grid, τ*'s index).
+    """
+    i = best(taus)
+    for _ in range(cfg["temperature"]["max_extensions"]):
+        if i != len(taus) - 1:
+            break
+        more = extended_temperatures(cfg, taus)
+        add(more)
+        taus = taus + more
+        i = best(taus)
+    return taus, i
+
+
+def tau_edge(taus: list[float], i: int, cfg: dict) -> str:
+    """'upper' when τ* = taus[i] is the grid's last value, 'lower' when it is its first and the grid starts above
+    0 (τ → 0 is the natural lower limit), else ''."""
+    if i == len(taus) - 1:
+        return "upper"
+    return "lower" if i == 0 and cfg["temperature"]["start"] > 0 else ""
+
+
 VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
 
 

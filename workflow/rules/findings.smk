@@ -18,6 +18,8 @@ rule write_findings:
         # Table 3's claims on every token when 'retrieval.table3_all_tokens' (table3_all), else on the scope
         table3=P("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),
         table3_table=P("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),
+        # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
+        table3_settings=P("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
         parametric=P("table", table="parametric_comparisons", ext="csv"),
         **SMALL_SETTINGS,
     output:

@@ -186,7 +186,7 @@ rule write_table3:
     wildcard_constraints:
         table="|".join(TABLE3_SETTINGS),
     params:
-        cfg=cfg_json("retrieval", "knn", "temperature", "stats", "profile"),
+        cfg=cfg_json("retrieval", "knn", "temperature", "stats", "profile", "index"),
         io=io(),
     log:
         log_of("write", "table", "lm"),

@@ -390,7 +390,8 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
     tuned, lp_tuned = {}, {}
     for name, v in (sweep or {}).items():
         lp_tuned[name] = v.pop("lp_best")
-        tuned[name] = {"tau": v["best"]["tau"], **evaluate(lp_lm, lp_tuned[name], words, steps)}
+        tuned[name] = {"tau": v["best"]["tau"], "tau_edge": v["best"].get("tau_edge", ""),
+                       **evaluate(lp_lm, lp_tuned[name], words, steps)}
     doc_nll, ci = {}, {}
     for split, (doc, doc_words, _) in docs.items():
         lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
@@ -407,7 +408,15 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
             "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": _documents_scheme(job),
+            "scan": _scan(job),
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
+
+
+def _scan(job: Job) -> dict:
+    """{split: {'nprobe', 'keys_scanned_per_query', 'missing_neighbours', 'requeried_for_k'}} of the FAISS searches
+    the job's settings read (input list 'nb_meta'; knnlm.index.search): how approximate the FAISS mask was."""
+    keep = ("nprobe", "keys_scanned_per_query", "missing_neighbours", "requeried_for_k")
+    return {s: {k: read_json(p).get(k) for k in keep} for s, p in by_split(job, "nb_meta").items()}
 
 
 def _documents_scheme(job: Job) -> dict:
@@ -424,7 +433,7 @@ def settings(job: Job) -> dict:
     """The three mask/score settings of one (store, key, metric) on the retrieval scope, from one read of the
     neighbour caches: at the config τ, the τ × λ sweep of Figure 5 (config 'temperature'), and at each setting's
     tuned τ; λ tuned on the valid scope every time (Sec. 5, Table 3 and Figure 5)."""
-    from ..config import temperatures
+    from ..config import extend_while_on_edge, tau_edge, temperatures
 
     t0 = time.time()
     taus = temperatures(job.cfg)
@@ -432,6 +441,24 @@ def settings(job: Job) -> dict:
     t1 = time.time()
     sweep = temperature_sweep(lp_lm, per_tau, words, taus, job.cfg["temperature"]["lambda_steps"], docs,
                               job.cfg["stats"])
+    state = {"per_tau": per_tau, "sweep": sweep}
+
+    def last_best(grid):  # the grid's last index when any setting's τ* is there (then every setting gets the extension)
+        return len(grid) - 1 if any(v["best"]["tau"] == grid[-1] for v in state["sweep"].values()) else 0
+
+    def add(more):
+        log.info("τ* on the grid's last value: extending the grid to %g", more[-1])
+        per_more = load_settings(job, more)[3]
+        pt = {st: {sp: np.concatenate([state["per_tau"][st][sp], per_more[st][sp]]) for sp in state["per_tau"][st]}
+              for st in state["per_tau"]}
+        grid = [v for v in state["sweep"].values()][0]["tau"] + more
+        state.update(per_tau=pt, sweep=temperature_sweep(lp_lm, pt, words, grid, job.cfg["temperature"]["lambda_steps"],
+                                                         docs, job.cfg["stats"]))
+
+    taus, _ = extend_while_on_edge(job.cfg, taus, last_best, add)
+    sweep = state["sweep"]
+    for v in sweep.values():
+        v["best"]["tau_edge"] = tau_edge(taus, taus.index(v["best"]["tau"]), job.cfg)
     sweep_seconds += time.time() - t1  # the per-τ log-probs (in load_settings), then λ tuning, curves and bands
     out = settings_result(job, lp_lm, words, lp_knn, docs, recall, sweep)
     out.update(tau_sweep_seconds=sweep_seconds, seconds=time.time() - t0)
@@ -461,7 +488,7 @@ def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> d
 def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
                   stats: dict | None = None) -> list[dict]:
     """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
-    base PPL (word), CI low, CI high, documents) of every mask/score setting in settings JSONs: the tables that compare
+    base PPL (word), CI low, CI high, documents, recall@k, keys scanned / query) of every mask/score setting in settings JSONs: the tables that compare
     stores. With `reference` (a store, e.g. 'full'): also each row's paired relative difference to the same
     setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`), from the
     per-document NLL of both stores on the same scope.
@@ -479,7 +506,9 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
                 r = result_row(split, lab, s["settings"][setting])
                 ci = s["ci"][split]["ppl"][setting]
                 row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
-                       "CI low": ci["lo"], "CI high": ci["hi"], "documents": len(s["doc_ids"][split])}
+                       "CI low": ci["lo"], "CI high": ci["hi"], "documents": len(s["doc_ids"][split]),
+                       "recall@k": s["recall"][split],
+                       "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query")}
                 if reference:
                     d = store_vs_store(s, ref[(s["key_type"], s["metric"])], split, setting, stats)
                     row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
@@ -525,36 +554,41 @@ def table3(job: Job) -> dict:
         labels = {"h_ds": key, "⊗": METRIC_NAME[metric]}
         for split in ("test", "valid"):
             n = {"tokens": s["scope_tokens"][split], "words": s["words"][split], "documents": len(s["doc_ids"][split]),
-                 f"FAISS recall@{cfg['knn']['k']}": s["recall"][split]}
+                 f"FAISS recall@{cfg['knn']['k']}": s["recall"][split],
+                 "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query")}
             c = s["ci"][split]
             base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
             base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})
-            rows.append({**base, "τ": "-", **n, "95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
+            rows.append({**base, "τ": "-", "τ* on grid edge": "", **n, "95% CI (word)": fmt_ci(c["ppl"]["base"]),
+                         "vs base (95% CI)": "-"})
             for suffix, evs in (("", s["settings"]), (TUNED, s.get("tuned", {}))):
                 for setting in (st for st in SETTINGS if st in evs):
                     mask, score = SETTING_LABEL[setting]
                     ev = evs[setting]
                     tau = ev.get("tau", s["temperature"])
                     rows.append({**result_row(split, {**labels, "mask": mask, "score": score}, ev),
-                                 "τ": f"{tau:g}" + ("*" if suffix else ""), **n,
+                                 "τ": f"{tau:g}" + ("*" if suffix else ""), "τ* on grid edge": ev.get("tau_edge", ""), **n,
                                  "95% CI (word)": fmt_ci(c["ppl"][setting + suffix]),
                                  "vs base (95% CI)": fmt_ci(c["diff"][f"{setting}{suffix} vs base"], pct=True)})
                     tag = "_tuned_tau" if suffix else ""
                     metrics[f"{split}_{key}_{metric}_{setting}{tag}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
             comparisons += comparison_rows(c, split=split, **labels)
-    cols = ["split", "h_ds", "⊗", "mask", "score", "τ", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
-            "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}", "95% CI (word)",
-            "vs base (95% CI)"]
+    cols = ["split", "h_ds", "⊗", "mask", "score", "τ", "τ* on grid edge", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
+            "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}",
+            "keys scanned / query", "95% CI (word)", "vs base (95% CI)"]
     df = pd.DataFrame(rows)[cols]
     boot = settings_ci_caption(jsons, cfg["stats"]) + "."
     t = cfg["temperature"]
     cap = (f"Table 3 ({cfg['name']}; Xu et al. 2023, Sec. 5){on}: FAISS (IVFPQ) vs real (exact) mask and score, "
            f"at τ = {cfg['knn']['temperature']:g} (the paper's table) and at each setting's τ tuned on valid (τ*, "
-           f"grid {t['start']:g} … {t['stop']:g} step {t['step']:g}; Sec. 5.2), k = {cfg['knn']['k']}, λ tuned on "
+           f"grid {t['start']:g} … {t['stop']:g} step {t['step']:g}, extended by its span while τ* is its last value, at most "
+           f"{t['max_extensions']} times; 'τ* on grid edge' marks a τ* still on an edge; Sec. 5.2), k = {cfg['knn']['k']}, λ tuned on "
            f"valid every time; scope: {scope} "
            f"(rows with mask '-' are the base LM on the same scope). Word counts of a scope: tokens that start a word "
-           f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found (how approximate "
-           f"the approximation was). {boot} {cfg.get('profile', {}).get('caption', '')}")
+           f"('▁') plus <eos>. FAISS recall@k: the share of the exact top-k that the IVFPQ search found; keys scanned / "
+           f"query: PQ distances faiss computed per query (nprobe 'auto' scans at least index.scan_factor = "
+           f"{cfg['index']['scan_factor']:g} × k at every store size; the paper's index scans about 1,170 × k): how "
+           f"approximate the approximation was. {boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), f"Table 3: approximate vs exact retrieval{on}", cap)
     write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), f"Table 3 comparisons with 95% CIs{on}",
                       f"Comparisons of Table 3 ({cfg['name']}{on}; interpolated PPL on the scope: {scope})", boot)

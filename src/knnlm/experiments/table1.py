@@ -27,14 +27,14 @@ def score(job: Job) -> dict:
     per-token log p_kNN of valid and test (float32). Raises ArtifactError if the neighbours were searched in
     another datastore.
     """
-    from ..config import temperatures
+    from ..config import extend_while_on_edge, tau_edge, temperatures
     from ..scoring import (knn_log_prob_from_cache, lambda_grid, summarize, sweep_temperature_from_cache,
                            tune_temperature)
 
     _, vals, dman = open_datastore(job, with_keys=False)
     key, metric, tau = job.wildcards["key"], job.wildcards["metric"], job.cfg["knn"]["temperature"]
     taus = temperatures(job.cfg)
-    lp_lm, lp_knn, sweep = {}, {}, {}
+    lp_lm, lp_knn, sweep, caches = {}, {}, {}, {}
     nb = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta")}
     for split, out in zip(SPLITS, job.paths("knn")):
         meta = read_json(nb["nb_meta"][split])
@@ -49,12 +49,21 @@ def score(job: Job) -> dict:
         save_npy(out, lp_knn[split].astype(np.float32))
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)
         sweep[split] = sweep_temperature_from_cache(ids, dists, vals, q["targets"], metric, taus)
+        caches[split] = (ids, dists, q["targets"])
     words = words_per_split(job)
     ev = evaluate(lp_lm, lp_knn, words, job.cfg["knn"]["lambda_steps"])
-    # τ tuned on valid (Xu et al. 2023, Sec. 5: tuning τ matters), λ re-tuned at that τ
-    i = tune_temperature(lp_lm["valid"], sweep["valid"], taus, job.cfg["temperature"]["lambda_steps"])
+    # τ tuned on valid (Xu et al. 2023, Sec. 5: tuning τ matters), λ re-tuned at that τ; a τ* on the grid's last
+    # value extends the grid (temperature.max_extensions)
+    def add(more):
+        log.info("%s/%s: τ* is the grid's last value; extending the grid to %g", key, metric, more[-1])
+        for split, (ids, dists, targets) in caches.items():
+            sweep[split] = np.concatenate([sweep[split], sweep_temperature_from_cache(ids, dists, vals, targets,
+                                                                                      metric, more)])
+
+    taus, i = extend_while_on_edge(job.cfg, taus, lambda grid: tune_temperature(
+        lp_lm["valid"], sweep["valid"], grid, job.cfg["temperature"]["lambda_steps"]), add)
     tuned = evaluate(lp_lm, {s: sweep[s][i] for s in SPLITS}, words, job.cfg["knn"]["lambda_steps"])
-    tuned["temperature"] = taus[i]
+    tuned.update(temperature=taus[i], tau_grid_stop=taus[-1], tau_edge=tau_edge(taus, i, job.cfg))
     for split, out in zip(SPLITS, job.paths("knn_tuned")):
         save_npy(out, sweep[split][i].astype(np.float32))
     metrics = {"lambda": ev["lambda"], "tuned_temperature": taus[i], "tuned_lambda": tuned["lambda"],
@@ -121,8 +130,13 @@ def table1(job: Job) -> dict:
             rows.append(result_row(split, {"model": "kNN-LM (τ tuned)", **lab, "τ": s["tuned"]["temperature"]}, s["tuned"])
                         | {"95% CI (word)": fmt_ci(c["ppl"][nt]), "vs base (95% CI)": fmt_ci(c["diff"][f"{nt} vs base"], pct=True)})
     df = pd.DataFrame(rows)
+    edges = {(s["key_type"], METRIC_NAME[s["metric"]]): s["tuned"].get("tau_edge", "") for s in scores}
+    df["τ* on grid edge"] = [edges.get((r["h_ds"], r["⊗"]), "") if r["model"] == "kNN-LM (τ tuned)" else ""
+                             for _, r in df.iterrows()]
     t = cfg["temperature"]
-    boot = (f"'τ tuned': τ chosen on valid over {t['start']:g} … {t['stop']:g} step {t['step']:g} (with λ re-tuned; "
+    boot = (f"'τ tuned': τ chosen on valid over {t['start']:g} … {t['stop']:g} step {t['step']:g}, the grid extended "
+            f"by its own span while τ* is its last value (at most {t['max_extensions']} times; a τ* still on an edge is "
+            f"marked in 'τ* on grid edge') (with λ re-tuned; "
             f"comparisons name it τ*). {ci_caption(st, documents_label(job))}; the CI of a kNN-LM row is of its interp "
             f"PPL (word), 'vs base' its relative difference to the base LM on the same documents.")
     cap = (f"Table 1 ({cfg['name']}; Xu et al. 2023, Sec. 3): perplexity of the base LM and of kNN-LMs with att/ffn keys "

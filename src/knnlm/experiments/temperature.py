@@ -47,7 +47,8 @@ def figures(job: Job) -> dict:
                 vs = s["ci"]["test"]["diff"].get(f"{setting}{TUNED} vs {setting}")
                 trows.append({"split": "test", "ratio": ratio, "h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]],
                               "mask": SETTING_LABEL[setting][0], "score": SETTING_LABEL[setting][1],
-                              "best τ": b["tau"], "λ": b["lambda"], "valid interp PPL (word)": b["valid_interp_ppl_word"],
+                              "best τ": b["tau"], "τ* on grid edge": b.get("tau_edge", ""),
+                              "grid stop": v["tau"][-1], "λ": b["lambda"], "valid interp PPL (word)": b["valid_interp_ppl_word"],
                               "interp PPL (word)": b["test_interp_ppl_word"],
                               "interp PPL (token)": b["test_interp_ppl_token"],
                               f"interp PPL (word) at τ={tau0:g}": s["settings"][setting]["test"]["interp"]["ppl_word"],
@@ -67,7 +68,9 @@ def figures(job: Job) -> dict:
         plt.close(fig)
     t = cfg["temperature"]
     cap = (f"Temperature ({name}; Xu et al. 2023, Sec. 5, Figure 5): best τ per setting, chosen on valid over τ = "
-           f"{t['start']:g} … {t['stop']:g} step {t['step']:g} (τ = 0 is the limit τ → 0), λ tuned on valid over "
+           f"{t['start']:g} … {t['stop']:g} step {t['step']:g} (τ = 0 is the limit τ → 0), the grid extended by its "
+           f"span while a best τ is its last value (at most {t['max_extensions']} times; 'grid stop' is where it ended, "
+           f"'τ* on grid edge' marks a best τ still on an edge), λ tuned on valid over "
            f"{t['lambda_steps']} values for every τ; test perplexities at the chosen (τ, λ); scope: {scope_caption(cfg)}. "
            f"Bands in Figure 5 and the CI of 'best τ vs τ = {tau0:g}': {settings_ci_caption(sweeps, cfg['stats'])}; the "
            f"band at each τ is that of its own λ. {note}")

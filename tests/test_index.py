@@ -1,0 +1,86 @@
+"""The approximation regime of the FAISS mask (knnlm.index): stated relative to k and held at every store size,
+measured (keys scanned per query), never short of k neighbours, and PCA stores at the full keys' code size."""
+import math
+
+import numpy as np
+import pytest
+
+from knnlm.config import load_config
+from knnlm.index import build_ivfpq, resolve_index_params, search
+
+from conftest import PROJECT_ROOT
+
+
+@pytest.mark.parametrize("name", ["wikitext2", "tiny"])
+def test_keys_scanned_per_query_at_least_c_times_k_at_every_swept_size(name):
+    cfg = load_config(PROJECT_ROOT / "configs" / f"{name}.yaml")
+    n_full = 2_600_000 if name == "wikitext2" else 20_000
+    k, c = cfg["knn"]["k"], cfg["index"]["scan_factor"]
+    for ratio in sorted(set(cfg["datastore_size"]["ratios"]) | set(cfg["temperature"]["ratios"])):
+        n = round(ratio * n_full)
+        p = resolve_index_params(cfg["index"], n, 256, k)
+        # a configured nprobe is the user's; "auto" must reach c·k keys (or every key of a smaller store)
+        if cfg["index"]["nprobe"] == "auto":
+            assert p["expected_keys_scanned"] >= min(c * k, n) - 1e-9, (ratio, p)
+        assert p["scan_factor"] == c and p["nprobe"] <= p["ncentroids"]
+    # without a floor the 5 % store of wikitext2 would scan about k keys: the paper's fraction alone
+    if name == "wikitext2":
+        p = resolve_index_params(cfg["index"], 130_000, 256)  # no k: the probed fraction alone
+        assert p["expected_keys_scanned"] < 1.1 * k
+
+
+def test_pca_store_keeps_the_full_keys_code_size():
+    cfg = load_config(PROJECT_ROOT / "configs" / "wikitext2.yaml")["index"]
+    full = resolve_index_params(cfg, 2_600_000, 256, 1024)
+    for d in (64, 128):
+        assert resolve_index_params(cfg, 2_600_000, d, 1024, code_dim=256)["code_size"] == full["code_size"] == 16
+    with pytest.raises(ValueError, match="index.code_size"):
+        resolve_index_params(cfg, 2_600_000, 8, 1024, code_dim=256)  # 16 bytes cannot code 8 dims
+
+
+def test_search_measures_keys_scanned_and_never_returns_fewer_than_k(tmp_path):
+    """On uneven lists a small nprobe leaves some queries short of k neighbours; those are searched again with more
+    lists until they have k, and the search reports the keys it scanned (faiss's own count)."""
+    rng = np.random.default_rng(0)
+    # clustered keys: a few big clusters and many small ones, so some IVF lists hold far fewer than k keys
+    centres = rng.normal(0, 5, (64, 16)).astype(np.float32)
+    sizes = np.r_[np.full(4, 1500), np.full(60, 40)]
+    keys = np.concatenate([c + rng.normal(0, 0.3, (s, 16)) for c, s in zip(centres, sizes)]).astype(np.float32)
+    params = {"ncentroids": 64, "code_size": 4, "train_size": len(keys), "nprobe": 1, "add_chunk": 4096, "seed": 1}
+    build_ivfpq(keys, "l2", params, tmp_path / "index", threads=1)
+    queries = (centres[4:] + rng.normal(0, 0.3, (60, 16))).astype(np.float32)  # near the small clusters
+    k = 100
+    st = search(tmp_path / "index", queries, k, 1, tmp_path / "ids.npy", tmp_path / "dists.npy", chunk=16, threads=1)
+    ids = np.load(tmp_path / "ids.npy")
+    assert st["requeried_for_k"] > 0 and st["missing_neighbours"] == 0 and (ids >= 0).all()
+    assert all(len(set(row)) == k for row in ids)
+    # keys scanned: at least the k found per query, at most every key
+    assert k <= st["keys_scanned_per_query"] <= len(keys)
+    # the distances are the PQ distances of the ids, sorted (the FAISS score of the FAISS mask)
+    d = np.load(tmp_path / "dists.npy")
+    assert (np.diff(d, axis=1) >= -1e-5).all()
+    assert math.isfinite(st["keys_scanned_per_query"])
+
+
+def test_tau_grid_is_extended_while_its_optimum_is_on_the_edge():
+    """A valid NLL curve with its minimum at τ = 7.5 beyond a 0 … 3 grid: the grid grows by its own span (3.5 …
+    6, 6.5 … 9) until τ* is inside it; with too few extensions τ* stays on the upper edge and is flagged."""
+    from knnlm.config import extend_while_on_edge, extended_temperatures, tau_edge, temperatures
+
+    cfg = {"temperature": {"start": 0.0, "stop": 3.0, "step": 0.5, "max_extensions": 3}}
+    nll = lambda t: (t - 7.5) ** 2
+    computed = []
+
+    def add(more):
+        computed.extend(more)
+
+    best = lambda grid: int(np.argmin([nll(t) for t in grid]))
+    taus, i = extend_while_on_edge(cfg, temperatures(cfg), best, add)
+    assert extended_temperatures(cfg, [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]) == [3.5, 4.0, 4.5, 5.0, 5.5, 6.0]
+    assert taus[i] == 7.5 and taus[-1] == 9.0 and computed == taus[7:] and tau_edge(taus, i, cfg) == ""
+    short = {"temperature": {**cfg["temperature"], "max_extensions": 1}}
+    taus, i = extend_while_on_edge(short, temperatures(short), best, lambda more: None)
+    assert taus[i] == 6.0 and tau_edge(taus, i, short) == "upper"
+    # an optimum inside the grid: nothing is extended; τ* = 0 on a grid starting at 0 is the limit, not an edge
+    taus, i = extend_while_on_edge(cfg, temperatures(cfg), lambda grid: 0, add)
+    assert taus == temperatures(cfg) and tau_edge(taus, 0, cfg) == ""
