@@ -81,8 +81,9 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", tiny_run["data_overlay"],
                        "--config", f"results_dir={results}", "--jobs", "2", "--set-threads", "bpe=2", "--slurm-no-account",
                        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
-                       "--latency-wait", "10", "table1", "retrieval",
-                       str(results / "tiny" / "lms" / "base" / "parametric" / "nv1_att" / "result.json")]
+                       "--latency-wait", "10", "table1",
+                       *(str(results / "tiny" / "lms" / "base" / p) for p in ("tables/table3.md",
+                                                                           "parametric/nv1_att/result.json"))]
     r = _run(cmd, timeout=3000)
     assert r.returncode == 0, r.stdout[-6000:]
     jobs = [j for j in _jobs_of(PROJECT_ROOT) if j["JobId"] not in before]

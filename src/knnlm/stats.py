@@ -310,7 +310,8 @@ def ci_caption(stats: dict | None, documents: str = "") -> str:
 
 
 def documents_label(scheme: str, counts: dict[str, int], block_tokens: int = 0) -> str:
-    """'WikiText articles: 60 test, 61 valid' (or 'token blocks of 1,234 tokens: ...') for captions and rows."""
+    """'WikiText articles: 60 test, 61 valid' (or 'token blocks of 1,234 tokens: ...'; 'token blocks: ...' when the
+    splits' block sizes differ, block_tokens 0) for captions and rows."""
     name = SCHEME_NAMES.get(scheme, scheme) + (f" of {block_tokens:,} tokens" if scheme == "blocks" and block_tokens else "")
     return f"{name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 

@@ -69,8 +69,8 @@ def documents_label(job: Job, name: str = "documents", counts: dict[str, int] | 
     from ..stats import documents_label as label
 
     files = {s: np.load(p) for s, p in by_split(job, name).items()}
-    scheme = str(next(iter(files.values()))["scheme"]) if files and "scheme" in next(iter(files.values())) else \
-        job.cfg["stats"]["documents"]
-    block = int(next(iter(files.values())).get("block_tokens", 0)) if files else 0
+    first = files[SPLITS[0]]
+    scheme = str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"]
+    blocks = {int(f["block_tokens"]) if "block_tokens" in f else 0 for f in files.values()}
     counts = counts or {s: len(f["tokens"]) for s, f in files.items()}
-    return label(scheme, counts, block if len({int(f.get("block_tokens", 0)) for f in files.values()}) == 1 else 0)
+    return label(scheme, counts, blocks.pop() if len(blocks) == 1 else 0)

@@ -420,12 +420,12 @@ def _scan(job: Job) -> dict:
 
 
 def _documents_scheme(job: Job) -> dict:
-    """{'scheme', 'block_tokens', 'split_documents': {split: documents of the whole split}} of the job's
-    per-split 'documents' inputs (knnlm.experiments.spine.documents)."""
+    """{'scheme', 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents': {split:
+    documents of the whole split}} of the job's per-split 'documents' inputs (knnlm.experiments.spine.documents)."""
     d = {s: np.load(p) for s, p in by_split(job, "documents").items()}
     first = d[SPLITS[0]]
     return {"scheme": str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"],
-            "block_tokens": int(first["block_tokens"]) if "block_tokens" in first else 0,
+            "block_tokens": {s: int(v["block_tokens"]) if "block_tokens" in v else 0 for s, v in d.items()},
             "split_documents": {s: len(v["tokens"]) for s, v in d.items()}}
 
 
@@ -522,9 +522,10 @@ def settings_ci_caption(jsons: list[dict], stats: dict) -> str:
     from ..stats import ci_caption, documents_label
 
     s = jsons[0]
-    sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": 0, "split_documents": {}})
+    sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": {}, "split_documents": {}})
     counts = {sp: len(ids) for sp, ids in s["doc_ids"].items()}
-    label = documents_label(sch["scheme"], counts, sch["block_tokens"])
+    blocks = set(sch["block_tokens"].values()) if isinstance(sch["block_tokens"], dict) else {sch["block_tokens"]}
+    label = documents_label(sch["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)
     if sch["split_documents"] and counts != sch["split_documents"]:
         label += " (of " + ", ".join(f"{n} {sp}" for sp, n in sch["split_documents"].items()) + " in the splits)"
     return ci_caption(stats, label)
