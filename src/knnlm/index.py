@@ -202,7 +202,8 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
                 dd[short], ii[short] = d2, i2
                 refilled += len(short)
                 short = short[(i2 < 0).any(1)]
-            ivf is not None and setattr(ivf, "nprobe", nprobe)
+            if ivf is not None:
+                ivf.nprobe = nprobe
             ids[s:e] = ii
             dists[s:e] = dd
             missing += int((ii < 0).sum())

@@ -203,8 +203,7 @@ def estimate(fn, doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None 
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
     doc_words = np.asarray(doc_words, dtype=np.float64)
     n = doc_nll.shape[1]
-    if n < 2:
-        raise ValueError(f"an interval over documents needs at least 2 documents, found {n} (config key 'stats.documents')")
+    check_documents(n, "a compared split", st["documents"])
     fwd, inv = (np.log, np.exp) if scale == "log" else (lambda x: x, lambda x: x)
     with np.errstate(all="ignore"):
         point = np.asarray(fn(np.exp(doc_nll.sum(1) / doc_words.sum())), dtype=np.float64)
@@ -268,7 +267,6 @@ def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs:
     st = options(stats)
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
     n_docs = int(doc_nll.shape[1])
-    check_documents(n_docs, "a compared split", st["documents"])
     idx = {n: i for i, n in enumerate(names)}
     counts = resample_counts(n_docs, st["resamples"], st["seed"]) if st["interval"] != "jackknife_t" else None
     out = {"ppl": {}, "diff": {}, "share": {}, "documents": n_docs, "interval": st["interval"],

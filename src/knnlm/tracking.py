@@ -195,7 +195,7 @@ def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> N
     def send():
         with _lock(results_dir):
             MlflowClient(tracking_uri(results_dir)).log_batch(
-                run_id, metrics=[Metric(k, float(v), now, int(step)) for k, v in values.items()])
+                run_id, metrics=[Metric(mlflow_key(k), float(v), now, int(step)) for k, v in values.items()])
     try:
         _retrying(send, "a live curve point", retries=1)
     except Exception as e:  # noqa: BLE001

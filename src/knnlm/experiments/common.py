@@ -62,15 +62,28 @@ def split_documents(job: Job, split: str) -> tuple[np.ndarray, np.ndarray]:
     return doc, np.bincount(doc, weights=d["words"], minlength=int(doc.max()) + 1).astype(np.int64)
 
 
-def documents_label(job: Job, name: str = "documents", counts: dict[str, int] | None = None) -> str:
-    """The documents a job's intervals rest on, for captions: 'WikiText articles: 60 valid, 62 test' from the
-    per-split input list `name` (knnlm.experiments.spine.documents), or with `counts` ({split: documents} of a
-    sample of them, e.g. the retrieval scope) instead of the whole splits' counts."""
-    from ..stats import documents_label as label
-
-    files = {s: np.load(p) for s, p in by_split(job, name).items()}
+def documents_scheme(job: Job) -> dict:
+    """{'scheme', 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents': {split: documents
+    of the whole split}} of the job's per-split input list 'documents' (knnlm.experiments.spine.documents; a file
+    written before schemes were recorded counts as config 'stats.documents')."""
+    files = {s: np.load(p) for s, p in by_split(job, "documents").items()}
     first = files[SPLITS[0]]
-    scheme = str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"]
-    blocks = {int(f["block_tokens"]) if "block_tokens" in f else 0 for f in files.values()}
-    counts = counts or {s: len(f["tokens"]) for s, f in files.items()}
-    return label(scheme, counts, blocks.pop() if len(blocks) == 1 else 0)
+    return {"scheme": str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"],
+            "block_tokens": {s: int(f["block_tokens"]) if "block_tokens" in f else 0 for s, f in files.items()},
+            "split_documents": {s: len(f["tokens"]) for s, f in files.items()}}
+
+
+def scheme_label(scheme: dict, counts: dict[str, int]) -> str:
+    """knnlm.stats.documents_label of a documents_scheme() for `counts` ({split: documents}); the block size only
+    when every split shares it."""
+    from ..stats import documents_label
+
+    blocks = set(scheme["block_tokens"].values())
+    return documents_label(scheme["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)
+
+
+def documents_label(job: Job) -> str:
+    """The documents a job's intervals rest on, for captions: 'WikiText articles: 60 valid, 62 test' (the whole
+    splits of the per-split input list 'documents')."""
+    sch = documents_scheme(job)
+    return scheme_label(sch, sch["split_documents"])

@@ -23,7 +23,7 @@ from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, open_npy,
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import summarize
 from ..scope import scope_caption, scope_tokens
-from .common import by_split, open_datastore, open_split
+from .common import by_split, documents_scheme, open_datastore, open_split, scheme_label
 
 log = logging.getLogger(__name__)
 SETTINGS = ("faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score")
@@ -407,7 +407,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
-            "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": _documents_scheme(job),
+            "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": documents_scheme(job),
             "scan": _scan(job),
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
 
@@ -417,16 +417,6 @@ def _scan(job: Job) -> dict:
     the job's settings read (input list 'nb_meta'; knnlm.index.search): how approximate the FAISS mask was."""
     keep = ("nprobe", "keys_scanned_per_query", "missing_neighbours", "requeried_for_k")
     return {s: {k: read_json(p).get(k) for k in keep} for s, p in by_split(job, "nb_meta").items()}
-
-
-def _documents_scheme(job: Job) -> dict:
-    """{'scheme', 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents': {split:
-    documents of the whole split}} of the job's per-split 'documents' inputs (knnlm.experiments.spine.documents)."""
-    d = {s: np.load(p) for s, p in by_split(job, "documents").items()}
-    first = d[SPLITS[0]]
-    return {"scheme": str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"],
-            "block_tokens": {s: int(v["block_tokens"]) if "block_tokens" in v else 0 for s, v in d.items()},
-            "split_documents": {s: len(v["tokens"]) for s, v in d.items()}}
 
 
 def settings(job: Job) -> dict:
@@ -441,22 +431,19 @@ def settings(job: Job) -> dict:
     t1 = time.time()
     sweep = temperature_sweep(lp_lm, per_tau, words, taus, job.cfg["temperature"]["lambda_steps"], docs,
                               job.cfg["stats"])
-    state = {"per_tau": per_tau, "sweep": sweep}
-
-    def last_best(grid):  # the grid's last index when any setting's τ* is there (then every setting gets the extension)
-        return len(grid) - 1 if any(v["best"]["tau"] == grid[-1] for v in state["sweep"].values()) else 0
+    def best(grid):  # the largest τ* index of the settings: one on the edge extends the grid for all of them
+        return max(grid.index(v["best"]["tau"]) for v in sweep.values())
 
     def add(more):
+        nonlocal per_tau, sweep
         log.info("τ* on the grid's last value: extending the grid to %g", more[-1])
         per_more = load_settings(job, more)[3]
-        pt = {st: {sp: np.concatenate([state["per_tau"][st][sp], per_more[st][sp]]) for sp in state["per_tau"][st]}
-              for st in state["per_tau"]}
-        grid = [v for v in state["sweep"].values()][0]["tau"] + more
-        state.update(per_tau=pt, sweep=temperature_sweep(lp_lm, pt, words, grid, job.cfg["temperature"]["lambda_steps"],
-                                                         docs, job.cfg["stats"]))
+        per_tau = {st: {sp: np.concatenate([per_tau[st][sp], per_more[st][sp]]) for sp in per_tau[st]} for st in per_tau}
+        grid = next(iter(sweep.values()))["tau"] + more
+        sweep = temperature_sweep(lp_lm, per_tau, words, grid, job.cfg["temperature"]["lambda_steps"], docs,
+                                  job.cfg["stats"])
 
-    taus, _ = extend_while_on_edge(job.cfg, taus, last_best, add)
-    sweep = state["sweep"]
+    taus, _ = extend_while_on_edge(job.cfg, taus, best, add)
     for v in sweep.values():
         v["best"]["tau_edge"] = tau_edge(taus, taus.index(v["best"]["tau"]), job.cfg)
     sweep_seconds += time.time() - t1  # the per-τ log-probs (in load_settings), then λ tuning, curves and bands
@@ -519,13 +506,12 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
 def settings_ci_caption(jsons: list[dict], stats: dict) -> str:
     """The CI sentence of a table of settings JSONs: method, documents scheme and the documents scored per split
     (of the whole split's), via knnlm.stats.ci_caption."""
-    from ..stats import ci_caption, documents_label
+    from ..stats import ci_caption
 
     s = jsons[0]
     sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": {}, "split_documents": {}})
     counts = {sp: len(ids) for sp, ids in s["doc_ids"].items()}
-    blocks = set(sch["block_tokens"].values()) if isinstance(sch["block_tokens"], dict) else {sch["block_tokens"]}
-    label = documents_label(sch["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)
+    label = scheme_label(sch, counts)
     if sch["split_documents"] and counts != sch["split_documents"]:
         label += " (of " + ", ".join(f"{n} {sp}" for sp, n in sch["split_documents"].items()) + " in the splits)"
     return ci_caption(stats, label)

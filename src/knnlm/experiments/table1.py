@@ -128,11 +128,10 @@ def table1(job: Job) -> dict:
             rows.append(result_row(split, {"model": "kNN-LM", **lab, "τ": s["temperature"]}, s)
                         | {"95% CI (word)": fmt_ci(c["ppl"][n]), "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base"], pct=True)})
             rows.append(result_row(split, {"model": "kNN-LM (τ tuned)", **lab, "τ": s["tuned"]["temperature"]}, s["tuned"])
-                        | {"95% CI (word)": fmt_ci(c["ppl"][nt]), "vs base (95% CI)": fmt_ci(c["diff"][f"{nt} vs base"], pct=True)})
+                        | {"95% CI (word)": fmt_ci(c["ppl"][nt]), "vs base (95% CI)": fmt_ci(c["diff"][f"{nt} vs base"], pct=True),
+                           "τ* on grid edge": s["tuned"].get("tau_edge", "")})
     df = pd.DataFrame(rows)
-    edges = {(s["key_type"], METRIC_NAME[s["metric"]]): s["tuned"].get("tau_edge", "") for s in scores}
-    df["τ* on grid edge"] = [edges.get((r["h_ds"], r["⊗"]), "") if r["model"] == "kNN-LM (τ tuned)" else ""
-                             for _, r in df.iterrows()]
+    df["τ* on grid edge"] = df["τ* on grid edge"].fillna("")  # set on the τ-tuned rows only
     t = cfg["temperature"]
     boot = (f"'τ tuned': τ chosen on valid over {t['start']:g} … {t['stop']:g} step {t['step']:g}, the grid extended "
             f"by its own span while τ* is its last value (at most {t['max_extensions']} times; a τ* still on an edge is "
