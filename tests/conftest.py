@@ -27,6 +27,24 @@ def run_snakemake(*args, check=True):
 
 
 TINY_HF = "gpt2-tiny"
+WIKITEXT2 = PROJECT_ROOT / "corpora" / "wikitext-2-v1.tar.xz"  # shipped with the pipeline (corpora/README.md)
+
+
+def unpack_wikitext2(dest: Path) -> Path:
+    """The shipped WikiText-2 splits unpacked into dest/wikitext-2 (once); returns that folder."""
+    import tarfile
+
+    out = dest / "wikitext-2"
+    if not all((out / f"wiki.{s}.tokens").is_file() for s in ("train", "valid", "test")):
+        with tarfile.open(WIKITEXT2) as t:
+            t.extractall(dest, filter="data")
+    return out
+
+
+@pytest.fixture(scope="session")
+def wikitext2_dir(tmp_path_factory) -> Path:
+    """A folder with the shipped WikiText-2 splits (wiki.{train,valid,test}.tokens), unpacked once per session."""
+    return unpack_wikitext2(tmp_path_factory.mktemp("corpora"))
 
 
 def tiny_lms(results: Path) -> Path:
@@ -36,8 +54,7 @@ def tiny_lms(results: Path) -> Path:
 
     model = results / "hf" / TINY_HF
     if not (model / "config.json").exists():
-        data = yaml.safe_load((PROJECT_ROOT / "configs" / "tiny.yaml").read_text())["data"]["dir"]
-        make_tiny_hf(model, PROJECT_ROOT / data / "wiki.train.tokens", "gpt2")
+        make_tiny_hf(model, unpack_wikitext2(results / "corpora") / "wiki.train.tokens", "gpt2")
     overlay = results / "lms.yaml"
     overlay.write_text(yaml.safe_dump({"lms": {"base": {"source": "train"},
                                                TINY_HF: {"source": "hf", "path": str(model)}}}))
@@ -45,12 +62,12 @@ def tiny_lms(results: Path) -> Path:
 
 
 def headingless_data(results: Path) -> Path:
-    """A config overlay whose data are the tiny config's WikiText-2 files without their heading lines (' = Title = ',
+    """A config overlay whose data are the shipped WikiText-2 files without their heading lines (' = Title = ',
     ' = = Section = = '), as a corpus without WikiText markup looks: the tiny DAG runs on it with no 'stats'
     setting, so its documents come from 'stats.documents: auto'. Returns the overlay's path."""
     import re
 
-    src = PROJECT_ROOT / yaml.safe_load((PROJECT_ROOT / "configs" / "tiny.yaml").read_text())["data"]["dir"]
+    src = unpack_wikitext2(results / "corpora")
     dst = results / "data-headingless"
     dst.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):
@@ -59,7 +76,7 @@ def headingless_data(results: Path) -> Path:
         if not (dst / f"wiki.{split}.tokens").exists() or (dst / f"wiki.{split}.tokens").read_text() != text:
             (dst / f"wiki.{split}.tokens").write_text(text, encoding="utf-8")
     overlay = results / "data.yaml"
-    overlay.write_text(yaml.safe_dump({"data": {"dir": str(dst)}}))
+    overlay.write_text(yaml.safe_dump({"data": {"dir": str(dst), "archive": None, "sha256": None}}))
     return overlay
 
 

@@ -363,3 +363,57 @@ def test_main_tables_target_leaves_out_the_extras(tmp_path):
     assert any("findings" in line for line in main) and any("parametric" in line for line in main)
     assert not [line for line in main if any(e in line for e in extra)]
     assert all(any(e in line for line in everything) for e in extra) and len(everything) > len(main)
+
+
+def test_shipped_corpus_is_read_from_its_archive_and_checked(tmp_path):
+    """configs/tiny.yaml reads WikiText-2 from the archive shipped in corpora/ (no folder outside the repository):
+    the prepared splits are its slices, the whole splits match data.sha256, and the word counts are WikiText's."""
+    from knnlm.data import prepare_splits
+
+    cfg = load_config(PROJECT_ROOT / "configs" / "tiny.yaml")
+    cfg["data"]["archive"] = str(PROJECT_ROOT / cfg["data"]["archive"])
+    check_data(cfg)
+    out = {s: tmp_path / f"{s}.tokens" for s in ("train", "valid", "test")}
+    stats = prepare_splits(cfg, out, tmp_path / "wordcounts.json")
+    assert {s: v["lines"] for s, v in stats.items()} == {"train": 400, "valid": 60, "test": 60}
+    assert out["valid"].read_text(encoding="utf-8").splitlines()[1] == " = Homarus gammarus = "
+    cfg["data"]["max_lines"] = None
+    full = prepare_splits(cfg, out, tmp_path / "wordcounts.json")
+    assert full["valid"]["words"] == 217646 and full["test"]["lines"] == 4358  # corpora/README.md
+
+
+@pytest.mark.parametrize("fmt", ["tar.gz", "zip"])
+def test_archive_members_by_name_and_sha256(tmp_path, fmt):
+    """data.archive: splits are found by file name in any folder of a .tar.gz or .zip; a split that differs from
+    data.sha256, a missing member, a missing archive or both dir and archive fail naming the config key."""
+    import hashlib
+    import shutil
+
+    from knnlm.data import prepare_splits
+
+    src = Path(base_cfg(tmp_path)["data"]["dir"])
+    archive = Path(shutil.make_archive(str(tmp_path / "corpus"), "gztar" if fmt == "tar.gz" else "zip", tmp_path, "data"))
+    good = hashlib.sha256((src / "wiki.valid.tokens").read_bytes()).hexdigest()
+    cfg = validate_config({"name": "t", "data": {"archive": str(archive), "sha256": {"wiki.valid.tokens": good}}})
+    check_data(cfg)
+    out = {s: tmp_path / "out" / f"{s}.tokens" for s in ("train", "valid", "test")}
+    stats = prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
+    assert out["valid"].read_bytes() == (src / "wiki.valid.tokens").read_bytes() and stats["valid"]["words"] == 8
+    assert stats["valid"]["source"].endswith("wiki.valid.tokens") and str(archive) in stats["valid"]["source"]
+    cfg["data"]["sha256"] = {"wiki.test.tokens": "0" * 64}
+    with pytest.raises(ConfigError, match=r"'data\.sha256\.wiki\.test\.tokens': expected 0{64}"):
+        prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
+    cfg["data"]["sha256"], cfg["data"]["files"] = None, {"test": "ptb.test.txt"}
+    with pytest.raises(ConfigError, match=r"'data\.archive'.*no (member|file) named 'ptb\.test\.txt'"):
+        prepare_splits(cfg, out, tmp_path / "out" / "wordcounts.json")
+    with pytest.raises(ConfigError, match=r"'data\.archive'.*does not exist"):
+        check_data(validate_config({"name": "t", "data": {"archive": str(tmp_path / "none.tar.xz")}}))
+    with pytest.raises(ConfigError, match=r"exactly one of 'data\.dir'.*'data\.archive'"):
+        check_data(validate_config({"name": "t", "data": {"archive": str(archive), "dir": str(src)}}))
+
+
+def test_nothing_reads_outside_the_repository():
+    """The shipped configs, tests and README commands need no folder beside the clone (the corpus is in corpora/)."""
+    files = [*(PROJECT_ROOT / "configs").glob("*.yaml"), *(PROJECT_ROOT / "tests").glob("*.py"), PROJECT_ROOT / "README.md"]
+    offenders = [str(p.relative_to(PROJECT_ROOT)) for p in files if "../shared" in p.read_text() and p.name != Path(__file__).name]
+    assert not offenders

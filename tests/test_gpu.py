@@ -45,13 +45,12 @@ def test_faiss_gpu_ivfpq_agrees_with_cpu(tmp_path):
 
 
 @cuda
-def test_hf_dump_on_cuda_equals_cpu(tmp_path):
-    from pathlib import Path
+def test_hf_dump_on_cuda_equals_cpu(tmp_path, wikitext2_dir):
 
     from hf_tiny import make_tiny_hf
     from knnlm import hf
 
-    train = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.train.tokens"
+    train = wikitext2_dir / "wiki.train.tokens"
     d = make_tiny_hf(tmp_path / "m", train, "gpt2")
     model, tok = hf.load_hf(str(d))  # on CUDA (load_hf moves it there when present)
     ids = hf.tokenize_split(tok, train)["ids"][:500]

@@ -1,7 +1,5 @@
 """Hugging Face base LMs (issue 12; knnlm.hf): keys equal the hooked modules of an ordinary forward, log-probs the
 model's own token losses, words add up to the WikiText count, windows match fairseq-eval-lm's semantics."""
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -10,7 +8,6 @@ from hf_tiny import make_tiny_hf
 from knnlm import hf
 from knnlm.data import count_words
 
-TRAIN = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2" / "wiki.train.tokens"
 # the modules whose outputs are att (the last block's pre-MLP norm) and ffn (the final norm), named per class
 NAMED = {"gpt2": ("transformer.h.1.ln_2", "transformer.ln_f"),
          "llama": ("model.layers.1.post_attention_layernorm", "model.norm"),
@@ -18,23 +15,31 @@ NAMED = {"gpt2": ("transformer.h.1.ln_2", "transformer.ln_f"),
 
 
 @pytest.fixture(scope="module", params=sorted(NAMED))
-def tiny_hf(request, tmp_path_factory):
-    d = make_tiny_hf(tmp_path_factory.mktemp(request.param), TRAIN, request.param)
+def tiny_hf(request, tmp_path_factory, wikitext2_dir):
+    d = make_tiny_hf(tmp_path_factory.mktemp(request.param), wikitext2_dir / "wiki.train.tokens", request.param)
     model, tok = hf.load_hf(str(d))
     return request.param, model, tok
 
 
-def _split(tmp_path, n_lines=40, skip=100):
-    with open(TRAIN, encoding="utf-8") as f:
+@pytest.fixture
+def train_lines(wikitext2_dir):
+    """A function writing `n_lines` lines of the shipped WikiText-2 train split, after its first `skip`, to a file."""
+    def write(tmp_path, n_lines=40, skip=100):
+        return _lines(wikitext2_dir / "wiki.train.tokens", tmp_path, n_lines, skip)
+    return write
+
+
+def _lines(train, tmp_path, n_lines, skip):
+    with open(train, encoding="utf-8") as f:
         lines = [line for i, line in zip(range(skip + n_lines), f) if i >= skip]
     p = tmp_path / "split.tokens"
     p.write_text("".join(lines), encoding="utf-8")
     return p
 
 
-def test_tokenize_split_words_add_up(tiny_hf, tmp_path):
+def test_tokenize_split_words_add_up(tiny_hf, tmp_path, train_lines):
     _, _, tok = tiny_hf
-    p = _split(tmp_path)
+    p = train_lines(tmp_path)
     for chunk in (7, 1000):  # chunking between lines changes nothing about the words
         t = hf.tokenize_split(tok, p, chunk_lines=chunk)
         assert int(t["words"].sum()) == count_words(p)["words"]
@@ -56,9 +61,9 @@ def test_windows_cover_each_target_once_with_context(n, L, C):
         hf.windows(n, 4, 4)
 
 
-def test_keys_and_log_probs_equal_an_ordinary_forward(tiny_hf, tmp_path):
+def test_keys_and_log_probs_equal_an_ordinary_forward(tiny_hf, tmp_path, train_lines):
     arch, model, tok = tiny_hf
-    ids = hf.tokenize_split(tok, _split(tmp_path, n_lines=3))["ids"][:50]
+    ids = hf.tokenize_split(tok, train_lines(tmp_path, n_lines=3))["ids"][:50]
     stream = np.concatenate([[hf.start_token(tok)], ids])
     got = list(hf.iter_states(model, stream, tokens_per_sample=64, context=8, max_tokens=4096, with_log_probs=True))
     assert len(got) == 1  # one window holds it all: the dump is one ordinary forward
@@ -76,10 +81,10 @@ def test_keys_and_log_probs_equal_an_ordinary_forward(tiny_hf, tmp_path):
     assert -got[0]["lp"].mean().item() == pytest.approx(loss.item(), rel=1e-5)
 
 
-def test_sliding_windows_score_with_their_context(tiny_hf, tmp_path):
+def test_sliding_windows_score_with_their_context(tiny_hf, tmp_path, train_lines):
     """Every target of a sliding-window pass gets the log-prob of a forward over its own window."""
     _, model, tok = tiny_hf
-    ids = hf.tokenize_split(tok, _split(tmp_path, n_lines=5))["ids"][:90]
+    ids = hf.tokenize_split(tok, train_lines(tmp_path, n_lines=5))["ids"][:90]
     stream = np.concatenate([[hf.start_token(tok)], ids])
     L, C = 32, 12
     got = torch.cat([b["lp"] for b in hf.iter_states(model, stream, L, C, max_tokens=64, with_log_probs=True)]).numpy()

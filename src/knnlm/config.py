@@ -244,19 +244,41 @@ def deep_merge(base: dict, extra: dict) -> dict:
 
 
 def split_files(cfg: dict) -> dict[str, Path]:
-    """Paths of the raw split files: config key 'data.dir' / 'data.files.<split>' (default: the WikiText names)."""
-    d, files = Path(cfg["data"]["dir"]), cfg["data"].get("files") or {}
+    """Names of the raw split files: config key 'data.dir' / 'data.files.<split>' (default: the WikiText names).
+
+    With config key 'data.archive' these are the archive members' file names (no folder: a member matches by name).
+    """
+    d, files = Path(cfg["data"].get("dir") or ""), cfg["data"].get("files") or {}
     return {s: d / files.get(s, RAW_SPLIT_NAME.format(split=s)) for s in SPLITS}
 
 
-def check_data(cfg: dict) -> None:
-    """Raise ConfigError if config key 'data.dir' or one of its split files is missing.
+def data_inputs(cfg: dict) -> list[Path]:
+    """The files the `prepare_data` job reads: the archive of config key 'data.archive', else the split files."""
+    archive = cfg["data"].get("archive")
+    return [Path(archive)] if archive else list(split_files(cfg).values())
 
-    Skipped when 'data.download' is true (the download rule creates the files).
+
+def check_data(cfg: dict) -> None:
+    """Raise ConfigError if config key 'data.archive', 'data.dir' or one of the split files is missing.
+
+    Skipped when 'data.download' is true (the download rule creates the files). Members of an archive are
+    checked when the `prepare_data` job reads them (knnlm.data.prepare_splits).
     """
-    if cfg["data"].get("download"):
+    data = cfg["data"]
+    if bool(data.get("archive")) == bool(data.get("dir")):
+        raise ConfigError("config key 'data': expected exactly one of 'data.dir' (a folder with the split files) or "
+                          f"'data.archive' (a .tar.xz/.tar.gz/.zip holding them), found dir={data.get('dir')!r}, "
+                          f"archive={data.get('archive')!r}")
+    if data.get("download"):
         return
-    d = Path(cfg["data"]["dir"])
+    if data.get("archive"):
+        a = Path(data["archive"])
+        if not a.is_file():
+            raise ConfigError(f"config key 'data.archive': archive {str(a)!r} does not exist (resolved: {a.resolve()}); "
+                              "expected a .tar.xz/.tar.gz/.tar/.zip holding wiki.{train,valid,test}.tokens or the "
+                              "names given in 'data.files'")
+        return
+    d = Path(data["dir"])
     if not d.is_dir():
         raise ConfigError(
             f"config key 'data.dir': data directory {str(d)!r} does not exist (resolved: {d.resolve()}); "

@@ -7,15 +7,19 @@ number of BPE tokens plus one <eos> per line, which is exactly the number of tar
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import shutil
+import tarfile
 import urllib.request
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import IO, Iterator
 
 from tqdm import tqdm
 
-from .config import ConfigError, split_files
+from .config import SPLITS, ConfigError, split_files
 from .io import atomic_path, sha256_file, write_json
 
 log = logging.getLogger(__name__)
@@ -31,48 +35,97 @@ def count_words(path: str | Path) -> dict[str, int]:
     return {"lines": lines, "words": words + lines}
 
 
-def _checked_counts(path: Path, src: Path, split: str, max_lines: int | None) -> dict[str, int]:
-    """count_words of a prepared split; ConfigError naming the source file if it is not UTF-8 or has no words."""
+def _checked_counts(path: Path, src: str, split: str, max_lines: int | None, key: str = "data.dir") -> dict[str, int]:
+    """count_words of a prepared split; ConfigError naming config key `key` and the source if it is not UTF-8 or
+    has no words."""
     try:
         counts = count_words(path)
     except UnicodeDecodeError as e:
         with open(path, "rb") as f:
             line = f.read(e.start).count(b"\n") + 1 if e.start < 10**8 else "?"
-        raise ConfigError(f"config key 'data.dir': split file {src} is not valid UTF-8 (line {line}, byte "
+        raise ConfigError(f"config key '{key}': split file {src} is not valid UTF-8 (line {line}, byte "
                           f"{e.object[e.start:e.start + 4]!r}: {e.reason}); expected UTF-8 text") from None
     if counts["words"] == counts["lines"]:  # every line blank (or none at all)
         scope = f" in its first {max_lines} lines (data.max_lines.{split})" if max_lines else ""
-        raise ConfigError(f"config key 'data.dir': split file {src} ({split}) has no words{scope}; expected text, "
+        raise ConfigError(f"config key '{key}': split file {src} ({split}) has no words{scope}; expected text, "
                           f"found {counts['lines']} blank line(s)")
     return counts
+
+
+@contextlib.contextmanager
+def open_split(cfg: dict, split: str) -> Iterator[tuple[IO[bytes], str]]:
+    """The raw split `split` (train/valid/test) as a binary stream, and a label naming its source for errors.
+
+    From the file of config key 'data.dir', or from the member of config key 'data.archive' (.tar.xz, .tar.gz,
+    .tar or .zip) whose file name is the split's (split_files; any folder inside the archive). Raises ConfigError
+    naming the key if the file or member is missing, or the archive is of another format.
+    """
+    name = split_files(cfg)[split].name
+    archive = cfg["data"].get("archive")
+    if not archive:
+        src = split_files(cfg)[split]
+        if not src.is_file():
+            raise ConfigError(f"config key 'data.dir': split file {src} does not exist")
+        with open(src, "rb") as f:
+            yield f, str(src)
+        return
+    archive = Path(archive)
+    if not archive.is_file():
+        raise ConfigError(f"config key 'data.archive': archive {archive} does not exist")
+    label = f"{archive}:{name}"
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as z:
+            members = [m for m in z.namelist() if PurePosixPath(m).name == name]
+            if not members:
+                raise ConfigError(f"config key 'data.archive': {archive} has no member named {name!r} (split {split})")
+            with z.open(members[0]) as f:
+                yield f, label
+        return
+    try:
+        t = tarfile.open(archive, "r:*")
+    except tarfile.TarError as e:
+        raise ConfigError(f"config key 'data.archive': {archive} is not a tar (.tar.xz, .tar.gz, .tar) or zip "
+                          f"archive ({e})") from None
+    with t:
+        member = next((m for m in t if m.isfile() and PurePosixPath(m.name).name == name), None)
+        if member is None:
+            raise ConfigError(f"config key 'data.archive': {archive} has no file named {name!r} (split {split})")
+        with t.extractfile(member) as f:
+            yield f, label
 
 
 def prepare_splits(cfg: dict, out: dict[str, str | Path], wordcounts: str | Path) -> dict:
     """Copy (or slice, per config key 'data.max_lines') the raw splits to out[split] (WikiText layout).
 
-    Returns {split: {'lines', 'words', 'sha256'}} and writes it to `wordcounts`.
-    Raises ConfigError naming 'data.dir' and the file if a split is missing, not UTF-8, or has no words.
+    The raw splits come from 'data.dir' or 'data.archive' (open_split); each whole split is checked against
+    'data.sha256.<file name>' when given, before anything is written under its final name.
+    Returns {split: {'lines', 'words', 'sha256', 'source'}} and writes it to `wordcounts`.
+    Raises ConfigError naming the config key and the file if a split is missing, differs from its sha256, is not
+    UTF-8, or has no words.
     """
     max_lines = cfg["data"].get("max_lines") or {}
+    want = cfg["data"].get("sha256") or {}
     stats = {}
-    for split, src in split_files(cfg).items():
-        if not src.is_file():
-            raise ConfigError(f"config key 'data.dir': split file {src} does not exist")
+    for split in SPLITS:
+        name = split_files(cfg)[split].name
         dst = Path(out[split])
-        with atomic_path(dst) as tmp:
-            n = max_lines.get(split)
-            if n is None:
-                shutil.copyfile(src, tmp)
-            else:
-                with open(src, encoding="utf-8", errors="surrogateescape") as fi, \
-                        open(tmp, "w", encoding="utf-8", errors="surrogateescape") as fo:
-                    for i, line in enumerate(fi):
-                        if i >= n:
-                            break
+        n = max_lines.get(split)
+        with open_split(cfg, split) as (fi, src), atomic_path(dst) as tmp:
+            digest = hashlib.sha256()
+            with open(tmp, "wb") as fo:
+                lines = 0
+                for line in fi:  # binary lines: a bad byte is reported by _checked_counts with its line
+                    digest.update(line)
+                    if n is None or lines < n:
                         fo.write(line)
-            counts = _checked_counts(tmp, src, split, n)  # before the rename: a bad split is never an artifact
-        stats[split] = {**counts, "sha256": sha256_file(dst), "source": str(src)}
-        log.info("%s: %d lines, %d words (incl. <eos>)", split, stats[split]["lines"], stats[split]["words"])
+                    lines += 1
+            if name in want and digest.hexdigest() != want[name]:
+                raise ConfigError(f"config key 'data.sha256.{name}': expected {want[name]}, {src} has "
+                                  f"{digest.hexdigest()}")
+            key = "data.archive" if cfg["data"].get("archive") else "data.dir"
+            counts = _checked_counts(tmp, src, split, n, key)  # before the rename: a bad split is never an artifact
+        stats[split] = {**counts, "sha256": sha256_file(dst), "source": src}
+        log.info("%s: %d lines, %d words (incl. <eos>) from %s", split, stats[split]["lines"], stats[split]["words"], src)
     write_json(wordcounts, stats)
     return stats
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
-from knnlm.config import (ConfigError, check_data, lm_section, lm_tokens_per_sample, parametric_tables,
+from knnlm.config import (ConfigError, check_data, data_inputs, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
 from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard

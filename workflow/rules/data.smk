@@ -18,11 +18,12 @@ if CFG["data"]["download"]:
             knnlm("spine.download")
 
 
-# ancient(): the raw corpus is external (often a shared, re-mounted directory whose mtimes change); its
-# content is pinned by data.sha256 where given, so a newer mtime alone does not rerun the whole DAG.
+# ancient(): the raw corpus (a folder or one archive) is often a shared, re-mounted directory or a fresh clone whose
+# mtimes change; its content is pinned by data.sha256 (checked by this job), so a newer mtime alone does not rerun
+# the whole DAG.
 rule prepare_data:
     input:
-        raw=[ancient(str(p)) for p in split_files(CFG).values()],
+        raw=[ancient(str(p)) for p in data_inputs(CFG)],
     output:
         splits=[P("split_tokens", split=s) for s in SPLITS],
         wordcounts=P("wordcounts"),
