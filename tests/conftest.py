@@ -98,3 +98,18 @@ def tiny_run(tmp_path_factory):
             os.environ["MLFLOW_TRACKING_URI"] = env_uri
     return {"results_dir": results, "root": results / "tiny", "log": r.stdout, "reused": reused,
             "configfiles": ["configs/tiny.yaml", str(data), str(overlay)], "data_overlay": str(data)}
+
+
+# The lanes (markers declared in pyproject.toml): every test is exactly one of unit, dag, slurm, gpu.
+_MODULE_LANE = {"test_slurm": "slurm", "test_gpu": "gpu", "test_resume": "dag"}
+_LANES = ("unit", "dag", "slurm", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(m) for m in _LANES):
+            continue
+        lane = _MODULE_LANE.get(item.module.__name__.rpartition(".")[2])
+        if lane is None:
+            lane = "dag" if "tiny_run" in getattr(item, "fixturenames", ()) else "unit"
+        item.add_marker(getattr(pytest.mark, lane))

@@ -59,7 +59,7 @@ def test_defaults_filled(tmp_path):
     ({"temperature": {"ratios": [0.3]}}, "temperature.ratios", "datastore_size.ratios"),
     ({"datastore_size": {"ratios": [0]}}, "datastore_size.ratios.0", "0"),
     ({"parametric": {"mos": {"mixtures": [1]}}}, "parametric.mos.mixtures.0", "2"),
-    # a key type or metric the artifacts do not have (issue 13): named before any job runs
+    # a key type or metric the artifacts do not have: named before any job runs
     ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["att"]}}, "retrieval.key_types", "dumps ['ffn']"),
     ({"index": {"metrics": ["l2"]}, "retrieval": {"metrics": ["ip"]}}, "retrieval.metrics", "builds ['l2']"),
     ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["ffn"]}, "datastore_size": {"key_types": ["ffn"]},
@@ -101,6 +101,7 @@ def test_all_shipped_configs_validate():
         assert cfg["name"] == p.stem
 
 
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
 def test_snakemake_reports_bad_config(tmp_path):
     cfg = base_cfg(tmp_path)
     cfg["knn"] = {"k": -3}
@@ -112,6 +113,7 @@ def test_snakemake_reports_bad_config(tmp_path):
     assert "'knn.k'" in r.stdout + r.stderr
 
 
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
 def test_snakemake_reports_missing_data(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({"name": "t", "data": {"dir": str(tmp_path / "absent")}}))
@@ -167,7 +169,7 @@ def test_manifest_mismatch(tmp_path):
 @pytest.mark.parametrize("writer", ["save_npy", "create_npy", "write_json"])
 def test_a_full_disk_leaves_no_artifact(tmp_path, writer):
     """A job that hits the file-size limit (EFBIG; a full disk gives ENOSPC the same way) fails, and nothing is
-    left under the artifact's final name or its temporary name (ulimit -f in a child shell; issue 13)."""
+    left under the artifact's final name or its temporary name (ulimit -f in a child shell)."""
     out = tmp_path / ("a.json" if writer == "write_json" else "a.npy")
     body = {"save_npy": f"save_npy({str(out)!r}, np.ones((512, 512)))",
             "create_npy": f"with create_npy({str(out)!r}, (512, 512), np.float64) as a:\n    a[:] = 1",
@@ -187,7 +189,7 @@ def test_a_full_disk_leaves_no_artifact(tmp_path, writer):
 ])
 def test_bad_corpus_is_named_before_it_becomes_an_artifact(tmp_path, content, max_lines, expected):
     """A split that is not UTF-8, or has no words, fails prepare_data with the file, line and what was found, and
-    leaves no prepared split behind (issue 13)."""
+    leaves no prepared split behind."""
     from knnlm.data import prepare_splits
 
     cfg = validate_config(base_cfg(tmp_path))
@@ -211,7 +213,7 @@ def test_atomic_path_removes_what_a_killed_writer_left(tmp_path):
 
 
 def test_any_corpus_by_file_names(tmp_path):
-    """A corpus in another layout (Penn Treebank's ptb.<split>.txt) is named per split in 'data.files' (issue 12);
+    """A corpus in another layout (Penn Treebank's ptb.<split>.txt) is named per split in 'data.files';
     a wrong name fails before any job, naming the file and the key."""
     from knnlm.config import split_files
     from knnlm.data import prepare_splits
@@ -348,6 +350,7 @@ def test_iter_chunks_releases_the_rows_it_went_over(tmp_path):
     assert grown[False] > 48 and grown[True] < 16, grown
 
 
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
 def test_main_tables_target_leaves_out_the_extras(tmp_path):
     """`snakemake main_tables` plans the paper's main tables (findings included) and none of the extras that `all`
     adds (PCA stores, IVFPQ seeds and subset draws, Table 4): the part of the run the run-time target is about."""

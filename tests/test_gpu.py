@@ -1,4 +1,4 @@
-"""GPU code paths (issue 11), run where CUDA is present and skipped elsewhere: exact search on CUDA equals the CPU
+"""GPU code paths, run where CUDA is present and skipped elsewhere: exact search on CUDA equals the CPU
 kernel, faiss-gpu IVFPQ training/search agree with the CPU index, and a Hugging Face dump on CUDA equals the CPU one."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Hugging Face base LMs (issue 12; knnlm.hf): keys equal the hooked modules of an ordinary forward, log-probs the
+"""Hugging Face base LMs (knnlm.hf): keys equal the hooked modules of an ordinary forward, log-probs the
 model's own token losses, words add up to the WikiText count, windows match fairseq-eval-lm's semantics."""
 import numpy as np
 import pytest

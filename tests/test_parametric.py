@@ -223,7 +223,7 @@ class _DyingBatches(KeyBatches):
 
 def test_training_evaluates_within_epochs_stops_early_and_resumes_mid_epoch(tmp_path):
     """evals_per_epoch > 1: valid NLL at fractions of an epoch, resumable between them with the same result; early
-    stopping counts evaluations and says whether training converged (issue 9: W_ds trained until valid stops
+    stopping counts evaluations and says whether training converged (W_ds trained until valid stops
     improving, with its curve)."""
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(V, D)) * 3
@@ -254,7 +254,7 @@ def test_reduced_precision_paths_against_fp32():
     """bf16 autocast (config parametric.bf16) vs fp32 on LayerNorm-scale keys (D = 256): the clustered datastore's
     L2 logits (2 h·c − |c|², of the order of D) are computed in fp32 whatever the autocast, so they agree to 1e-4;
     the IP (W_ds, nV) and MoS paths stay within 0.01 nats/token on average (perplexity within 1 %) and 0.5 nats
-    per token. Before the fp32 fix the L2 path was off by nats (issue 10)."""
+    per token. Before the fp32 fix the L2 path was off by nats."""
     from knnlm.parametric import Aggregation, AggregatedSoftmax, MixtureOfSoftmaxes
 
     torch.manual_seed(0)

@@ -104,6 +104,10 @@ def test_every_job_logged_to_mlflow(tiny_run):
         parent = [r for r in runs if r.data.tags.get("rule") == "snakemake"]
         assert len(parent) == 1 and parent[0].info.status == "FINISHED"
         assert all(r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id for r in runs if r not in parent)
+        unfinished = [(r.data.tags.get("rule"), r.info.status) for r in runs if r.info.status != "FINISHED"]
+        assert not unfinished  # every job's run ended FINISHED (a job that raised would leave FAILED)
+    pending = tiny_run["results_dir"] / "mlflow_pending"
+    assert not (pending.exists() and any(pending.iterdir()))  # no run had to be saved for a later replay
 
 
 def test_scores_consistent_with_base(tiny_run):
@@ -208,12 +212,14 @@ def test_rerun_is_noop(tiny_run):
     assert "Nothing to be done" in r.stdout
 
 
-@pytest.mark.parametrize("cfg", ["wikitext2", "wikitext103", "wikitext103_gpt2"])
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
+@pytest.mark.parametrize("cfg", ["quick", "wikitext2", "wikitext103", "wikitext103_gpt2"])
 def test_dry_run_of_real_configs(cfg, tmp_path):
     r = run_snakemake("-n", "--configfile", f"configs/{cfg}.yaml", "--config", f"results_dir={tmp_path}")
     assert "table1" in r.stdout and "build_index" in r.stdout
 
 
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
 def test_slurm_profile_dry_run(tmp_path):
     from conftest import SNAKEMAKE
     r = subprocess.run(SNAKEMAKE + ["--profile", "profiles/slurm", "-n", "--configfile", "configs/wikitext103.yaml",
@@ -512,22 +518,21 @@ def test_findings_report(tiny_run):
     assert sum("| reported " in r for r in rows) == 2  # τ = 1 near-optimal (full and 20 % store): numbers only
 
 
-def test_report_stage_shares_and_readme_block(tiny_run, tmp_path):
-    """`python -m knnlm.report <run> --readme` quotes the findings report and the stage shares into the README's
-    results block (no hand-typed numbers), and leaves the rest of the file alone."""
-    from knnlm.report import BEGIN, END, MAIN_BUDGET, stage_shares, stage_table, update_readme
+def test_report_stage_shares_and_results_page(tiny_run, tmp_path):
+    """`python -m knnlm.report <run> --results <page>` writes the results page from the findings report and the
+    stage shares (no hand-typed numbers)."""
+    from knnlm.report import MAIN_BUDGET, main, stage_shares, stage_table
 
     root = Path(tiny_run["results_dir"]) / "tiny"
     shares = stage_shares(stage_table(root))
     assert shares["stage"].iloc[-1] == "total" and "other" not in set(shares["stage"])
     assert shares["wall (min)"].iloc[:-1].sum() == pytest.approx(shares["wall (min)"].iloc[-1])
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\nbefore\n{BEGIN}\nold numbers\n{END}\nafter\n")
-    update_readme(readme, root)
-    text = readme.read_text()
-    assert "old numbers" not in text and text.startswith("# title\n\nbefore\n") and text.endswith("\nafter\n")
+    page = tmp_path / "results.md"
+    main([str(root), "--results", str(page)])
+    text = page.read_text()
     findings = art(tiny_run, "findings").read_text()
     rows = [line for line in findings.splitlines() if line.startswith("| Sec.")]
+    assert text.startswith("# Results of the `tiny` run")
     assert rows and all(r in text for r in rows) and "LM training" in text and MAIN_BUDGET in text
 
 

@@ -1,4 +1,4 @@
-"""knnlm.report's budgets (issue 10 §4): which jobs count against the main tables' run-time target."""
+"""knnlm.report's budgets: which jobs count against the main tables' run-time target."""
 import pandas as pd
 import pytest
 
@@ -27,8 +27,8 @@ def _fairseq_lines(records):
     """fairseq --log-format json lines: one record per (num_updates, wall), with fairseq's prefix."""
     import json
 
-    return ["2026-11-23 | INFO | train_inner | " + json.dumps({"epoch": 1, "num_updates": str(u), "wall": str(w)}) + "\n"
-            for u, w in records] + ["2026-11-23 | INFO | not a record {oops\n"]
+    return ["2020-01-01 | INFO | train_inner | " + json.dumps({"epoch": 1, "num_updates": str(u), "wall": str(w)}) + "\n"
+            for u, w in records] + ["2020-01-01 | INFO | not a record {oops\n"]
 
 
 def test_fairseq_log_seconds_counts_each_update_once_across_resumes():

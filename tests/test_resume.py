@@ -1,4 +1,4 @@
-"""Crash and resume, and determinism (issue 13): a fresh tiny DAG (LM training included) killed with SIGKILL at
+"""Crash and resume, and determinism: a fresh tiny DAG (LM training included) killed with SIGKILL at
 several points, rerun with the same command each time, ends with the same LM weights (bit for bit) and the same
 numbers (to 1e-6) as the independent uninterrupted run of the test session, and MLflow holds exactly one FINISHED
 run per job.
@@ -88,7 +88,7 @@ def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
     print("\n".join(report))
     assert sum("killed;" in r for r in report) >= 3, report
     assert sum("train_lm" in r for r in report) == 1, report  # trained once, in the first attempt, then kept
-    # determinism: the same config and seed train the same LM, bit for bit, as the session's independent run
+    # determinism: the same config and seed train the same LM, bit for bit, as the uninterrupted tiny_run
     import torch
 
     ours_lm, ref_lm = (torch.load(root / "lms" / "base" / "checkpoint.pt", map_location="cpu", weights_only=False)["model"]

@@ -1,4 +1,4 @@
-"""profiles/slurm against a real SLURM (issue 11): a single-node slurmctld + slurmd on localhost with a fake GPU
+"""profiles/slurm against a real SLURM: a single-node slurmctld + slurmd on localhost with a fake GPU
 (scripts/local_slurm.sh), the tiny config submitted through the pinned snakemake-executor-plugin-slurm. Every job
 is a SLURM job; GPU rules ask for a GPU in partition gpu and CPU rules do not; each job asks for the CPUs it uses;
 the tables equal the local run's; MLflow holds one run per job. The run is the slice of the DAG that holds every

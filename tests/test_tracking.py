@@ -32,6 +32,10 @@ def test_a_failed_job_leaves_a_failed_run_under_its_parent(tmp_path, monkeypatch
     assert runs["m.fine"].info.status == "FINISHED" and runs["m.fine"].data.metrics == {"a": 1.0}
     assert {runs[n].data.tags["mlflow.parentRunId"] for n in ("m.broken", "m.fine")} == {parent}
     assert [r.info.status for r in runs.values() if r.info.run_id == parent] == ["FAILED"]
+    from mlflow.tracking import MlflowClient  # the UI opens the experiment on its runs (model training)
+
+    tags = MlflowClient(tracking.tracking_uri(tmp_path)).get_experiment_by_name("t").tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_live_curves_survive_a_kill_in_one_run(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs as base LMs (issue 12; Xu et al. 2023, App. A / Table 4 uses the GPT-2 family).
+"""Hugging Face causal LMs as base LMs (Xu et al. 2023, App. A / Table 4 uses the GPT-2 family).
 
 Keys are captured by forward hooks, found by the model's structure rather than a list of known classes:
   att -- the input of the last decoder block's MLP, i.e. after its pre-MLP norm (GPT-2 `ln_2`, Llama

@@ -149,7 +149,7 @@ def release_rows(arr: np.ndarray, start: int, stop: int) -> None:
     """Write rows start..stop of a memmap (from create_npy or open_npy, or a row slice of one) to its file (when
     writable) and drop their pages from this process (msync + madvise MADV_DONTNEED on the whole pages inside those
     rows): a job that writes or reads a [T, ...] array in row chunks then holds one chunk, not the whole array, in
-    its RSS (issue 10: no job over 4 GB; Snakemake's benchmark counts mapped file pages). The data stays in the file
+    its RSS (no job over 4 GB; Snakemake's benchmark counts mapped file pages). The data stays in the file
     and the page cache; a later access to those rows faults them back in. No-op for an array that is not a memmap
     or a range of no whole page."""
     import mmap

@@ -153,7 +153,7 @@ class AggregatedSoftmax(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[B, R] float32 row scores. The L2 scores (2 h·W_r − |W_r|²) / τ are of the order of |h| |W_r| (hundreds for
         unnormalised keys) and only their differences matter, so they are always computed in fp32: under bf16
-        autocast their rounding moved logits by nats (issue 10). IP scores follow autocast (tested to 0.05 nats)."""
+        autocast their rounding moved logits by nats. IP scores follow autocast (tested to 0.05 nats)."""
         if self.metric == "l2":
             return self.l2_scores(h) * torch.exp(-self.log_temperature)
         return (h @ self.weight.to(h.dtype).T).float()

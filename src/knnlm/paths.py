@@ -1,4 +1,4 @@
-"""The artifact layout of a run: every file the pipeline writes, named in this one place (issue 8).
+"""The artifact layout of a run: every file the pipeline writes, named in this one place.
 
 Both sides use it: the Snakefile's helpers (workflow/rules/common.smk) turn the patterns into rule inputs
 and outputs with Snakemake wildcards left in (`Layout.pattern`), and Python code and tests resolve them

@@ -1,9 +1,10 @@
 """Summarise a finished run: per-job and per-stage wall time, each stage's share, peak memory (Snakemake
 benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
-[--readme README.md] (then: rewrite the README's results block from the run's findings report and stages)
+[--results docs/results.md] (then: write that page from the run's findings report, tables and stages)
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def resumed_seconds(layout: Layout, job: str) -> float | None:
     return None
 
 
-# Stages of a run (issue 10: "each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
+# Stages of a run ("each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
 STAGES = {
     "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "token_lines",
                                                        "documents", "scope"],
@@ -90,7 +91,7 @@ def stage_shares(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-# Budgets (issue 10 §4): the paper's main tables on the primary LM (Tables 1-3, Figures 2-5, the parametric tables,
+# Budgets: the paper's main tables on the primary LM (Tables 1-3, Figures 2-5, the parametric tables,
 # the findings) are timed against the run-time target; what goes beyond them is budgeted separately.
 MAIN_BUDGET = "main tables (primary LM)"
 EXTRA_BUDGETS = {"lm": "extra LMs (Table 4, App. A)", "pca": "PCA-reduced stores (He et al. 2021)",
@@ -136,12 +137,13 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-BEGIN, END = "<!-- results:begin (python -m knnlm.report <run> --readme README.md) -->", "<!-- results:end -->"
+def results_page(root: Path, lm: str = "base") -> str:
+    """The results page of run `root` (docs/results.md for the wikitext2 run): its findings report (headings
+    demoted), the PCA and Table 4 tables, and the wall time per stage and per budget, quoted from the files the
+    run wrote, so that no number in it is typed by hand. Raises FileNotFoundError when the run has neither a
+    findings report nor Table 1."""
+    import platform
 
-
-def readme_block(root: Path, lm: str = "base") -> str:
-    """The README's results block of run `root`: its findings report (headings demoted) and the stage shares, quoted
-    from the files the run wrote; no number in it is typed by hand (issue 9)."""
     layout = Layout(root.parent, root.name)
     findings = layout.path("findings", lm=lm)
     quoted = [findings] if findings.exists() else [p for p in (layout.path("table", lm=lm, table=t, ext="md")
@@ -153,7 +155,7 @@ def readme_block(root: Path, lm: str = "base") -> str:
     parts = [] if findings.exists() else ["**The findings report is not produced yet** (the run is incomplete); "
                                           "quoted instead: the tables that are."]
     for p in quoted:
-        text = ("\n" + p.read_text()).replace("\n### ", "\n##### ").replace("\n## ", "\n#### ").replace("\n# ", "\n### ")
+        text = ("\n" + p.read_text()).replace("\n### ", "\n#### ").replace("\n## ", "\n### ").replace("\n# ", "\n## ")
         parts.append(text.strip())
     jobs = stage_table(root)
     stages = stage_shares(jobs).to_markdown(index=False, floatfmt=".1f")
@@ -161,31 +163,65 @@ def readme_block(root: Path, lm: str = "base") -> str:
     resumed = ("; resumed training timed from its own logs over every segment: " + ", ".join(jobs.job[jobs.from_log])
                if jobs["from_log"].any() else "")
     src = ", ".join(f"`{p.relative_to(root.parent)}`" for p in quoted)
-    return (f"{BEGIN}\n\nQuoted from {src} and the run's benchmark files.\n\n" + "\n\n".join(parts) + "\n\n"
-            f"#### Wall time per stage ({root.name}; sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
+    cores = len(__import__("os").sched_getaffinity(0))
+    return (f"# Results of the `{root.name}` run\n\n"
+            f"Written by `python -m knnlm.report {root} --results <this file>` from {src} and the run's benchmark "
+            f"files; no number here is typed by hand. Every table with its intervals is under `{root}/lms/{lm}/"
+            f"tables/`, and `snakemake --report` renders them with their captions. Machine of the report: "
+            f"{platform.processor() or platform.machine()}, {cores} cores.\n\n" + "\n\n".join(parts) + "\n\n"
+            f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
             f"\n\n{stages}\n\n"
-            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n\n{END}")
+            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n")
 
 
-def update_readme(readme: Path, root: Path) -> None:
-    """Replace the block between BEGIN and END in `readme` with readme_block(root) (atomic). Raises ValueError if
-    the markers are missing."""
+def _findings_rows(md: str) -> tuple[str, list[dict]]:
+    """The 'Summary:' sentence and the claim rows (dicts by column) of a findings report (Markdown)."""
+    summary = next((line for line in md.splitlines() if line.startswith("Summary:")), "")
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    if len(lines) < 3:
+        return summary, []
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    return summary, [r for r in rows if "verdict" in r]
+
+
+def front_page(cfg: dict, layout: Layout, lm: str) -> str:
+    """The findings part of the report's front page (workflow/report/workflow.rst), as reStructuredText: the
+    findings report's summary and, per claim the paper makes, its verdict and the documents it rests on; or a line
+    saying the findings report is not written yet."""
+    findings = layout.path("findings", lm=lm)
+    if not findings.exists():
+        return (f"The findings report (``{findings}``) is not written yet: run ``snakemake findings`` (or ``all``) "
+                "with this config, then ``--report`` again.")
+    summary, rows = _findings_rows(findings.read_text())
+
+    def esc(text: str) -> str:  # reStructuredText inline markup characters in claims (τ*, a_b) as plain text
+        return re.sub(r"([*`_|\\])", r"\\\1", text)
+
+    out = [f"From ``{findings}`` (the whole report, with every interval, is under *Findings* below). {esc(summary)}", ""]
+    for r in rows:
+        if r.get("test", "").startswith("the paper"):
+            docs = r.get("documents", "-")
+            out.append(f"- {esc(r['section'])}, {esc(r['claim'])} ({esc(r['comparison (a vs b)'])}): "
+                       f"**{esc(r['verdict'])}**" + (f", {docs} documents" if docs not in ("-", "") else ""))
+    return "\n".join(out)
+
+
+def write_results_page(out: Path, root: Path) -> None:
+    """Write results_page(root) to `out` (atomic)."""
     from .io import atomic_path
 
-    s = readme.read_text()
-    if BEGIN not in s or END not in s:
-        raise ValueError(f"{readme}: no results block (lines {BEGIN!r} ... {END!r})")
-    new = s[:s.index(BEGIN)] + readme_block(root) + s[s.index(END) + len(END):]
-    with atomic_path(readme) as tmp:
-        tmp.write_text(new)
+    with atomic_path(out) as tmp:
+        tmp.write_text(results_page(root))
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0])
-    if "--readme" in argv:
-        update_readme(Path(argv[argv.index("--readme") + 1]), root)
-        print(f"updated the results block of {argv[argv.index('--readme') + 1]} from {root}")
+    if "--results" in argv:
+        out = Path(argv[argv.index("--results") + 1])
+        write_results_page(out, root)
+        print(f"wrote {out} from {root}")
         return
     layout = Layout(root.parent, root.name)
     df = stage_table(root)

@@ -1,4 +1,4 @@
-"""Before a SLURM run submits anything: every job's request must fit a node of its partition (issue 11).
+"""Before a SLURM run submits anything: every job's request must fit a node of its partition.
 
 A request that no node of the partition can satisfy (more CPUs, memory or GPUs than its largest node, or a
 longer runtime than its time limit) pends forever with reason PartitionConfig while Snakemake waits silently.

@@ -1,4 +1,4 @@
-"""Datastore variants ("stores"): every ablation that changes what is searched is a store (issue 8).
+"""Datastore variants ("stores"): every ablation that changes what is searched is a store.
 
 A store is named by the value of the `{store}` wildcard and prepared once per key type into a directory
 (`Layout 'store_prep'`) holding `store.json` and whatever the kind needs. One family of rules then serves
@@ -11,7 +11,7 @@ Kinds (name regex -> prepare function, registered with @store_kind):
   pca<d>      keys and queries projected to d dims (He et al. 2021)
   <any>-ivf<k>  (full and subsets) the same store with its IVFPQ trained with seed k ('variance' table)
   <any>-alltokens  (full and subsets, after any '-ivf<k>') the same store, scored on every token of valid and test
-              instead of the retrieval scope (issue 9: exact search over the 5 % subset costs 1/20 of the full
+              instead of the retrieval scope (exact search over the 5 % subset costs 1/20 of the full
               store's, so its claims can be tested on whole splits; 'retrieval.small_store_all_tokens')
 
 A prepare function may write, next to store.json:

@@ -101,15 +101,24 @@ def _retrying(fn, what: str, retries: int | None = None):
 PARENT_ENV = "KNNLM_MLFLOW_PARENT_RUN"  # set by the Snakefile's onstart: the run of this Snakemake invocation
 
 
+# MLflow 3's UI opens an experiment on the page of its kind (tag mlflow.experimentKind): model training shows its
+# runs; without the tag it may open on the GenAI overview (traces, tokens).
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def _experiment(client, cfg: dict, uri: str, results_dir: Path) -> str:
-    """Id of experiment cfg['name'], created (artifacts under results_dir/mlartifacts for sqlite) if missing."""
+    """Id of experiment cfg['name'], created (artifacts under results_dir/mlartifacts for sqlite) if missing, tagged
+    as model training (EXPERIMENT_KIND) so that the MLflow UI opens on its runs."""
     exp = client.get_experiment_by_name(cfg["name"])
     if exp is not None:
+        if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
+            for k, v in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     kw = {}
     if uri.startswith("sqlite:"):
         kw["artifact_location"] = (results_dir.resolve() / "mlartifacts" / cfg["name"]).as_uri()
-    return client.create_experiment(cfg["name"], **kw)
+    return client.create_experiment(cfg["name"], tags=EXPERIMENT_KIND, **kw)
 
 
 def start_parent_run(cfg: dict, targets: Iterable[str] = ()) -> str:

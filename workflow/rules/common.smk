@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
 from knnlm.config import (ConfigError, check_data, data_inputs, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
+from knnlm.report import front_page
 from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard
 
 if not config:

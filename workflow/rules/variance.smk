@@ -1,4 +1,4 @@
-# Where the randomness is ours (issue 9): the three mask/score settings over IVFPQ training seeds (stores
+# Where the randomness is ours: the three mask/score settings over IVFPQ training seeds (stores
 # full-ivf<k>: same keys, so the same exact search) and over subset draws (stores r<ratio>-draw<k>), for the
 # (key, metric) of config section 'variance'; table 'variance' (knnlm.experiments.variance, rule write_store_table).
 VAR = CFG["variance"]

@@ -1,4 +1,4 @@
-"""Where the randomness is ours (issue 9): how much the FAISS settings of Xu et al. (2023, Sec. 5) move with the
+"""Where the randomness is ours: how much the FAISS settings of Xu et al. (2023, Sec. 5) move with the
 IVFPQ training seed (stores full-ivf<k>, the same keys and exact search as 'full') and with the subset draw
 (stores r<ratio>-draw<k>), next to the paired CI of each comparison within one seed.
 
