@@ -11,8 +11,6 @@ compared, as timeit does; every time is printed. Goal: sweep / retrieval ≤ 0.0
 """
 from __future__ import annotations
 
-import os
-
 # No OMP_WAIT_POLICY=PASSIVE here (bench_exact sets it). The sweep (numba threads) is timed before the faiss
 # searches, so faiss's OpenMP pool is not spinning beside it.
 

@@ -332,7 +332,8 @@ def test_claims_about_a_value_equal_settings_and_tuning_contrasts():
     contrast of two gains of tuning."""
     import pandas as pd
 
-    from knnlm.experiments.findings import CLAIMS, FF, FR, PAPER_SHARE, T, _tested, band_verdict, tuning_contrasts
+    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, FAISS_REAL as FR, PAPER_SHARE, TUNED as T, _tested,
+                                            band_verdict, tuning_contrasts)
 
     assert PAPER_SHARE == pytest.approx(0.526, abs=1e-3)  # Table 2's pair: W_ds att (IP) of the att/IP kNN-LM
     assert band_verdict(0.50, 0.60, 0.426, 0.626) == "reproduced"

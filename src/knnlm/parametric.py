@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .config import VARIANT_RE
 from .io import ArtifactError, atomic_path
 
 log = logging.getLogger(__name__)
@@ -439,3 +440,115 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     hist["epochs"] = hist["valid"][-1][1]
     hist["tokens_per_second"] = hist["train_tokens"] / max(hist["seconds"], 1e-9)
     return hist
+
+
+# Building, caching and configuring the models of the parametric variants (knnlm.experiments.parametric's jobs).
+
+
+def parse_variant(name: str) -> dict:
+    """{'kind': 'nv'|'adaptive'|'mos'|'cluster', ...} from a variant name; ValueError for unknown names."""
+    m = VARIANT_RE.match(name)
+    if not m:
+        raise ValueError(f"unknown parametric variant {name!r}; expected nv<n>, adaptive-freq|loss, "
+                         f"mos<R>-only|embed or cluster<m>")
+    if m["n"]:
+        return {"kind": "nv", "n": int(m["n"])}
+    if m["by"]:
+        return {"kind": "adaptive", "by": m["by"]}
+    if m["r"]:
+        return {"kind": "mos", "mixtures": int(m["r"]), "train_embed": m["mos"] == "embed"}
+    return {"kind": "cluster", "m": int(m["m"])}
+
+
+def checkpoint_output_matrix(checkpoint) -> torch.Tensor:
+    """W_sm [V, D] float32 of a fairseq checkpoint (decoder.output_projection.weight, or decoder.embed_out). Raises
+    ArtifactError naming the file when it has no plain output projection (adaptive softmax)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    for name in ("decoder.output_projection.weight", "decoder.embed_out"):
+        if name in state:
+            return state[name].float()
+    raise ArtifactError(f"{checkpoint}: no plain output projection (decoder.output_projection.weight); "
+                        "adaptive-softmax LMs are not supported")
+
+
+@torch.no_grad()
+def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True) -> dict[str, np.ndarray]:
+    """Per word v: 'freq' = # training tokens with next token v, 'loss' = Σ of their base-LM NLL (nats).
+
+    The base-LM NLL of a training token is −log softmax(W_sm h_sm)[v], recomputed from the ffn keys
+    (h_sm itself, stored fp16); keys_ffn: [N, D] memmap, vals: [N] int32. Used by the adaptive counts.
+    """
+    v = w_sm.shape[0]
+    freq = np.bincount(np.asarray(vals), minlength=v).astype(np.float64)
+    loss = torch.zeros(v, dtype=torch.float64)
+    for s in range(0, len(vals), chunk):
+        h = torch.from_numpy(np.asarray(keys_ffn[s:s + chunk], dtype=np.float32))
+        y = torch.from_numpy(np.asarray(vals[s:s + chunk], dtype=np.int64))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = (h @ w_sm.T).float()
+        nll = torch.logsumexp(logits, 1) - logits.gather(1, y[:, None]).squeeze(1)
+        loss.index_add_(0, y, nll.double())
+    return {"freq": freq, "loss": loss.numpy()}
+
+
+def build_model(spec: dict, cfg: dict, vocab: int, dim: int, w_sm: torch.Tensor, stats_path: str | None,
+                centroids: torch.Tensor | None = None, agg: Aggregation | None = None):
+    """The model of a parsed variant; returns (model, info dict)."""
+    p, seed = cfg["parametric"], cfg["parametric"]["seed"]
+    if spec["kind"] == "nv":
+        return AggregatedSoftmax(Aggregation.from_counts(np.full(vocab, spec["n"])), dim, seed=seed), {"rows": spec["n"] * vocab}
+    if spec["kind"] == "adaptive":
+        if not stats_path:
+            raise ValueError("adaptive counts need the word statistics (--word-stats)")
+        f = np.load(stats_path)[spec["by"]]
+        counts, base = adaptive_counts(f, p["adaptive"]["total_n"] * vocab)
+        info = {"rows": int(counts.sum()), "log_base": float(np.log(base)), "max_rows_per_word": int(counts.max()),
+                "words_with_1_row": int((counts == 1).sum())}
+        return AggregatedSoftmax(Aggregation.from_counts(counts), dim, seed=seed), info
+    if spec["kind"] == "mos":
+        return MixtureOfSoftmaxes(w_sm, spec["mixtures"], spec["train_embed"], seed=seed), {"mixtures": spec["mixtures"]}
+    return AggregatedSoftmax(agg, dim, weight=centroids, metric="l2"), {"rows": int(centroids.shape[0])}
+
+
+def cached(path: Path, settings: dict, compute) -> dict:
+    """compute() (a dict of tensors/arrays) saved at path with its settings and the seconds it took, or the saved one
+    when it was computed under the same settings; a file saved under other settings is recomputed (logged), so a
+    changed config never reuses a stale result. A file from before settings were saved is reused as it is."""
+    out = torch.load(path, weights_only=False) if Path(path).exists() else None
+    if out is not None and out.get("settings", settings) != settings:
+        log.warning("%s was computed under other settings (%s, now %s): recomputed", path, out["settings"], settings)
+        out = None
+    if out is None:
+        t0 = time.time()
+        out = dict(compute(), seconds=time.time() - t0, settings=settings)
+        with atomic_path(path) as tmp:
+            torch.save(out, tmp)
+    return out
+
+
+def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample: int, seed: int, threads: int):
+    """faiss k-means of the keys (trained on a seeded sample of `rows`); returns (centroids [C, D] fp32, assign [len(rows)])."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(rows, size=min(sample, len(rows)), replace=False))
+    x = np.ascontiguousarray(keys[pick], dtype=np.float32)
+    if len(x) < n_clusters:
+        raise ValueError(f"k-means needs at least {n_clusters} keys, found {len(x)} (parametric.clustered.kmeans_sample)")
+    km = faiss.Kmeans(x.shape[1], n_clusters, niter=iters, seed=seed, max_points_per_centroid=max(1, len(x) // n_clusters + 1),
+                      verbose=False)
+    km.train(x)
+    assign = np.empty(len(rows), dtype=np.int64)
+    for s in range(0, len(rows), 65536):
+        _, a = km.index.search(np.ascontiguousarray(keys[rows[s:s + 65536]], dtype=np.float32), 1)
+        assign[s:s + len(a)] = a[:, 0]
+    return torch.from_numpy(km.centroids.copy()), assign
+
+
+def training_settings(p: dict, variant: str) -> dict:
+    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch'} of a variant: config 'parametric.converge' for
+    the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
+    keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch")
+    src = p["converge"] if variant in p["converge"]["variants"] else p
+    return {k: src[k] for k in keys} | {"until_converged": variant in p["converge"]["variants"]}

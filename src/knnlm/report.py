@@ -4,7 +4,7 @@ benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.repo
 """
 from __future__ import annotations
 
-import re
+import os
 import sys
 from pathlib import Path
 
@@ -163,7 +163,7 @@ def results_page(root: Path, lm: str = "base") -> str:
     resumed = ("; resumed training timed from its own logs over every segment: " + ", ".join(jobs.job[jobs.from_log])
                if jobs["from_log"].any() else "")
     src = ", ".join(f"`{p.relative_to(root.parent)}`" for p in quoted)
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     return (f"# Results of the `{root.name}` run\n\n"
             f"Written by `python -m knnlm.report {root} --results <this file>` from {src} and the run's benchmark "
             f"files; no number here is typed by hand. Every table with its intervals is under `{root}/lms/{lm}/"
@@ -172,39 +172,6 @@ def results_page(root: Path, lm: str = "base") -> str:
             f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
             f"\n\n{stages}\n\n"
             f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n")
-
-
-def _findings_rows(md: str) -> tuple[str, list[dict]]:
-    """The 'Summary:' sentence and the claim rows (dicts by column) of a findings report (Markdown)."""
-    summary = next((line for line in md.splitlines() if line.startswith("Summary:")), "")
-    lines = [line for line in md.splitlines() if line.startswith("|")]
-    if len(lines) < 3:
-        return summary, []
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
-    return summary, [r for r in rows if "verdict" in r]
-
-
-def front_page(cfg: dict, layout: Layout, lm: str) -> str:
-    """The findings part of the report's front page (workflow/report/workflow.rst), as reStructuredText: the
-    findings report's summary and, per claim the paper makes, its verdict and the documents it rests on; or a line
-    saying the findings report is not written yet."""
-    findings = layout.path("findings", lm=lm)
-    if not findings.exists():
-        return (f"The findings report (``{findings}``) is not written yet: run ``snakemake findings`` (or ``all``) "
-                "with this config, then ``--report`` again.")
-    summary, rows = _findings_rows(findings.read_text())
-
-    def esc(text: str) -> str:  # reStructuredText inline markup characters in claims (τ*, a_b) as plain text
-        return re.sub(r"([*`_|\\])", r"\\\1", text)
-
-    out = [f"From ``{findings}`` (the whole report, with every interval, is under *Findings* below). {esc(summary)}", ""]
-    for r in rows:
-        if r.get("test", "").startswith("the paper"):
-            docs = r.get("documents", "-")
-            out.append(f"- {esc(r['section'])}, {esc(r['claim'])} ({esc(r['comparison (a vs b)'])}): "
-                       f"**{esc(r['verdict'])}**" + (f", {docs} documents" if docs not in ("-", "") else ""))
-    return "\n".join(out)
 
 
 def write_results_page(out: Path, root: Path) -> None:

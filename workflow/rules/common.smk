@@ -6,11 +6,11 @@ import shlex
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(workflow.basedir).parent / "src"))
+sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
 from knnlm.config import (ConfigError, check_data, data_inputs, lm_section, lm_tokens_per_sample, parametric_tables,
                           parametric_variants, split_files, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout
-from knnlm.report import front_page
+from knnlm.front_page import front_page
 from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard
 
 if not config:
@@ -18,10 +18,10 @@ if not config:
 CFG = validate_config(config, source="snakemake config (--configfile / --config)")
 check_data(CFG)
 
-L = Layout.of(CFG)
+LAYOUT = Layout.of(CFG)
 # The software of every job (each rule's `conda:`): the project's pinned environment, used with --sdm conda;
 # by default jobs run in the environment snakemake itself runs in (.venv from scripts/setup.sh).
-ENV = str(Path(workflow.basedir).parent / "environment.yml")
+ENV = str(Path(workflow.basedir).parent.joinpath("environment.yml"))
 PY = shlex.quote(sys.executable)
 THREADS = CFG["threads"]
 SPLITS = ["train", "valid", "test"]
@@ -33,19 +33,19 @@ HF_LMS = [n for n in LMS if SOURCE[n] == "hf"]
 FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 METRICS = CFG["index"]["metrics"]
-DS = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
-RA = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'stores.extra'
+DATASTORE_SIZE = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
+RETRIEVAL = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'stores.extra'
 # The smallest store of 'temperature.ratios' (the paper's 5 %): its Sec. 5 claims (findings), and, with
 # 'retrieval.small_store_all_tokens' while the scope samples the splits, the same store scored on every token.
 SMALL_STORE = store_name(min(CFG["temperature"]["ratios"]))
-SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RA["small_store_all_tokens"] and RA["max_queries"]
+SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RETRIEVAL["small_store_all_tokens"] and RETRIEVAL["max_queries"]
                     and SMALL_STORE != "full" else None)
 # The (key, metric) of the paper's Table 3 (att/L2 when the run has them) and, with 'retrieval.table3_all_tokens'
 # while the scope samples the splits, the full store scored on every token for it ('table3_all'): finding 2 of
 # the paper (approximate beats exact retrieval, Sec. 5.1) then rests on every document of valid and test.
-TABLE3_KEY = dict(key="att" if "att" in RA["key_types"] else RA["key_types"][0],
-                  metric="l2" if "l2" in RA["metrics"] else RA["metrics"][0])
-FULL_ALL_TOKENS = "full" + ALL_TOKENS if RA["table3_all_tokens"] and RA["max_queries"] else None
+TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["key_types"][0],
+                  metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0])
+FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
@@ -58,14 +58,14 @@ def lm_constraint(names):
     return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
-def P(name, **fixed):
+def artifact(name, **fixed):
     """The layout's pattern of artifact `name`, with the given wildcards filled and the others left open."""
-    return L.pattern(name, **fixed)
+    return LAYOUT.pattern(name, **fixed)
 
 
 def per_split(name, **fixed):
     """Pattern list of a per-split artifact over EVAL_SPLITS (the order jobs read per-split inputs in)."""
-    return [P(name, split=s, **fixed) for s in EVAL_SPLITS]
+    return [artifact(name, split=s, **fixed) for s in EVAL_SPLITS]
 
 
 def quoted_cfg(*sections, **extra):
@@ -114,12 +114,12 @@ def knnlm(job):
 
 def log_of(rule, *wildcards):
     """Log file pattern of a job: logs/<rule>_<wildcard values>.log."""
-    return P("log", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
+    return artifact("log", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
 
 
 def bench_of(rule, *wildcards):
     """Snakemake benchmark pattern of a job (wall time, peak RSS): benchmarks/<rule>_<wildcard values>.tsv."""
-    return P("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
+    return artifact("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
 
 
 def lm_model(split):
@@ -128,8 +128,8 @@ def lm_model(split):
     def fn(wc):
         lm = CFG["lms"][wc.lm]
         if lm["source"] == "hf":
-            return {"model_card": P("model_card", lm=wc.lm), "text": P("split_tokens", split=split or wc.split)}
-        return {"checkpoint": lm_weights(wc.lm), "data_bin": P("data_bin")}
+            return {"model_card": artifact("model_card", lm=wc.lm), "text": artifact("split_tokens", split=split or wc.split)}
+        return {"checkpoint": lm_weights(wc.lm), "data_bin": artifact("data_bin")}
     return fn
 
 
@@ -145,8 +145,8 @@ def lm_weights(name):
     card of a Hugging Face LM."""
     lm = CFG["lms"][name]
     if lm["source"] == "hf":
-        return P("model_card", lm=name)
-    return P("checkpoint", lm=name) if lm["source"] == "train" else ancient(lm["path"])
+        return artifact("model_card", lm=name)
+    return artifact("checkpoint", lm=name) if lm["source"] == "train" else ancient(lm["path"])
 
 
 def output_layer(wc):
@@ -156,20 +156,20 @@ def output_layer(wc):
 
 def per_lm(name, **fixed):
     """Pattern of artifact `name` for every base LM of the run, in config order."""
-    return [P(name, lm=lm, **fixed) for lm in LMS]
+    return [artifact(name, lm=lm, **fixed) for lm in LMS]
 
 
 def datastore(key=None, lm="{lm}"):
     """Named inputs of the datastore: manifest, vals and (for a key type or "{key}") key_file."""
-    out = {"manifest": P("datastore_manifest", lm=lm), "vals": P("vals", lm=lm)}
+    out = {"manifest": artifact("datastore_manifest", lm=lm), "vals": artifact("vals", lm=lm)}
     if key:
-        out["key_file"] = P("keys", lm=lm, key=key)
+        out["key_file"] = artifact("keys", lm=lm, key=key)
     return out
 
 
 def queries(split=None, key=None, lm="{lm}"):
     """Named inputs of the dumped queries of one split (or per-split lists when split is None)."""
-    get = (lambda n, **f: P(n, split=split, **f)) if split else per_split
+    get = (lambda n, **f: artifact(n, split=split, **f)) if split else per_split
     out = {"queries_manifest": get("queries_manifest", lm=lm), "targets": get("targets", lm=lm),
            "lm_logprobs": get("lm_logprobs", lm=lm)}
     if key:
@@ -181,7 +181,7 @@ def exact_of(name):
     """Input function: the exact search ('real mask') of the store with the same keys (an '-ivf<k>' store shares
     its base store's exact search: knnlm.stores.same_keys_store)."""
     def fn(wc):
-        return [P(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
+        return [artifact(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
                 for s in EVAL_SPLITS]
     return fn
 
@@ -190,7 +190,7 @@ def index_of(name):
     """Input function: the IVFPQ index artifact `name` ('index', 'index_meta') the job's store searches (an
     '-alltokens' store searches its base store's index: knnlm.stores.same_index_store)."""
     def fn(wc):
-        return P(name, lm=wc.lm, store=same_index_store(wc.store), key=wc.key, metric=wc.metric)
+        return artifact(name, lm=wc.lm, store=same_index_store(wc.store), key=wc.key, metric=wc.metric)
     return fn
 
 
@@ -201,14 +201,14 @@ def scope_of(full_is_all=False, both_splits=False):
     def fn(wc):
         if scores_every_token(wc.store) or (full_is_all and wc.store == "full"):
             return []
-        return per_split("scope", lm=wc.lm) if both_splits else P("scope", lm=wc.lm, split=wc.split)
+        return per_split("scope", lm=wc.lm) if both_splits else artifact("scope", lm=wc.lm, split=wc.split)
     return fn
 
 
 # Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope (every token for an
 # '-alltokens' store; rule settings).
 SETTINGS_INPUTS = {
-    **datastore(), **queries(), "store": P("store_prep"), "scope": scope_of(both_splits=True),
+    **datastore(), **queries(), "store": artifact("store_prep"), "scope": scope_of(both_splits=True),
     **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
@@ -222,9 +222,15 @@ TARGETS = {}
 STORE_TABLES = {}
 
 
+def settings_of(store, section):
+    """The settings files of `store` for every (key, metric) of config section `section` ({lm} left open)."""
+    return expand(artifact("settings", store=store), key=section["key_types"], metric=section["metrics"],
+                  allow_missing=True)
+
+
 def tables(*names):
     """The Markdown files of tables `names` of the primary LM (the experiments' base LM)."""
-    return expand(P("table", table="{t}", ext="md"), t=names, lm=PRIMARY)
+    return expand(artifact("table", table="{t}", ext="md"), t=names, lm=PRIMARY)
 
 
 def report_caption(name):

@@ -1,7 +1,7 @@
 # Datastore size (Xu et al. 2023, Sec. 5, Figures 2 and 4): the mask/score settings of the stores
 # r<ratio> (seeded random subsets, knnlm.stores) and the full one.
-SIZE_STORES = [store_name(r) for r in DS["ratios"]]
-NESTED_STORES = [store_name(r) for r in sorted(DS["ratios"])]
+SIZE_STORES = [store_name(r) for r in DATASTORE_SIZE["ratios"]]
+NESTED_STORES = [store_name(r) for r in sorted(DATASTORE_SIZE["ratios"])]
 
 
 if len(NESTED_STORES) > 1:
@@ -12,15 +12,15 @@ if len(NESTED_STORES) > 1:
         input:
             **datastore("{key}"),
             **queries("{split}", "{key}"),
-            stores=expand(P("store_prep"), store=NESTED_STORES, allow_missing=True),
-            scope=P("scope"),
+            stores=expand(artifact("store_prep"), store=NESTED_STORES, allow_missing=True),
+            scope=artifact("scope"),
         output:
-            ids=expand(P("exact_ids"), store=NESTED_STORES, allow_missing=True),
-            dists=expand(P("exact_dists"), store=NESTED_STORES, allow_missing=True),
-            meta=expand(P("exact_meta"), store=NESTED_STORES, allow_missing=True),
+            ids=expand(artifact("exact_ids"), store=NESTED_STORES, allow_missing=True),
+            dists=expand(artifact("exact_dists"), store=NESTED_STORES, allow_missing=True),
+            meta=expand(artifact("exact_meta"), store=NESTED_STORES, allow_missing=True),
         wildcard_constraints:
-            key="|".join(DS["key_types"]),
-            metric="|".join(DS["metrics"]),
+            key="|".join(DATASTORE_SIZE["key_types"]),
+            metric="|".join(DATASTORE_SIZE["metrics"]),
         params:
             cfg=cfg_json("retrieval", "knn"),
             io=io(),
@@ -41,14 +41,14 @@ if len(NESTED_STORES) > 1:
 
 rule write_datastore_size:
     input:
-        settings=expand(P("settings"), store=SIZE_STORES, key=DS["key_types"], metric=DS["metrics"], allow_missing=True),
+        settings=expand(artifact("settings"), store=SIZE_STORES, key=DATASTORE_SIZE["key_types"], metric=DATASTORE_SIZE["metrics"], allow_missing=True),
     output:
-        csv=P("table", table="datastore_size", ext="csv"),
-        md=report(P("table", table="datastore_size", ext="md"), caption=report_caption("datastore_size"),
+        csv=artifact("table", table="datastore_size", ext="csv"),
+        md=report(artifact("table", table="datastore_size", ext="md"), caption=report_caption("datastore_size"),
                   category="Datastore size"),
-        fig2=[report(P("figure", figure="fig2_datastore_size", ext=e), caption=report_caption("fig2"),
+        fig2=[report(artifact("figure", figure="fig2_datastore_size", ext=e), caption=report_caption("fig2"),
                      category="Datastore size") for e in ("png", "pdf")],
-        fig4=[report(P("figure", figure="fig4_mask_score_by_size", ext=e), caption=report_caption("fig4"),
+        fig4=[report(artifact("figure", figure="fig4_mask_score_by_size", ext=e), caption=report_caption("fig4"),
                      category="Datastore size") for e in ("png", "pdf")],
     params:
         cfg=cfg_json("knn", "retrieval", "datastore_size", "stats", "profile"),

@@ -3,27 +3,27 @@
 # 'temperature.ratios' (att/L2 when swept; scored on every token when 'retrieval.small_store_all_tokens') test the
 # paper's 5 %-datastore claims (Sec. 5, Figures 4 and 5a); on the retrieval scope, against the full store's, that a
 # larger datastore is better (Sec. 4, Figure 2).
-_SMALL_KEY = dict(key="att" if "att" in DS["key_types"] else DS["key_types"][0],
-                  metric="l2" if "l2" in DS["metrics"] else DS["metrics"][0])
+_SMALL_KEY = dict(key="att" if "att" in DATASTORE_SIZE["key_types"] else DATASTORE_SIZE["key_types"][0],
+                  metric="l2" if "l2" in DATASTORE_SIZE["metrics"] else DATASTORE_SIZE["metrics"][0])
 SMALL_SETTINGS = (
     {} if SMALL_STORE == "full"
-    else {"small_store": P("settings", store=SMALL_ALL_TOKENS or SMALL_STORE, **_SMALL_KEY),
-          "size_store": P("settings", store=SMALL_STORE, **_SMALL_KEY),  # against the full store's: Figure 2's claim
-          "full_store": P("settings", store="full", **_SMALL_KEY)}
+    else {"small_store": artifact("settings", store=SMALL_ALL_TOKENS or SMALL_STORE, **_SMALL_KEY),
+          "size_store": artifact("settings", store=SMALL_STORE, **_SMALL_KEY),  # against the full store's: Figure 2's claim
+          "full_store": artifact("settings", store="full", **_SMALL_KEY)}
 )
 
 rule write_findings:
     input:
-        table1=P("table", table="table1_comparisons", ext="csv"),
+        table1=artifact("table", table="table1_comparisons", ext="csv"),
         # Table 3's claims on every token when 'retrieval.table3_all_tokens' (table3_all), else on the scope
-        table3=P("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),
-        table3_table=P("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),
+        table3=artifact("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),
+        table3_table=artifact("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),
         # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
-        table3_settings=P("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
-        parametric=P("table", table="parametric_comparisons", ext="csv"),
+        table3_settings=artifact("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
+        parametric=artifact("table", table="parametric_comparisons", ext="csv"),
         **SMALL_SETTINGS,
     output:
-        out=report(P("findings"), caption=report_caption("findings"), category="Findings"),
+        out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
     params:
         cfg=cfg_json("stats"),  # the bootstrap of the store-size claims
         io=io(),
@@ -37,4 +37,4 @@ rule write_findings:
         knnlm("findings.findings")
 
 
-TARGETS["findings"] = expand(P("findings"), lm=PRIMARY)
+TARGETS["findings"] = expand(artifact("findings"), lm=PRIMARY)

@@ -9,7 +9,7 @@ rule word_stats:
         unpack(output_layer),
         **datastore("ffn"),
     output:
-        out=P("word_stats"),
+        out=artifact("word_stats"),
     params:
         cfg=cfg_json("parametric"),
         io=io(),
@@ -29,14 +29,14 @@ rule train_parametric:
         unpack(output_layer),
         **datastore("{key}"),
         **queries(key="{key}"),
-        wordcounts=P("wordcounts"),
-        word_stats=lambda wc: P("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
+        wordcounts=artifact("wordcounts"),
+        word_stats=lambda wc: artifact("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
     output:
-        result=P("parametric_result"),
+        result=artifact("parametric_result"),
         logprobs=per_split("parametric_logprobs"),
     params:
         cfg=cfg_json("parametric", "knn"),
-        io=io(work_dir=P("parametric_dir")),
+        io=io(work_dir=artifact("parametric_dir")),
     threads: THREADS
     resources:
         mem_mb=8000,
@@ -52,24 +52,24 @@ rule train_parametric:
 
 rule write_parametric:
     input:
-        results=[P("parametric_result", variant=v, key=k) for v, k in VARIANTS],
-        scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
+        results=[artifact("parametric_result", variant=v, key=k) for v, k in VARIANTS],
+        scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
-        wordcounts=P("wordcounts"),
-        knn_logprobs=[P("knn_logprobs", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
+        wordcounts=artifact("wordcounts"),
+        knn_logprobs=[artifact("knn_logprobs", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
                       for s in EVAL_SPLITS],
-        knn_tuned=[P("knn_logprobs_tuned", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
+        knn_tuned=[artifact("knn_logprobs_tuned", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
                    for s in EVAL_SPLITS],
-        par_logprobs=[P("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
+        par_logprobs=[artifact("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
         documents=per_split("documents"),
     output:
-        cmp_csv=P("table", table="parametric_comparisons", ext="csv"),
-        cmp_md=report(P("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),
+        cmp_csv=artifact("table", table="parametric_comparisons", ext="csv"),
+        cmp_md=report(artifact("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),
                       category="Parametric"),
-        csv=[P("table", table=t, ext="csv") for t in PAR_TABLES],
-        md=[report(P("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
+        csv=[artifact("table", table=t, ext="csv") for t in PAR_TABLES],
+        md=[report(artifact("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
             for t in PAR_TABLES],
-        fig3=[report(P("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
+        fig3=[report(artifact("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
               for e in ("png", "pdf")],
     params:
         cfg=cfg_json("parametric", "knn", "stats", "profile"),

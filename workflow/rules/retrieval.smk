@@ -4,9 +4,9 @@
 
 rule scope:
     input:
-        documents=P("documents"),
+        documents=artifact("documents"),
     output:
-        out=P("scope"),
+        out=artifact("scope"),
     params:
         cfg=cfg_json("retrieval"),
         io=io(),
@@ -24,7 +24,7 @@ rule prepare_store:
     input:
         **datastore("{key}"),
     output:
-        store=directory(P("store_prep")),
+        store=directory(artifact("store_prep")),
     params:
         cfg=cfg_json("datastore_size", "index"),
         io=io(),
@@ -42,10 +42,10 @@ rule prepare_store:
 rule build_index:
     input:
         **datastore("{key}"),
-        store=P("store_prep"),
+        store=artifact("store_prep"),
     output:
-        index=P("index"),
-        meta=P("index_meta"),
+        index=artifact("index"),
+        meta=artifact("index_meta"),
     params:
         cfg=cfg_json("index"),
         io=io(),
@@ -66,14 +66,14 @@ rule search:
     input:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
-        store=P("store_prep"),
+        store=artifact("store_prep"),
         index=index_of("index"),
         index_meta=index_of("index_meta"),
         scope=scope_of(full_is_all=True),
     output:
-        ids=P("nb_ids"),
-        dists=P("nb_dists"),
-        meta=P("nb_meta"),
+        ids=artifact("nb_ids"),
+        dists=artifact("nb_dists"),
+        meta=artifact("nb_meta"),
     params:
         cfg=cfg_json("index", "knn", "retrieval"),
         io=io(),
@@ -92,13 +92,13 @@ rule real_score:
     input:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
-        store=P("store_prep"),
+        store=artifact("store_prep"),
         scope=scope_of(),
-        nb_ids=P("nb_ids"),
-        nb_meta=P("nb_meta"),
+        nb_ids=artifact("nb_ids"),
+        nb_meta=artifact("nb_meta"),
     output:
-        dists=P("real_dists"),
-        meta=P("real_meta"),
+        dists=artifact("real_dists"),
+        meta=artifact("real_meta"),
     params:
         cfg=cfg_json("retrieval"),
         io=io(),
@@ -117,12 +117,12 @@ rule exact_search:
     input:
         **datastore("{key}"),
         **queries("{split}", "{key}"),
-        store=P("store_prep"),
+        store=artifact("store_prep"),
         scope=scope_of(),
     output:
-        ids=P("exact_ids"),
-        dists=P("exact_dists"),
-        meta=P("exact_meta"),
+        ids=artifact("exact_ids"),
+        dists=artifact("exact_dists"),
+        meta=artifact("exact_meta"),
     params:
         cfg=cfg_json("retrieval", "knn"),
         io=io(),
@@ -143,7 +143,7 @@ rule settings:
     input:
         **SETTINGS_INPUTS,
     output:
-        out=P("settings"),
+        out=artifact("settings"),
     params:
         cfg=cfg_json("knn", "retrieval", "temperature", "stats"),
         io=io(),
@@ -162,26 +162,21 @@ rule settings:
 # 'table3_all': the full store on every token of valid and test for the paper's (key, metric) (TABLE3_KEY).
 # With 'retrieval.small_store_all_tokens', also 'table3_small': the smallest swept store (the paper's 5 %) on
 # every token. Same job, same columns; only the settings it reads differ.
-TABLE3_SETTINGS = {"table3": ("full", RA),
-                   **({"table3_all": (FULL_ALL_TOKENS, {"key_types": [TABLE3_KEY["key"]],
-                                                        "metrics": [TABLE3_KEY["metric"]]})} if FULL_ALL_TOKENS else {}),
-                   **({"table3_small": (SMALL_ALL_TOKENS, DS)} if SMALL_ALL_TOKENS else {})}
-
-
-def table3_settings(wc):
-    """Input function of write_table3: the settings of table {table}'s store, per (key, metric) of its section."""
-    store, section = TABLE3_SETTINGS[wc.table]
-    return expand(P("settings", store=store), key=section["key_types"], metric=section["metrics"], lm=wc.lm)
+TABLE3_SETTINGS = {"table3": settings_of("full", RETRIEVAL),
+                   **({"table3_all": settings_of(FULL_ALL_TOKENS, {"key_types": [TABLE3_KEY["key"]],
+                                                                     "metrics": [TABLE3_KEY["metric"]]})}
+                      if FULL_ALL_TOKENS else {}),
+                   **({"table3_small": settings_of(SMALL_ALL_TOKENS, DATASTORE_SIZE)} if SMALL_ALL_TOKENS else {})}
 
 
 rule write_table3:
     input:
-        settings=table3_settings,
+        settings=lambda wc: expand(TABLE3_SETTINGS[wc.table], lm=wc.lm),  # table {table}'s store, per (key, metric)
     output:
-        csv=P("table", table="{table}", ext="csv"),
-        md=report(P("table", table="{table}", ext="md"), caption=report_caption("table3"), category="Table 3"),
-        cmp_csv=P("table", table="{table}_comparisons", ext="csv"),
-        cmp_md=report(P("table", table="{table}_comparisons", ext="md"), caption=report_caption("table3"),
+        csv=artifact("table", table="{table}", ext="csv"),
+        md=report(artifact("table", table="{table}", ext="md"), caption=report_caption("table3"), category="Table 3"),
+        cmp_csv=artifact("table", table="{table}_comparisons", ext="csv"),
+        cmp_md=report(artifact("table", table="{table}_comparisons", ext="md"), caption=report_caption("table3"),
                       category="Table 3"),
     wildcard_constraints:
         table="|".join(TABLE3_SETTINGS),

@@ -5,12 +5,12 @@ rule score:
     input:
         **datastore(),
         **queries(),
-        wordcounts=P("wordcounts"),
+        wordcounts=artifact("wordcounts"),
         nb_ids=per_split("nb_ids", store="full"),
         nb_dists=per_split("nb_dists", store="full"),
         nb_meta=per_split("nb_meta", store="full"),
     output:
-        out=P("score", store="full"),
+        out=artifact("score", store="full"),
         knn=per_split("knn_logprobs", store="full"),
         knn_tuned=per_split("knn_logprobs_tuned", store="full"),
     params:
@@ -28,21 +28,21 @@ rule score:
 
 rule write_table1:
     input:
-        scores=expand(P("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
-        knn_valid=expand(P("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
-        knn_test=expand(P("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),
-        tuned_valid=expand(P("knn_logprobs_tuned", store="full", split="valid"), key=KEYS, metric=METRICS,
+        scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
+        knn_valid=expand(artifact("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
+        knn_test=expand(artifact("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),
+        tuned_valid=expand(artifact("knn_logprobs_tuned", store="full", split="valid"), key=KEYS, metric=METRICS,
                            allow_missing=True),
-        tuned_test=expand(P("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS,
+        tuned_test=expand(artifact("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS,
                           allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
-        wordcounts=P("wordcounts"),
+        wordcounts=artifact("wordcounts"),
         documents=per_split("documents"),
     output:
-        csv=P("table", table="table1", ext="csv"),
-        md=report(P("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
-        cmp_csv=P("table", table="table1_comparisons", ext="csv"),
-        cmp_md=report(P("table", table="table1_comparisons", ext="md"), caption=report_caption("table1"),
+        csv=artifact("table", table="table1", ext="csv"),
+        md=report(artifact("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
+        cmp_csv=artifact("table", table="table1_comparisons", ext="csv"),
+        cmp_md=report(artifact("table", table="table1_comparisons", ext="md"), caption=report_caption("table1"),
                       category="Table 1"),
     params:
         cfg=cfg_json("knn", "temperature", "stats", "profile"),

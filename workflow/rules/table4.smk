@@ -13,10 +13,10 @@ rule write_table4:
         **{f"tuned_{s}": per_lm("knn_logprobs_tuned", split=s, **T4_SCORE) for s in EVAL_SPLITS},
         **{f"lm_logprobs_{s}": per_lm("lm_logprobs", split=s) for s in EVAL_SPLITS},
         **{f"documents_{s}": per_lm("documents", split=s) for s in EVAL_SPLITS},
-        wordcounts=P("wordcounts"),
+        wordcounts=artifact("wordcounts"),
     output:
-        csv=P("run_table", table="table4", ext="csv"),
-        md=report(P("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
+        csv=artifact("run_table", table="table4", ext="csv"),
+        md=report(artifact("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
     params:
         cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),
         io=io(),
@@ -30,4 +30,4 @@ rule write_table4:
         knnlm("table4.table4")
 
 
-TARGETS["table4"] = [P("run_table", table="table4", ext="md")]
+TARGETS["table4"] = [artifact("run_table", table="table4", ext="md")]

@@ -5,18 +5,18 @@ TAU_STORES = [store_name(r) for r in CFG["temperature"]["ratios"]]
 
 
 FIG5_SETTINGS = [f for store in TAU_STORES for f in expand(
-    P("settings", store=store), key=(RA if store == "full" else DS)["key_types"],
-    metric=(RA if store == "full" else DS)["metrics"], allow_missing=True)]
+    artifact("settings", store=store), key=(RETRIEVAL if store == "full" else DATASTORE_SIZE)["key_types"],
+    metric=(RETRIEVAL if store == "full" else DATASTORE_SIZE)["metrics"], allow_missing=True)]
 
 
 rule write_temperature:
     input:
         settings=FIG5_SETTINGS,
     output:
-        csv=P("table", table="temperature", ext="csv"),
-        md=report(P("table", table="temperature", ext="md"), caption=report_caption("temperature"),
+        csv=artifact("table", table="temperature", ext="csv"),
+        md=report(artifact("table", table="temperature", ext="md"), caption=report_caption("temperature"),
                   category="Temperature"),
-        fig5=[report(P("figure", figure=f"fig5_temperature_{s}", ext=e), caption=report_caption("fig5"),
+        fig5=[report(artifact("figure", figure=f"fig5_temperature_{s}", ext=e), caption=report_caption("fig5"),
                      category="Temperature") for s in TAU_STORES for e in ("png", "pdf")],
     params:
         cfg=cfg_json("knn", "retrieval", "temperature", "stats", "profile"),

@@ -21,7 +21,7 @@ from ..cli import Job
 from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, open_npy, read_json, release_rows, save_npy,
                   write_json)
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
-from ..scoring import summarize
+from ..scoring import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scope import scope_caption, scope_tokens
 from .common import by_split, documents_scheme, open_datastore, open_split, scheme_label
 
@@ -303,21 +303,6 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
 
-def recall_at_k(approx: np.ndarray, exact: np.ndarray) -> float:
-    """Mean over queries of |approx ∩ exact| / k: how many of the exact top-k neighbours ([t, k] ids, −1 = none)
-    the approximate search found, i.e. how approximate "approximate" was (Xu et al. 2023, Sec. 5)."""
-    from .._select import overlap_counts_kernel
-
-    a, e = np.asarray(approx), np.asarray(exact)
-    if a.ndim != 2 or e.ndim != 2 or len(a) != len(e):
-        raise ValueError(f"approx and exact must be [t, k] ids of the same t, found {a.shape} and {e.shape}")
-    if a.size == 0:
-        return float("nan")
-    found = np.empty(len(a), dtype=np.int64)
-    overlap_counts_kernel(a, e, found)  # numba, rows in parallel (np.isin over all rows took ~27 s at 16k x 1024)
-    return float(found.mean() / e.shape[1])
-
-
 TUNED = " τ*"  # suffix of a setting at its τ tuned on valid (λ re-tuned), e.g. "real_mask_real_score τ*"
 
 
@@ -332,47 +317,6 @@ def _pairs(suffix: str = "") -> list[tuple[str, str]]:
 # Every comparison of a store's settings: at the config τ (the paper's Table 3, τ = 1), at each setting's tuned τ
 # (Sec. 5.2: "even at the optimal temperature ..."), and tuned τ vs the config τ per setting (Figure 5).
 SETTING_PAIRS = _pairs() + _pairs(TUNED) + [(st + TUNED, st) for st in SETTINGS]
-
-
-def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, np.ndarray]], words: dict[str, int],
-                      taus: list[float], lambda_steps: int, docs: dict | None = None, stats: dict | None = None) -> dict:
-    """The τ × λ sweep of Figure 5 (Xu et al. 2023, Sec. 5.2) from cached neighbours, per mask/score setting.
-
-    lp_lm: {split: [T_s] float64}; sweeps: {setting: {split: [len(taus), T_s] float64 log p_kNN(target) per τ
-    (knnlm.scoring.sweep_temperature; load_settings)}}; words: {split: int}; taus: τ grid (τ = 0: the limit τ → 0); λ grid =
-    linspace(0, 1, lambda_steps). Per τ, λ is tuned on valid (best_lambda_per_tau, the argmin of nll_grid); the
-    interpolated perplexities of both
-    splits at that λ are recomputed exactly (interpolate). The best τ minimises the valid NLL. With `docs`
-    ({split: (doc [T_s], doc_words [D], ids)}) and `stats` (config 'stats'), each curve gets a 95 % band over
-    documents ('{split}_lo', '{split}_hi'; knnlm.stats.ppl_intervals, config 'stats.interval'). Returns per setting: {'tau',
-    'lambda', '{split}_interp_ppl_word', '{split}_interp_ppl_token', 'best': {'tau', 'lambda', ...}, 'lp_best':
-    {split: [T_s] log p_kNN at the best τ}}; the caller pops 'lp_best' (arrays) before writing JSON.
-    """
-    from ..scoring import best_lambda_per_tau, interpolate, lambda_grid
-    from ..stats import per_document, ppl_intervals
-
-    lams = lambda_grid(lambda_steps)
-    out = {}
-    for setting, sweep in sweeps.items():
-        best_l, _ = best_lambda_per_tau(lp_lm["valid"], sweep["valid"], lams)  # [n_tau], = nll_grid's argmin
-        res = {"tau": list(taus), "lambda": [float(lams[j]) for j in best_l]}
-        for split in SPLITS:
-            lp = np.stack([interpolate(lp_lm[split], sweep[split][i], float(lams[j])) for i, j in enumerate(best_l)])
-            summ = [summarize(row, words[split]) for row in lp]
-            res[f"{split}_interp_ppl_word"] = [x["ppl_word"] for x in summ]
-            res[f"{split}_interp_ppl_token"] = [x["ppl_token"] for x in summ]
-            if docs is not None:
-                doc, doc_words, _ = docs[split]
-                nll = per_document(-lp, doc, len(doc_words))
-                lo, hi = ppl_intervals(nll, doc_words, stats)
-                res[f"{split}_lo"], res[f"{split}_hi"] = lo.tolist(), hi.tolist()
-        i = int(np.argmin(res["valid_interp_ppl_word"]))
-        res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
-                       "test_interp_ppl_word": res["test_interp_ppl_word"][i],
-                       "test_interp_ppl_token": res["test_interp_ppl_token"][i]}
-        res["lp_best"] = {s: sweep[s][i] for s in SPLITS}
-        out[setting] = res
-    return out
 
 
 def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | None = None) -> dict:
