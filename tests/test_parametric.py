@@ -297,3 +297,53 @@ def test_cached_result_is_recomputed_under_other_settings(tmp_path):
     d = cached(path, {"iters": 20}, compute(4))
     assert calls == [1, 3] and b["centroids"][0, 0] == 1 and c["centroids"][0, 0] == 3 and d["centroids"][0, 0] == 3
     assert a["settings"] == {"iters": 10} and torch.load(path, weights_only=False)["settings"] == {"iters": 20}
+
+
+def test_variants_are_compared_at_equal_training_rows():
+    """When W_ds (nv1) trains on all rows but the other variants on a subset, W_ds is trained again on that subset
+    (nv1-sub) and every variant is compared with the W_ds of its key type that saw as many rows; a variant with
+    fewer rows than what it is compared with cannot be declared worse ('inconclusive (subset-trained)')."""
+    import pandas as pd
+
+    from knnlm.config import parametric_variants, validate_config
+    from knnlm.experiments.findings import CLAIMS, _tested
+    from knnlm.experiments.parametric import equal_rows_pairs
+    from knnlm.parametric import parse_variant, training_settings
+
+    cfg = validate_config({"name": "t", "data": {"dir": "."}, "parametric": {
+        "key_types": ["att", "ffn"], "n_values": [1, 3], "train_tokens": 1000, "adaptive": {"key_types": ["att"]},
+        "mos": {"key_types": []}, "clustered": {"key_types": []}}})
+    variants = parametric_variants(cfg)
+    assert ("nv1-sub", "att") in variants and ("nv1-sub", "ffn") in variants
+    assert parse_variant("nv1-sub") == {"kind": "nv", "n": 1, "subset": True}
+    assert training_settings(cfg["parametric"], "nv1-sub")["train_tokens"] == 1000
+    assert training_settings(cfg["parametric"], "nv1")["train_tokens"] is None  # converge: all rows
+    cfg["parametric"]["train_tokens"] = None  # every variant on all rows: no second W_ds
+    assert not [v for v, _ in parametric_variants(cfg) if v.endswith("-sub")]
+
+    def res(variant, key, rows):
+        return {"spec": parse_variant(variant), "key_type": key, "train_rows": rows}
+    results = [res("nv1", "att", 5000), res("nv3", "att", 1000), res("nv1-sub", "att", 1000),
+               res("adaptive-freq", "att", 1000), res("nv3", "ffn", 1000), res("nv1", "ffn", 5000)]
+    names = ["W", "3V att", "W sub", "ada", "3V ffn", "W ffn"]
+    assert equal_rows_pairs(results, names) == [("3V att", "W sub"), ("ada", "W sub")]  # ffn: no W_ds on 1000 rows
+    gap = next(c for c in CLAIMS if c["claim"].startswith("no other way") and c["kind"] == "paper")
+    row = pd.Series({"comparison": "kNN-LM att/IP vs 3V embeddings att", "relative difference": -0.05, "CI low": -0.07,
+                     "CI high": -0.03, "verdict": "lower", "documents": 30, "converged": "yes", "steps": 9, "train rows": 1000,
+                     "reference rows": 5000})
+    assert _tested(gap, row, "", {}, 20)["verdict"] == "inconclusive (subset-trained)"
+    assert _tested(gap, pd.Series({**row, "train rows": 5000}), "", {}, 20)["verdict"] == "reproduced"
+
+
+def test_table5_check_names_an_nv_worse_than_w_ds_on_the_same_rows():
+    from knnlm.experiments.parametric import nv_check
+    from knnlm.parametric import parse_variant
+
+    def res(variant, rows, ppl, steps=10, converged=True):
+        return {"spec": parse_variant(variant), "key_type": "att", "train_rows": rows,
+                "history": {"steps": steps, "converged": converged},
+                "stages": {"trained": {"test": {"interp": {"ppl_word": ppl}}}}}
+    assert "no worse" in nv_check([res("nv1-sub", 100, 20.0), res("nv3", 100, 19.9)])
+    text = nv_check([res("nv1", 900, 19.0), res("nv1-sub", 100, 20.0), res("nv3", 100, 20.5, 7, False)])
+    assert "3V att is worse than W_ds on the same 100 rows (20.500 vs 20.000; 7 steps, under-trained)" in text
+    assert "no W_ds trained on its 100 rows" in nv_check([res("nv1", 900, 19.0), res("nv3", 100, 20.5)])

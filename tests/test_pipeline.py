@@ -92,7 +92,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 9 for Table 3 on the 20 % store over every token (store r0.2-alltokens, ffn/L2): store, 2 searches (with
     #   r0.2's index), 2 real scores, 2 exact searches, settings, table
     # + 9 for Table 3's pair on the full store over every token (store full-alltokens, ffn/L2; table3_all): the same
-    assert jobs == 123
+    # + 2 for W_ds trained again on the other variants' subset (nv1-sub att and ffn: comparisons at equal rows)
+    assert jobs == 125
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -455,6 +456,27 @@ def test_parametric_alternatives(tiny_run):
     assert ada["info"]["rows"] == res["info"]["rows"]  # adaptive and equal counts at the same total
     cl = read_json(art(tiny_run, "parametric_result", variant="cluster1", key="att"))
     assert set(cl["stages"]) == {"before", "after"}
+    # the model alone vs the base LM alone, beside the share of the gain: the alone row's PPL is the model's own
+    cmp = pd.read_csv(art(tiny_run, "table", table="parametric_comparisons", ext="csv"))
+    alone = cmp[(cmp["comparison"] == "W_ds (learned) att alone vs base") & (cmp["split"] == "test")].iloc[0]
+    base_ppl = read_json(art(tiny_run, "score", store="full", key="att", metric="l2"))["test"]["lm"]["ppl_word"]
+    w_alone = w["stages"][w.get("final_stage", list(w["stages"])[-1])]["test"]["knn"]["ppl_word"]
+    assert alone["relative difference"] == pytest.approx(w_alone / base_ppl - 1, rel=1e-6, abs=1e-9)
+
+
+def test_base_lm_convergence_in_every_caption(tiny_run):
+    """The trained base LM's valid curve and whether it converged (training.json) are in the caption of every table
+    and in the findings summary (an under-trained base LM proves less)."""
+    t = read_json(art(tiny_run, "lm_training"))
+    assert t["max_update"] == TINY["lm"]["max_update"] and t["evaluations"] >= 1 and t["converged"]
+    label = "Base LM: " + f"{t['updates']:,} of {t['max_update']:,} updates"
+    for table in ("table1", "table1_comparisons", "table3", "table3_comparisons", "datastore_size", "temperature",
+                  "table2", "parametric_comparisons", "pca", "variance"):
+        assert label in art(tiny_run, "table", table=table, ext="md").read_text(), table
+    summary = next(line for line in art(tiny_run, "findings").read_text().splitlines() if line.startswith("Summary:"))
+    assert label in summary
+    t4 = art(tiny_run, "run_table", table="table4", ext="md").read_text()
+    assert "base: " + label in t4 or label in t4
 
 
 def test_pca_store(tiny_run):

@@ -65,3 +65,25 @@ def test_stage_table_times_resumed_training_from_its_logs(tmp_path):
     assert t.loc["train_lm_base", "wall_s"] == 300.0 and t.loc["train_lm_base", "from_log"]
     assert t.loc["train_parametric_base_nv1_att", "wall_s"] == 80.0 and t.loc["bpe", "wall_s"] == 7.0
     assert not t.loc["bpe", "from_log"]
+
+
+def test_base_lm_convergence_from_its_valid_curve():
+    """knnlm.lm.convergence: an LM whose last valid evaluation is its best and gained >= 1 % perplexity is
+    under-trained; one whose curve flattened (or rose) converged; a resumed log's repeated evaluations count once;
+    the caption sentence says which."""
+    from knnlm.lm import convergence, convergence_label
+
+    falling = {"valid_loss": [(500, 7.0), (1000, 6.5), (1500, 6.3), (1500, 6.3), (2000, 6.2)],
+               "train_loss": [(2000, 6.0), (2010, 5.9)]}
+    t = convergence(falling, 2010)
+    assert t["still_falling"] and t["converged"] == "no (valid loss still falling)" and t["evaluations"] == 4
+    assert t["best_update"] == 2000 and t["updates"] == 2010 and t["last_gain"] == pytest.approx(2 ** -0.1 - 1)
+    assert "under-trained" in convergence_label(t) and "2,010 of 2,010 updates" in convergence_label(t)
+    flat = convergence({"valid_loss": [(500, 7.0), (1000, 6.5), (1500, 6.499)]}, 1500)
+    assert not flat["still_falling"] and flat["converged"] == "yes" and "converged" in convergence_label(flat)
+    rising = convergence({"valid_loss": [(500, 7.0), (1000, 6.5), (1500, 6.6)]}, 1500)
+    assert rising["converged"] == "yes" and rising["best_update"] == 1000
+    assert convergence({"valid_loss": [(500, 7.0)]}, 500)["converged"] == "unknown (one evaluation)"
+    with pytest.raises(ValueError, match="no valid evaluation"):
+        convergence({"train_loss": [(1, 9.0)]}, 1)
+    assert "not trained by this run" in convergence_label(None)

@@ -197,7 +197,7 @@ def tau_edge(taus: list[float], i: int, cfg: dict) -> str:
     return "lower" if i == 0 and cfg["temperature"]["start"] > 0 else ""
 
 
-VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
+VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)(?P<sub>-sub)?|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
 
 
 def parametric_variants(cfg: dict) -> list[tuple[str, str]]:
@@ -207,7 +207,20 @@ def parametric_variants(cfg: dict) -> list[tuple[str, str]]:
     out += [(f"adaptive-{by}", k) for k in p["adaptive"]["key_types"] for by in p["adaptive"]["by"]]
     out += [(f"mos{r}-{v}", k) for k in p["mos"]["key_types"] for r in p["mos"]["mixtures"] for v in p["mos"]["variants"]]
     out += [(f"cluster{p['clustered']['m']}", k) for k in p["clustered"]["key_types"]]
-    return out
+    return out + [("nv1-sub", k) for k in subset_references(cfg, out)]
+
+
+def subset_references(cfg: dict, variants: list[tuple[str, str]]) -> list[str]:
+    """The key types that need W_ds (nv1) trained again on the shrunk subset ('nv1-sub'): where W_ds trains on other
+    rows than some variant of that key type (config 'parametric.converge' vs 'parametric.train_tokens'), so that
+    every comparison between variants is at equal training rows (Xu et al. 2023, Sec. 4 and App. B-C compare
+    them on the same data)."""
+    p = cfg["parametric"]
+    conv = p["converge"]
+    if "nv1" not in conv["variants"] or conv["train_tokens"] == p["train_tokens"]:
+        return []
+    return [k for k in p["key_types"] if ("nv1", k) in variants
+            and any(v not in conv["variants"] and kk == k for v, kk in variants)]
 
 
 def parametric_tables(cfg: dict) -> list[str]:

@@ -101,6 +101,49 @@ def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
+LM_CONVERGED_GAIN = 0.01  # the last evaluation improved valid perplexity by less than 1 %: converged
+
+
+def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
+                tolerance: float = LM_CONVERGED_GAIN) -> dict:
+    """Whether a trained base LM converged, from its training curve (parse_fairseq_json_log: 'valid_loss' =
+    [(update, loss in bits per token)], 'train_loss'); the base-LM row of every table says so.
+
+    'still_falling' is True when the last evaluation is the best so far and improved valid perplexity by at least
+    `tolerance` (relative) over the one before it: more updates would very likely lower it further, so the LM is
+    under-trained. Returns {'updates' (last logged update), 'max_update', 'evaluations', 'valid' [(update,
+    perplexity)], 'best_update', 'last_gain' (relative perplexity change of the last evaluation, negative = better;
+    None with one evaluation), 'still_falling', 'converged': 'yes' | 'no (valid loss still falling)' | 'unknown (one
+    evaluation)'}. Raises ValueError when the curve has no valid evaluation."""
+    valid = sorted({u: loss for u, loss in curves.get("valid_loss", [])}.items())  # a resumed log repeats updates
+    if not valid:
+        raise ValueError("the training log has no valid evaluation ('valid_loss'): cannot say whether the LM converged")
+    ppl = [(u, 2.0 ** loss) for u, loss in valid]
+    best_update = min(ppl, key=lambda x: x[1])[0]
+    updates = max([u for u, _ in curves.get("train_loss", [])] + [valid[-1][0]])
+    gain = ppl[-1][1] / ppl[-2][1] - 1 if len(ppl) > 1 else None
+    falling = gain is not None and best_update == ppl[-1][0] and gain <= -tolerance
+    converged = ("unknown (one evaluation)" if gain is None else "no (valid loss still falling)" if falling else "yes")
+    return {"updates": int(updates), "max_update": int(max_update), "evaluations": len(ppl), "valid": ppl,
+            "best_update": int(best_update), "last_gain": gain, "still_falling": bool(falling), "converged": converged,
+            "tolerance": tolerance}
+
+
+def convergence_label(training: dict | None) -> str:
+    """One sentence for a table caption: how long the base LM trained and whether it converged (convergence); for
+    an LM this run did not train (training None), says so."""
+    if training is None:
+        return "Base LM: not trained by this run (config 'lms'); its convergence is not recorded here."
+    gain = training["last_gain"]
+    last = (f"; the last of {training['evaluations']} valid evaluations changed perplexity by {100 * gain:+.1f} %"
+            if gain is not None else "")
+    verdict = {"yes": "converged", "no (valid loss still falling)": "under-trained (valid loss still falling)"}.get(
+        training["converged"], training["converged"])
+    return (f"Base LM: {training['updates']:,} of {training['max_update']:,} updates, best valid perplexity "
+            f"{min(p for _, p in training['valid']):.2f} at update {training['best_update']:,}{last}: {verdict} "
+            f"(converged = the last evaluation gained less than {100 * training['tolerance']:.0f} %).")
+
+
 def fairseq_log_seconds(lines) -> tuple[float, float, int]:
     """Training wall time in a fairseq --log-format json log appended to across resumes: (seconds, seconds_all,
     segments).

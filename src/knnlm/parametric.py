@@ -446,13 +446,15 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
 
 
 def parse_variant(name: str) -> dict:
-    """{'kind': 'nv'|'adaptive'|'mos'|'cluster', ...} from a variant name; ValueError for unknown names."""
+    """{'kind': 'nv'|'adaptive'|'mos'|'cluster', ...} from a variant name; ValueError for unknown names. 'nv<n>-sub'
+    is nV trained on the shrunk subset of config 'parametric.train_tokens' ('subset': True): W_ds (nv1) again on the
+    rows the other variants saw, when W_ds itself trains on all rows (knnlm.config.subset_references)."""
     m = VARIANT_RE.match(name)
     if not m:
-        raise ValueError(f"unknown parametric variant {name!r}; expected nv<n>, adaptive-freq|loss, "
+        raise ValueError(f"unknown parametric variant {name!r}; expected nv<n>[-sub], adaptive-freq|loss, "
                          f"mos<R>-only|embed or cluster<m>")
     if m["n"]:
-        return {"kind": "nv", "n": int(m["n"])}
+        return {"kind": "nv", "n": int(m["n"])} | ({"subset": True} if m["sub"] else {})
     if m["by"]:
         return {"kind": "adaptive", "by": m["by"]}
     if m["r"]:

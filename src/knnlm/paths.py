@@ -38,6 +38,7 @@ PATTERNS: dict[str, str] = {
     "checkpoint": "lms/{lm}/checkpoint.pt",
     "model_card": "lms/{lm}/model.json",  # a Hugging Face LM: what identifies it (knnlm.hf.model_card)
     "fairseq_dir": "lms/{lm}/fairseq",
+    "lm_training": "lms/{lm}/training.json",  # a trained LM's valid curve and whether it converged
     "keys": "lms/{lm}/datastore/keys_{key}.npy",
     "vals": "lms/{lm}/datastore/vals.npy",
     "datastore_manifest": "lms/{lm}/datastore/manifest.json",
@@ -86,7 +87,7 @@ WILDCARDS: dict[str, str] = {
     "key": r"att|ffn",
     "metric": r"l2|ip",
     "split": r"valid|test",
-    "variant": r"nv\d+|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+",
+    "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+",
 }
 
 

@@ -33,11 +33,13 @@ def table1(base: dict, scores: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def write_table(df: pd.DataFrame, csv_path: str | Path, md_path: str | Path, title: str, caption: str) -> None:
-    """Write df as CSV and as Markdown (one section per split, with a caption), atomically."""
+def write_table(df: pd.DataFrame, csv_path: str | Path, md_path: str | Path, title: str, caption: str,
+                note: str = "") -> None:
+    """Write df as CSV and as Markdown (one section per split, with a caption and `note` after it, e.g. the base
+    LM's convergence), atomically."""
     with atomic_path(csv_path) as tmp:
         df.to_csv(tmp, index=False, float_format="%.4f")
-    parts = [f"# {title}\n", caption.strip() + "\n"]
+    parts = [f"# {title}\n", caption.strip() + (" " + note.strip() if note.strip() else "") + "\n"]
     for split, sub in df.groupby("split", sort=False):
         parts.append(f"\n## {split}\n")
         shown = sub.drop(columns=["split"]).apply(
@@ -60,9 +62,9 @@ def _fmt(column: str, v) -> str:
 
 
 def write_comparisons(rows: list[dict], csv_path: str | Path, md_path: str | Path, title: str, what: str,
-                      method: str) -> None:
+                      method: str, note: str = "") -> None:
     """A table of paired comparisons (knnlm.stats.comparison_rows), one section per split, with a caption that
     says what is compared (`what`) and how the CIs were made (`method`)."""
     cap = (f"{what}: relative difference a / b − 1 of per-word perplexity on the same tokens. {method} Verdict: "
            f"'lower' / 'higher' when the CI excludes 0, else 'inconclusive'.")
-    write_table(pd.DataFrame(rows).sort_values("split", kind="stable"), csv_path, md_path, title, cap)
+    write_table(pd.DataFrame(rows).sort_values("split", kind="stable"), csv_path, md_path, title, cap, note)

@@ -122,6 +122,15 @@ def bench_of(rule, *wildcards):
     return artifact("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
 
 
+def lm_training(lm=None):
+    """Input function: the training.json of base LM `lm` (default: the rule's {lm}) when this run trains it, else
+    nothing (an existing checkpoint or a Hugging Face LM: its caption says so)."""
+    def fn(wc):
+        name = lm or wc.lm
+        return artifact("lm_training", lm=name) if SOURCE[name] == "train" else []
+    return fn
+
+
 def lm_model(split):
     """Input function of a dump: the base LM {lm} itself. A fairseq LM gives its 'checkpoint' (the trained one, or
     config 'lms.<lm>.path') and 'data_bin'; a Hugging Face LM its 'model_card' and the split's 'text'."""

@@ -41,6 +41,7 @@ if len(NESTED_STORES) > 1:
 
 rule write_datastore_size:
     input:
+        lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=expand(artifact("settings"), store=SIZE_STORES, key=DATASTORE_SIZE["key_types"], metric=DATASTORE_SIZE["metrics"], allow_missing=True),
     output:
         csv=artifact("table", table="datastore_size", ext="csv"),

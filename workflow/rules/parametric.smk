@@ -52,6 +52,7 @@ rule train_parametric:
 
 rule write_parametric:
     input:
+        lm_training=lm_training(),  # the base LM's convergence, in the caption
         results=[artifact("parametric_result", variant=v, key=k) for v, k in VARIANTS],
         scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),

@@ -171,6 +171,7 @@ TABLE3_SETTINGS = {"table3": settings_of("full", RETRIEVAL),
 
 rule write_table3:
     input:
+        lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=lambda wc: expand(TABLE3_SETTINGS[wc.table], lm=wc.lm),  # table {table}'s store, per (key, metric)
     output:
         csv=artifact("table", table="{table}", ext="csv"),

@@ -131,6 +131,7 @@ rule train_lm:
         data_bin=artifact("data_bin"),
     output:
         checkpoint=artifact("checkpoint"),
+        training=artifact("lm_training"),  # the valid curve and whether it converged (knnlm.lm.convergence)
     wildcard_constraints:
         lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
     params:

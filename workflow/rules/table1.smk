@@ -28,6 +28,7 @@ rule score:
 
 rule write_table1:
     input:
+        lm_training=lm_training(),  # the base LM's convergence, in the caption
         scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         knn_valid=expand(artifact("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
         knn_test=expand(artifact("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),

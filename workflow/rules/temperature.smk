@@ -11,6 +11,7 @@ FIG5_SETTINGS = [f for store in TAU_STORES for f in expand(
 
 rule write_temperature:
     input:
+        lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=FIG5_SETTINGS,
     output:
         csv=artifact("table", table="temperature", ext="csv"),

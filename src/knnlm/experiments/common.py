@@ -87,3 +87,17 @@ def documents_label(job: Job) -> str:
     splits of the per-split input list 'documents')."""
     sch = documents_scheme(job)
     return scheme_label(sch, sch["split_documents"])
+
+
+def lm_training_label(job: Job) -> str:
+    """The caption sentence on the base LM's convergence (knnlm.lm.convergence_label) from the job's input
+    'lm_training' (the training.json of each trained LM; empty for an LM this run did not train). Several LMs
+    (Table 4) get one sentence each, named by LM. Xu et al. 2023 compare kNN-LMs over a converged base LM."""
+    from ..lm import convergence_label
+
+    files = [p for p in job.paths("lm_training")] if job.input.get("lm_training") else []
+    if not files:
+        return convergence_label(None)
+    if len(files) == 1:
+        return convergence_label(read_json(files[0]))
+    return " ".join(f"{p.parent.name}: {convergence_label(read_json(p))}" for p in files)

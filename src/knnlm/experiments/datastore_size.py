@@ -17,7 +17,7 @@ from ..results import METRIC_NAME
 from ..scope import scope_caption
 from ..tables import write_table
 from .retrieval import SETTING_LABEL, SETTINGS, settings_ci_caption, settings_rows
-
+from .common import lm_training_label
 
 def size_table(sweeps: list[dict], stats: dict) -> pd.DataFrame:
     """One row per (split, key, metric, ratio, setting) from settings JSONs, sorted for plotting, with CIs and the
@@ -63,7 +63,7 @@ def figures(job: Job) -> dict:
            f"scope: {scope_caption(cfg)}. CI low/high: 95% CI of interp PPL (word); 'vs full': paired relative "
            f"difference to the same setting on the full datastore ({settings_ci_caption(sweeps, cfg['stats'])}). {note}")
     write_table(size, job.path("csv"), job.path("md"), "Datastore size: interpolated perplexity vs fraction of the datastore",
-                cap)
+                cap, note=lm_training_label(job))
     written = [str(job.path("csv")), str(job.path("md"))]
 
     pairs = sorted({(s["key_type"], s["metric"]) for s in sweeps})

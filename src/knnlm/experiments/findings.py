@@ -17,6 +17,9 @@ A claim about a family of settings (every parametric alternative the run trained
 A parametric alternative that stopped before its valid NLL stopped improving is under-trained: a verdict that rests
 on it looking worse than the claim needs (worse than the kNN-LM or the base LM, or a smaller share of the gain) is
 'inconclusive (under-trained)', since more training could change it; one where it already looks better stands.
+Likewise a variant trained on fewer rows than what it is compared with (a kNN-LM searches every datastore row) is
+'inconclusive (subset-trained)' where it looks worse; variants are compared with each other at equal rows (W_ds is
+trained again on the subset the others saw when it trained on all rows).
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
@@ -31,6 +34,7 @@ import pandas as pd
 from ..cli import Job
 from ..io import atomic_path, read_json
 from ..stats import ci_caption, comparison_rows
+from .common import lm_training_label
 from .retrieval import TUNED, store_vs_store
 
 FAISS_FAISS, FAISS_REAL, REAL_REAL = "faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score"
@@ -38,7 +42,7 @@ MARGIN = 0.01  # "close to optimal": tuning τ gains less than 1 % of perplexity
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
-           kind="paper", ref=None, about=None, equivalent=None, reported=False):
+           kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None):
     """One claim: its `source` table ('table1', 'table3', 'parametric', 'small_store': the settings of the
     smallest store of config 'temperature.ratios', 'size': that store against the full one, 'tuning': the gain of
     tuning τ compared between two settings of the Table 3 store, 'small_tuning': the same on the small store),
@@ -49,9 +53,11 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     paper's share of a gain, with `about` = the stated margin around it (reproduced when the CI lies inside the
     band, contradicted when outside it); `reported` = a number the paper states, reported without a verdict.
     `kind`: 'paper' (the paper's own comparison: setting, τ, table) or 'ours' (an extra comparison of this run);
-    `ref`: a substring the row's 'reference' column must hold (parametric rows: which kNN-LM it compares with)."""
+    `ref`: a substring the row's 'reference' column must hold (parametric rows: which kNN-LM it compares with).
+    `paper_text`: what the paper says, for a claim without numbers or sign (a reported number)."""
     return {"section": section, "claim": claim, "source": source, "paper": paper, "sign": sign, "within": within,
             "share": share, "about": about, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
+            "paper_text": paper_text,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
 
@@ -81,6 +87,9 @@ CLAIMS = [
     _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers about 55 % of the kNN-LM's (att, IP) gain", "parametric",
            r"share of the gain: W_ds \(learned\) att of kNN-LM att/IP", share=PAPER_SHARE, about=SHARE_MARGIN,
            regex=True, ref="the paper's"),
+    _claim("Sec. 4, Table 2", "beside the share: the learned W_ds (att) alone vs the base LM alone (reported: how much of "
+           "the share the second softmax achieves without interpolation)", "parametric",
+           r"W_ds \(learned\) att alone vs base", regex=True, kind="ours", reported=True, paper_text="not stated"),
     _claim("Sec. 4, Table 2", "the best kNN-LM (chosen on valid) still beats the learned W_ds (att)", "parametric",
            r"kNN-LM \S+ vs W_ds \(learned\) att", sign=-1, regex=True, kind="ours", ref="best on valid"),
     _claim("Sec. 4, Table 2", "the learned W_ds (att)'s share of the best kNN-LM's gain", "parametric",
@@ -95,6 +104,10 @@ CLAIMS = [
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity (nV, adaptive counts, MoS, clustered datastore) "
            "closes the gap to the kNN-LM (att, IP)", "parametric", r"kNN-LM att/IP vs " + ALTERNATIVES, APP_BC,
            sign=-1, regex=True, ref="the paper's"),
+    _claim("Sec. 4, App. B, Table 5", f"at equal training rows, nV (n > 1) is about as good as W_ds (within "
+           f"±{100 * MARGIN:.0f} %; nV contains 1V, so a worse nV means training, not capacity)", "parametric",
+           r"\d+V embeddings \S+ vs W_ds \(learned\)( on the subset)? \S+", regex=True, equivalent=MARGIN, kind="ours",
+           paper_text="Table 5 (att, all rows): 2V 20.529, 3V 20.395, 4V 20.521 vs 1V 20.353"),
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the best kNN-LM", "parametric",
            r"kNN-LM \S+ vs " + ALTERNATIVES, sign=-1, regex=True, kind="ours", ref="best on valid"),
     _claim("Sec. 4, Figure 2", "a larger datastore is better: the smallest swept store vs the full one (FAISS mask "
@@ -261,7 +274,7 @@ def _paper(c: dict, b: str | None) -> tuple[str, int]:
     text = (f"{a_b[0]:.3f} vs {a_b[1]:.3f} ({100 * (a_b[0] / a_b[1] - 1):+.1f} %)" if a_b
             else f"within {100 * c['within']:.0f} %" if c["within"]
             else f"{100 * c['share']:.1f} % (about: ±{100 * c['about']:.0f} pp)" if c["share"]
-            else "τ = 1 near τ*" if c["reported"] else "direction only")
+            else c["paper_text"] if c["paper_text"] else "τ = 1 near τ*" if c["reported"] else "direction only")
     if a_b and c["equivalent"]:
         text += f"; about equal: within ±{100 * c['equivalent']:.0f} %"
     sign = c["sign"] if c["sign"] is not None else (-1 if a_b and a_b[0] < a_b[1] else 1 if a_b else 0)
@@ -277,6 +290,15 @@ def _alternative_looks_worse(c: dict, r: pd.Series) -> bool:
     if r["comparison"].startswith("kNN-LM "):
         return r["verdict"] == "lower"
     return r["verdict"] == "higher"
+
+
+def _fewer_rows(r: pd.Series) -> bool:
+    """Whether a parametric comparison row's variant saw fewer training rows than what it is compared with (a
+    kNN-LM's datastore, or a W_ds trained on more rows): more data could change a verdict against it."""
+    try:
+        return int(r["train rows"]) < int(r["reference rows"])
+    except (KeyError, TypeError, ValueError):  # not a parametric row, or compared with the base LM ('-')
+        return False
 
 
 def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int) -> dict:
@@ -299,6 +321,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int)
     if str(r.get("converged", "yes")).startswith("no") and not v.startswith("inconclusive") \
             and _alternative_looks_worse(c, r):
         v = "inconclusive (under-trained)"
+    if _fewer_rows(r) and not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
+        v = "inconclusive (subset-trained)"
     if "converged" in r:
         trained = "" if r["converged"] == "yes" else ", under-trained"
         label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
@@ -335,6 +359,7 @@ def findings(job: Job) -> dict:
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}. "
+            f"{lm_training_label(job)} "
             f"{ci_caption(cfg['stats'])}; 'documents' = the test documents a row rests on.\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "

@@ -29,10 +29,12 @@ from ..parametric import (KeyBatches, build_model, cached, checkpoint_output_mat
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..stats import per_document
 from ..stores import subsample_rows
-from .common import (by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
+from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
                      words_per_split)
 
 log = logging.getLogger(__name__)
+SUBSET = " on the subset"  # nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants
+ALONE = " alone"  # a parametric model's own perplexity, not interpolated with the base LM ('W_ds (learned) att alone')
 
 
 def output_matrix(job: Job) -> torch.Tensor:
@@ -78,7 +80,7 @@ def train_parametric(job: Job) -> dict:
     out_dir = Path(job.extra["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "training": tr,
-              "stages": {}}
+              "datastore_rows": int(man["N"]), "stages": {}}
 
     def score(model, stage):
         t0 = time.time()
@@ -181,7 +183,8 @@ def _label(result: dict) -> tuple[str, str]:
     """(table, row label) of a variant."""
     s = result["spec"]
     if s["kind"] == "nv":
-        return ("table5", "W_ds (learned)" if s["n"] == 1 else f"{s['n']}V embeddings")
+        name = "W_ds (learned)" if s["n"] == 1 else f"{s['n']}V embeddings"
+        return ("table5", name + SUBSET if s.get("subset") else name)
     if s["kind"] == "adaptive":
         return ("table6", f"adaptive counts by {'frequency' if s['by'] == 'freq' else 'base-LM loss'}")
     if s["kind"] == "mos":
@@ -206,13 +209,50 @@ def _variant_name(result: dict) -> str:
     return f"{_label(result)[1]} {result['key_type']}"
 
 
+def nv_check(results: list[dict]) -> str:
+    """Table 5's check (caption text): nV contains 1V as a special case, so at equal training rows its test
+    interpolated perplexity should be no worse than W_ds's; each nV that is worse is named with both numbers and its
+    training, since the gap then measures training, not softmax capacity. '' without nV models."""
+    ppl = lambda r: r["stages"]["trained"]["test"]["interp"]["ppl_word"]  # noqa: E731
+    nv = [r for r in results if r["spec"]["kind"] == "nv"]
+    out = []
+    for r in (r for r in nv if r["spec"]["n"] > 1):
+        ref = [w for w in nv if w["spec"]["n"] == 1 and w["key_type"] == r["key_type"] and w["train_rows"] == r["train_rows"]]
+        if not ref:
+            out.append(f"{r['spec']['n']}V {r['key_type']}: no W_ds trained on its {r['train_rows']:,} rows to check against")
+        elif ppl(r) > ppl(ref[0]):
+            h = r.get("history", {})
+            out.append(f"{r['spec']['n']}V {r['key_type']} is worse than W_ds on the same {r['train_rows']:,} rows "
+                       f"({ppl(r):.3f} vs {ppl(ref[0]):.3f}; {h.get('steps', '?')} steps, "
+                       f"{'converged' if h.get('converged') else 'under-trained'}): nV contains 1V, so the gap is its "
+                       f"training (more parameters per word to fit from the same rows), not its capacity")
+    if not nv or not out:
+        return " Check: every nV is no worse than W_ds trained on the same rows." if len(nv) > 1 else ""
+    return " Check (nV contains 1V): " + "; ".join(out) + "."
+
+
+def equal_rows_pairs(results: list[dict], names: list[str]) -> list[tuple[str, str]]:
+    """(variant, W_ds) comparisons at equal training rows: every variant other than W_ds against the W_ds (nv1, or
+    nv1-sub: W_ds on the shrunk subset) of its key type trained on as many rows (the same seeded subset), so that a
+    difference measures the softmax, not the data (Xu et al. 2023, App. B-C). A variant without such a W_ds gets
+    none (its rows against the kNN-LM say how many rows it saw)."""
+    w_ds = [(r, n) for r, n in zip(results, names) if r["spec"]["kind"] == "nv" and r["spec"]["n"] == 1]
+    out = []
+    for r, n in zip(results, names):
+        if r["spec"]["kind"] == "nv" and r["spec"]["n"] == 1:
+            continue
+        ref = [m for w, m in w_ds if w["key_type"] == r["key_type"] and w["train_rows"] == r["train_rows"]]
+        out += [(n, ref[0])] if ref else []
+    return out
+
+
 def comparison_variant(comparison: str, variants: list[str]) -> str:
-    """The trained variant among `variants` that a parametric comparison names: 'ALT vs base', 'kNN-LM X vs ALT'
-    or 'share of the gain: ALT of kNN-LM X'. Raises ValueError when it names none."""
+    """The trained variant among `variants` that a parametric comparison names: 'ALT vs base', 'ALT alone vs base',
+    'kNN-LM X vs ALT' or 'share of the gain: ALT of kNN-LM X'. Raises ValueError when it names none."""
     if comparison.startswith("share of the gain: "):
         parts = [comparison[len("share of the gain: "):].rsplit(" of kNN-LM ", 1)[0]]
     else:
-        parts = comparison.split(" vs ", 1)
+        parts = [p.removesuffix(ALONE) for p in comparison.split(" vs ", 1)]
     for part in parts:
         if part in variants:
             return part
@@ -252,13 +292,16 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                 names.append(best_tuned)
         for i, r in enumerate(results):
             lam = r["stages"][r.get("final_stage", list(r["stages"])[-1])]["lambda"]
-            lps.append(interpolate(lp_lm[split], np.load(par_files[i * len(SPLITS) + j]).astype(np.float64), lam))
-            names.append(par_names[i])
+            lp_par = np.load(par_files[i * len(SPLITS) + j]).astype(np.float64)
+            lps += [interpolate(lp_lm[split], lp_par, lam), lp_par]  # interpolated, and the model alone
+            names += [par_names[i], par_names[i] + ALONE]
         nll = per_document(-np.stack(lps), doc, len(doc_words))
         # the best kNN-LM (ours, chosen on valid) at τ and at τ*, and the paper's own reference of Tables 2 and 5-7,
         # the att/IP kNN-LM at the config τ (19.095 in the paper), when the run has it
         refs = [best_name, best_tuned] + [n for n in ("kNN-LM att/IP",) if n in names and n != best_name]
-        pairs = [(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
+        pairs = ([(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
+                 + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
+                 + equal_rows_pairs(results, par_names))  # each variant vs W_ds trained on the same rows
         c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names])
         rows += comparison_rows(c, split=split)
         rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
@@ -275,17 +318,28 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         if paper_ref in c and f"{paper_ref} τ*" not in c:
             ref.append("the paper's (att/IP, config τ)")
         row["reference"] = "; ".join(ref)
+    by_name = dict(zip(par_names, results))
     for row in rows:  # the training of the variant each comparison involves: under-trained rows prove less
-        h = history[comparison_variant(row["comparison"], par_names)]
-        row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)"})
+        v = by_name[comparison_variant(row["comparison"], par_names)]
+        h = history[_variant_name(v)]
+        other = row["comparison"].split(" vs ", 1)[-1] if " vs " in row["comparison"] else ""
+        ref_rows = (by_name[other]["train_rows"] if other in by_name else "-" if other in ("", "base")
+                    else v.get("datastore_rows", "-"))  # a kNN-LM searches every datastore row
+        if row["comparison"].startswith(("kNN-LM ", "share of the gain: ")):
+            ref_rows = v.get("datastore_rows", "-")
+        row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)",
+                    "train rows": v["train_rows"], "reference rows": ref_rows})
     boot = f"{ci_caption(st, documents_label(job))}; all tokens of valid and test."
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
            f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid, at τ = "
            f"{job.cfg['knn']['temperature']} and at its τ tuned on valid, 'τ*') and vs the paper's reference of Tables "
            f"2 and 5-7, the att/IP kNN-LM at τ = {job.cfg['knn']['temperature']} (when the run has it), and 'share of the gain: "
            f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %). "
-           f"steps / converged: the training of the variant the comparison involves.")
-    write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot)
+           f"steps / converged / train rows: the training of the variant the comparison involves; 'reference rows': the "
+           f"rows of what it is compared with (a kNN-LM: every datastore row; W_ds: the rows it was trained on). "
+           f"'X vs W_ds (learned)[ on the subset]' compares a variant with W_ds trained on the same rows, "
+           f"'X alone vs base' the model without interpolation.")
+    write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot, note=lm_training_label(job))
     return [str(job.path("cmp_csv")), str(job.path("cmp_md"))]
 
 
@@ -336,7 +390,7 @@ def tables(job: Job) -> dict:
             lab = label + (f" ({stage} fine-tuning{_tau_text(res, stage)})" if stage in ("before", "after") else "")
             rows = _rows(res, stage, lab, base, knn_best)
             tables[table] += rows
-            if res["spec"]["kind"] == "nv" and res["spec"]["n"] == 1:
+            if res["spec"]["kind"] == "nv" and res["spec"]["n"] == 1 and not res["spec"].get("subset"):
                 tables["table2"] += rows
             if res["spec"]["kind"] == "nv" and res["spec"]["n"] == p["adaptive"]["total_n"] \
                     and res["key_type"] in p["adaptive"]["key_types"]:
@@ -346,6 +400,7 @@ def tables(job: Job) -> dict:
               "table7": "Table 7: mixture of softmaxes", "clustered": "Appendix C.3: clustered datastore"}
     extra = {"clustered": " Clustered datastore: softmax over −|h − c|² / τ, τ tuned on the valid NLL over √2-spaced "
                           "values 1 … 4096 before fine-tuning, then learned with the centroids (the τ of each row)."}
+    extra["table5"] = nv_check(results)
     written = []
     for csv, md in zip(job.paths("csv"), job.paths("md")):
         t = md.name.rsplit(".", 1)[0]
@@ -353,17 +408,23 @@ def tables(job: Job) -> dict:
             raise ValueError(f"rule {job.rule}: table {t} has no trained variant; check config section 'parametric'")
         df = pd.DataFrame(tables[t]).sort_values("split", ascending=True, kind="stable")
         df = df[[c for c in TABLE_COLUMNS if c in df]]
-        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}{extra.get(t, '')}")
+        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}{extra.get(t, '')}", note=lm_training_label(job))
         written += [str(csv), str(md)]
 
     written += _comparisons(job, results, scores, best)
 
     fig, ax = plt.subplots(figsize=(5, 3.6))
     nv = sorted((r for r in results if r["spec"]["kind"] == "nv"), key=lambda r: r["spec"]["n"])
-    for key in p["key_types"]:
-        pts = [(r["spec"]["n"], r["stages"]["trained"]["test"]["interp"]["ppl_word"]) for r in nv if r["key_type"] == key]
-        if pts:
-            ax.plot(*zip(*pts), "-o", label=f"nV softmax on {key}")
+    for key in p["key_types"]:  # the nV line at equal training rows (nv1-sub where W_ds itself saw every row)
+        mine = [r for r in nv if r["key_type"] == key]
+        rows = {r["train_rows"] for r in mine if r["spec"]["n"] > 1} or {r["train_rows"] for r in mine}
+        line = [r for r in mine if r["train_rows"] in rows]
+        ppl = lambda r: r["stages"]["trained"]["test"]["interp"]["ppl_word"]  # noqa: E731
+        if line:
+            ax.plot([r["spec"]["n"] for r in line], [ppl(r) for r in line], "-o",
+                    label=f"nV softmax on {key} ({', '.join(f'{n:,}' for n in sorted(rows))} rows)")
+        for r in (r for r in mine if r["train_rows"] not in rows):
+            ax.plot([r["spec"]["n"]], [ppl(r)], "s", label=f"W_ds on {key}, {r['train_rows']:,} rows")
     ax.axhline(base["test"]["ppl_word"], color="k", ls="--", label="base LM")
     for key in p["key_types"]:
         ks = [s for s in scores if s["key_type"] == key]

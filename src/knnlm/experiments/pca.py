@@ -9,7 +9,7 @@ from ..io import read_json
 from ..scope import scope_caption
 from ..tables import write_table
 from .retrieval import settings_rows
-
+from .common import lm_training_label
 
 def table(job: Job) -> dict:
     """Table 'pca': interpolated perplexity vs key dimension (CSV + Markdown)."""
@@ -22,5 +22,5 @@ def table(job: Job) -> dict:
            f"a seeded sample of keys, then IVFPQ with the full keys' code size (D/16 bytes when 'index.code_size' is auto, the same for every PCA dimension, so dimension and code size are not confounded), exact search and "
            f"real score in the reduced space; τ = {cfg['knn']['temperature']}, λ tuned on valid; scope: "
            f"{scope_caption(cfg)}. {cfg.get('profile', {}).get('caption', '')}")
-    write_table(df, job.path("csv"), job.path("md"), "PCA: interpolated perplexity vs key dimension", cap)
+    write_table(df, job.path("csv"), job.path("md"), "PCA: interpolated perplexity vs key dimension", cap, note=lm_training_label(job))
     return {"artifacts": [job.path("csv"), job.path("md")]}

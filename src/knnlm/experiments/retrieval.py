@@ -23,7 +23,7 @@ from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, open_npy,
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scope import scope_caption, scope_tokens
-from .common import by_split, documents_scheme, open_datastore, open_split, scheme_label
+from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scheme_label
 
 log = logging.getLogger(__name__)
 SETTINGS = ("faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score")
@@ -520,7 +520,7 @@ def table3(job: Job) -> dict:
            f"query: PQ distances faiss computed per query (nprobe 'auto' scans at least index.scan_factor = "
            f"{cfg['index']['scan_factor']:g} × k at every store size; the paper's index scans about 1,170 × k): how "
            f"approximate the approximation was. {boot} {cfg.get('profile', {}).get('caption', '')}")
-    write_table(df, job.path("csv"), job.path("md"), f"Table 3: approximate vs exact retrieval{on}", cap)
+    write_table(df, job.path("csv"), job.path("md"), f"Table 3: approximate vs exact retrieval{on}", cap, note=lm_training_label(job))
     write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), f"Table 3 comparisons with 95% CIs{on}",
-                      f"Comparisons of Table 3 ({cfg['name']}{on}; interpolated PPL on the scope: {scope})", boot)
+                      f"Comparisons of Table 3 ({cfg['name']}{on}; interpolated PPL on the scope: {scope})", boot, note=lm_training_label(job))
     return {"metrics": metrics, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv", "cmp_md")]}

@@ -57,13 +57,18 @@ def preprocess(job: Job) -> dict:
 
 def train_lm(job: Job) -> dict:
     """fairseq-train of the base LM (resumable from its work dir); the valid curve is logged per update."""
-    from ..lm import train
+    from ..io import write_json
+    from ..lm import convergence, train
 
     curves = train(job.cfg["lm"], job.path("data_bin"), job.extra["work_dir"], job.path("checkpoint"), job.threads,
                    job.extra["fairseq_log"], on_log=job.curve)
     best = min(curves.get("valid_loss", [(0, float("nan"))]), key=lambda x: x[1])
-    return {"metrics": {"best_valid_loss_base2": best[1], "best_valid_update": best[0]}, "step_metrics": curves,
-            "artifacts": [job.extra["fairseq_log"]]}
+    training = convergence(curves, job.cfg["lm"]["max_update"])
+    write_json(job.path("training"), training)
+    return {"metrics": {"best_valid_loss_base2": best[1], "best_valid_update": best[0],
+                        "still_falling": int(training["still_falling"])},
+            "params": {"converged": training["converged"]}, "step_metrics": curves,
+            "artifacts": [job.extra["fairseq_log"], job.path("training")]}
 
 
 def register_hf(job: Job) -> dict:

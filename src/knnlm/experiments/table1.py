@@ -14,7 +14,7 @@ import numpy as np
 from ..cli import Job
 from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
-from .common import (by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
+from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
                      words_per_split)
 
 log = logging.getLogger(__name__)
@@ -143,9 +143,9 @@ def table1(job: Job) -> dict:
            f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "
            f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
            f"+ one <eos> per line). {boot} {cfg.get('profile', {}).get('caption', '')}")
-    write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap)
+    write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap, note=lm_training_label(job))
     write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), "Table 1 comparisons with 95% CIs",
-                      f"Comparisons of Table 1 ({cfg['name']}; interpolated PPL, the base LM's plain PPL)", boot)
+                      f"Comparisons of Table 1 ({cfg['name']}; interpolated PPL, the base LM's plain PPL)", boot, note=lm_training_label(job))
     m = {}
     for _, r in df.iterrows():
         tag = "base" if r["model"] == "Base LM" else f"{r['h_ds']}_{r['⊗']}" + ("_tau_tuned" if "tuned" in r["model"] else "")

@@ -23,7 +23,7 @@ from ..scoring import interpolate
 from ..stats import ci_caption, compare, estimate, fmt_ci, per_document, verdict
 
 log = logging.getLogger(__name__)
-
+from .common import lm_training_label
 
 def lm_summary(path: str | Path) -> dict:
     """What Table 4 says of a base LM: {'parameters': int, 'training': str}. Parameters: from a Hugging Face model
@@ -111,7 +111,7 @@ def table4(job: Job) -> dict:
            f"(negative = better), {ci_caption(st)}; documents per row in 'documents'. #params: of the base LM (tied embeddings counted once). Training: the base LM's convergence as its "
            f"checkpoint records it (valid curves: the MLflow runs of train_lm). {note} "
            f"{cfg.get('profile', {}).get('caption', '')}")
-    write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap)
+    write_table(df, job.path("csv"), job.path("md"), "Table 4: kNN-LM gain vs base-LM strength", cap, note=lm_training_label(job))
     if cross:
         cdf = pd.DataFrame(cross)
         with open(job.path("md"), "a") as f:

@@ -16,7 +16,7 @@ from ..scope import scope_caption
 from ..stats import fmt_ci
 from ..tables import write_table
 from .retrieval import SETTING_LABEL, SETTINGS, TUNED, settings_ci_caption
-
+from .common import lm_training_label
 
 def figures(job: Job) -> dict:
     """Figure 5 for each swept store (PNG + PDF; 5a = 5 %, 5b = the full datastore), one column per (h_ds, ⊗), with
@@ -74,5 +74,5 @@ def figures(job: Job) -> dict:
            f"{t['lambda_steps']} values for every τ; test perplexities at the chosen (τ, λ); scope: {scope_caption(cfg)}. "
            f"Bands in Figure 5 and the CI of 'best τ vs τ = {tau0:g}': {settings_ci_caption(sweeps, cfg['stats'])}; the "
            f"band at each τ is that of its own λ. {note}")
-    write_table(pd.DataFrame(trows), job.path("csv"), job.path("md"), "Temperature: best τ per setting", cap)
+    write_table(pd.DataFrame(trows), job.path("csv"), job.path("md"), "Temperature: best τ per setting", cap, note=lm_training_label(job))
     return {"artifacts": written + [str(job.path("csv")), str(job.path("md"))]}

@@ -15,7 +15,7 @@ from ..scope import scope_caption
 from ..stats import ci_caption, fmt_ci
 from ..tables import write_table
 from .retrieval import SETTING_LABEL, SETTINGS
-
+from .common import lm_training_label
 
 def _group(s: dict, default_index_seed: int) -> tuple[str, int]:
     """('IVFPQ seed' | 'subset draw', seed) of a settings JSON: subsets vary by their draw, the full store by its
@@ -63,7 +63,7 @@ def table(job: Job) -> dict:
            f"and the spread max/min − 1. CIs: paired over the scope's documents "
            f"({ci_caption(cfg['stats'])}), index and draw fixed. "
            f"Scope: {scope_caption(cfg)}. {cfg.get('profile', {}).get('caption', '')}")
-    write_table(out, job.path("csv"), job.path("md"), "Variance over IVFPQ seeds and subset draws", cap)
+    write_table(out, job.path("csv"), job.path("md"), "Variance over IVFPQ seeds and subset draws", cap, note=lm_training_label(job))
     spread = {f"{r['randomness'].replace(' ', '_')}_{r['mask']}_{r['score']}_sd": float(str(r["95% CI (word)"])[3:])
               for r in summary}
     return {"metrics": spread, "artifacts": [job.path("csv"), job.path("md")]}
