@@ -266,3 +266,13 @@ def test_neighbour_hits_matches_numpy_and_refuses_ids_past_the_datastore():
     ids[3, 5] = 500
     with pytest.raises(IndexError, match="out of range"):
         neighbour_hits(ids, vals, targets)
+
+
+def test_tied_temperatures_give_the_smallest_tau():
+    """τ* is the first value within rounding (TIE_RTOL) of the minimum: a flat valid curve (p_kNN one-hot for every
+    τ past some point) gives the same τ* on every run, whatever order the parallel sums rounded in."""
+    from knnlm.scoring import first_minimum
+
+    assert first_minimum([5.0, 4.0, 3.0, 3.0 * (1 + 1e-12), 3.0 * (1 - 1e-12)]) == 2
+    assert first_minimum([5.0, 3.0 * (1 + 1e-6), 3.0]) == 2  # a real difference still counts
+    assert first_minimum([float("nan"), 2.0, 1.0]) == 2

@@ -224,11 +224,23 @@ def sweep_temperature_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.nd
     return out
 
 
+TIE_RTOL = 1e-9  # values this close (relative) are ties: the parallel sums' rounding differs from run to run
+
+
+def first_minimum(values, rtol: float = TIE_RTOL) -> int:
+    """Index of the first value within `rtol` (relative) of the minimum of `values` (1-D, finite somewhere): ties
+    within the rounding of the parallel sums go to the first (smallest) τ of a grid, so the same data give the same
+    τ* on every run and machine, instead of whichever tied value rounding made lowest."""
+    v = np.asarray(values, dtype=np.float64)
+    best = np.nanmin(v)
+    return int(np.flatnonzero(v <= best + rtol * abs(best))[0])
+
+
 def tune_temperature(lp_lm_valid: np.ndarray, sweep_valid: np.ndarray, temperatures, lambda_steps: int) -> int:
     """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (the minimum of
-    nll_grid, found by best_lambda_per_tau)."""
+    nll_grid, found by best_lambda_per_tau; ties within TIE_RTOL go to the smallest τ, first_minimum)."""
     _, nll = best_lambda_per_tau(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
-    return int(np.argmin(nll))
+    return first_minimum(nll)
 
 
 def best_lambda_per_tau(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -327,7 +339,7 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, 
                 nll = per_document(-lp, doc, len(doc_words))
                 lo, hi = ppl_intervals(nll, doc_words, stats)
                 res[f"{split}_lo"], res[f"{split}_hi"] = lo.tolist(), hi.tolist()
-        i = int(np.argmin(res["valid_interp_ppl_word"]))
+        i = first_minimum(res["valid_interp_ppl_word"])  # ties (to rounding) go to the smallest τ
         res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
                        "test_interp_ppl_word": res["test_interp_ppl_word"][i],
                        "test_interp_ppl_token": res["test_interp_ppl_token"][i]}
