@@ -71,7 +71,7 @@ def _threads_by_slurm_id(log: str) -> dict[str, int]:
 
 def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     results = tmp_path / "results"
-    for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/fairseq"):  # the local run's LM
+    for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/training.json", "lms/base/fairseq"):  # the local run's LM
         src, dst = tiny_run["root"] / part, results / "tiny" / part
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
