@@ -60,10 +60,10 @@ def open_split(cfg: dict, split: str) -> Iterator[tuple[IO[bytes], str]]:
     .tar or .zip) whose file name is the split's (split_files; any folder inside the archive). Raises ConfigError
     naming the key if the file or member is missing, or the archive is of another format.
     """
-    name = split_files(cfg)[split].name
+    src = split_files(cfg)[split]
+    name = src.name
     archive = cfg["data"].get("archive")
     if not archive:
-        src = split_files(cfg)[split]
         if not src.is_file():
             raise ConfigError(f"config key 'data.dir': split file {src} does not exist")
         with open(src, "rb") as f:

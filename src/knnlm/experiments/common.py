@@ -95,7 +95,7 @@ def lm_training_label(job: Job) -> str:
     (Table 4) get one sentence each, named by LM. Xu et al. 2023 compare kNN-LMs over a converged base LM."""
     from ..lm import convergence_label
 
-    files = [p for p in job.paths("lm_training")] if job.input.get("lm_training") else []
+    files = job.paths("lm_training") if job.input.get("lm_training") else []
     if not files:
         return convergence_label(None)
     if len(files) == 1:

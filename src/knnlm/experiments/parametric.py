@@ -209,21 +209,36 @@ def _variant_name(result: dict) -> str:
     return f"{_label(result)[1]} {result['key_type']}"
 
 
+def _is_w_ds(result: dict) -> bool:
+    """W_ds: nV with n = 1 (nv1, or nv1-sub on the subset)."""
+    return result["spec"]["kind"] == "nv" and result["spec"]["n"] == 1
+
+
+def _same_rows_w_ds(result: dict, results: list[dict]) -> list[int]:
+    """Indices in `results` of the W_ds of `result`'s key type trained on as many rows (the same seeded subset)."""
+    return [i for i, w in enumerate(results) if _is_w_ds(w) and w["key_type"] == result["key_type"]
+            and w["train_rows"] == result["train_rows"]]
+
+
+def _test_interp_ppl(result: dict) -> float:
+    """Test interpolated per-word perplexity of a trained variant (its 'trained' stage)."""
+    return result["stages"]["trained"]["test"]["interp"]["ppl_word"]
+
+
 def nv_check(results: list[dict]) -> str:
     """Table 5's check (caption text): nV contains 1V as a special case, so at equal training rows its test
     interpolated perplexity should be no worse than W_ds's; each nV that is worse is named with both numbers and its
     training, since the gap then measures training, not softmax capacity. '' without nV models."""
-    ppl = lambda r: r["stages"]["trained"]["test"]["interp"]["ppl_word"]  # noqa: E731
     nv = [r for r in results if r["spec"]["kind"] == "nv"]
     out = []
     for r in (r for r in nv if r["spec"]["n"] > 1):
-        ref = [w for w in nv if w["spec"]["n"] == 1 and w["key_type"] == r["key_type"] and w["train_rows"] == r["train_rows"]]
+        ref = [results[i] for i in _same_rows_w_ds(r, results)]
         if not ref:
             out.append(f"{r['spec']['n']}V {r['key_type']}: no W_ds trained on its {r['train_rows']:,} rows to check against")
-        elif ppl(r) > ppl(ref[0]):
+        elif _test_interp_ppl(r) > _test_interp_ppl(ref[0]):
             h = r.get("history", {})
             out.append(f"{r['spec']['n']}V {r['key_type']} is worse than W_ds on the same {r['train_rows']:,} rows "
-                       f"({ppl(r):.3f} vs {ppl(ref[0]):.3f}; {h.get('steps', '?')} steps, "
+                       f"({_test_interp_ppl(r):.3f} vs {_test_interp_ppl(ref[0]):.3f}; {h.get('steps', '?')} steps, "
                        f"{'converged' if h.get('converged') else 'under-trained'}): nV contains 1V, so the gap is its "
                        f"training (more parameters per word to fit from the same rows), not its capacity")
     if not nv or not out:
@@ -236,13 +251,10 @@ def equal_rows_pairs(results: list[dict], names: list[str]) -> list[tuple[str, s
     nv1-sub: W_ds on the shrunk subset) of its key type trained on as many rows (the same seeded subset), so that a
     difference measures the softmax, not the data (Xu et al. 2023, App. B-C). A variant without such a W_ds gets
     none (its rows against the kNN-LM say how many rows it saw)."""
-    w_ds = [(r, n) for r, n in zip(results, names) if r["spec"]["kind"] == "nv" and r["spec"]["n"] == 1]
     out = []
     for r, n in zip(results, names):
-        if r["spec"]["kind"] == "nv" and r["spec"]["n"] == 1:
-            continue
-        ref = [m for w, m in w_ds if w["key_type"] == r["key_type"] and w["train_rows"] == r["train_rows"]]
-        out += [(n, ref[0])] if ref else []
+        ref = [] if _is_w_ds(r) else _same_rows_w_ds(r, results)
+        out += [(n, names[ref[0]])] if ref else []
     return out
 
 
@@ -322,11 +334,11 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     for row in rows:  # the training of the variant each comparison involves: under-trained rows prove less
         v = by_name[comparison_variant(row["comparison"], par_names)]
         h = history[_variant_name(v)]
-        other = row["comparison"].split(" vs ", 1)[-1] if " vs " in row["comparison"] else ""
-        ref_rows = (by_name[other]["train_rows"] if other in by_name else "-" if other in ("", "base")
-                    else v.get("datastore_rows", "-"))  # a kNN-LM searches every datastore row
         if row["comparison"].startswith(("kNN-LM ", "share of the gain: ")):
-            ref_rows = v.get("datastore_rows", "-")
+            ref_rows = v.get("datastore_rows", "-")  # a kNN-LM searches every datastore row
+        else:  # 'X vs base' (no rows), 'X vs W_ds ...' (the rows W_ds was trained on)
+            other = row["comparison"].split(" vs ", 1)[-1]
+            ref_rows = by_name[other]["train_rows"] if other in by_name else "-"
         row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)",
                     "train rows": v["train_rows"], "reference rows": ref_rows})
     boot = f"{ci_caption(st, documents_label(job))}; all tokens of valid and test."
@@ -401,14 +413,14 @@ def tables(job: Job) -> dict:
     extra = {"clustered": " Clustered datastore: softmax over −|h − c|² / τ, τ tuned on the valid NLL over √2-spaced "
                           "values 1 … 4096 before fine-tuning, then learned with the centroids (the τ of each row)."}
     extra["table5"] = nv_check(results)
-    written = []
+    written, lm_note = [], lm_training_label(job)
     for csv, md in zip(job.paths("csv"), job.paths("md")):
         t = md.name.rsplit(".", 1)[0]
         if len(tables[t]) <= 2:
             raise ValueError(f"rule {job.rule}: table {t} has no trained variant; check config section 'parametric'")
         df = pd.DataFrame(tables[t]).sort_values("split", ascending=True, kind="stable")
         df = df[[c for c in TABLE_COLUMNS if c in df]]
-        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}{extra.get(t, '')}", note=lm_training_label(job))
+        write_table(df, csv, md, titles[t], f"{titles[t]} ({cfg['name']}; Xu et al. 2023, Sec. 4 and App. C). {common}{extra.get(t, '')}", note=lm_note)
         written += [str(csv), str(md)]
 
     written += _comparisons(job, results, scores, best)
@@ -419,12 +431,11 @@ def tables(job: Job) -> dict:
         mine = [r for r in nv if r["key_type"] == key]
         rows = {r["train_rows"] for r in mine if r["spec"]["n"] > 1} or {r["train_rows"] for r in mine}
         line = [r for r in mine if r["train_rows"] in rows]
-        ppl = lambda r: r["stages"]["trained"]["test"]["interp"]["ppl_word"]  # noqa: E731
         if line:
-            ax.plot([r["spec"]["n"] for r in line], [ppl(r) for r in line], "-o",
+            ax.plot([r["spec"]["n"] for r in line], [_test_interp_ppl(r) for r in line], "-o",
                     label=f"nV softmax on {key} ({', '.join(f'{n:,}' for n in sorted(rows))} rows)")
         for r in (r for r in mine if r["train_rows"] not in rows):
-            ax.plot([r["spec"]["n"]], [ppl(r)], "s", label=f"W_ds on {key}, {r['train_rows']:,} rows")
+            ax.plot([r["spec"]["n"]], [_test_interp_ppl(r)], "s", label=f"W_ds on {key}, {r['train_rows']:,} rows")
     ax.axhline(base["test"]["ppl_word"], color="k", ls="--", label="base LM")
     for key in p["key_types"]:
         ks = [s for s in scores if s["key_type"] == key]
