@@ -326,3 +326,39 @@ def fmt_ci(v: dict, pct: bool = False) -> str:
     if pct:
         return f"{100 * v['value']:+.1f} % [{100 * v['lo']:+.1f}, {100 * v['hi']:+.1f}]"
     return f"{v['value']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}]"
+
+
+def jackknife_sums(stat, doc_sums: np.ndarray, doc_weights: np.ndarray, stats: dict | None = None,
+                   scale: str = "linear") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Point estimate and delete-one-document jackknife-t interval of a statistic of per-document sums.
+
+    The interval of 'stats.interval' = 'jackknife_t' for statistics that are not ratios of perplexities: slopes and
+    correlations over tokens (knnlm.analysis.regression_sums) or over word types (App. D, knnlm.analysis.type_slope).
+    stat: maps totals [..., M] (sums over documents) to statistics [..., K], vectorised over leading axes; doc_sums
+    [D, M] float64 per-document sums; doc_weights [D]: each document's size (tokens or words), for Kish's effective
+    number of documents (the t quantile's degrees of freedom, as for the perplexity intervals); scale: 'log' for
+    positive statistics. Returns (value [K], lo [K], hi [K]) float64, nan where a left-out set gives no finite value.
+    Its coverage on WikiText-like documents is measured by knnlm.coverage.slope_coverage (docs/statistics.md).
+    Raises ValueError for fewer than 2 documents.
+    """
+    from scipy.stats import t as student_t
+
+    st = options(stats)
+    doc_sums = np.asarray(doc_sums, dtype=np.float64).reshape(len(doc_sums), -1)
+    n = doc_sums.shape[0]
+    check_documents(n, "a compared split", st["documents"])
+    fwd, inv = (np.log, np.exp) if scale == "log" else (lambda x: x, lambda x: x)
+    total = doc_sums.sum(0)
+    with np.errstate(all="ignore"):
+        point = np.atleast_1d(np.asarray(stat(total), dtype=np.float64))
+        g = fwd(np.asarray(stat(total[None, :] - doc_sums), dtype=np.float64).reshape(n, -1))  # [D, K]
+        se = np.sqrt((n - 1) / n * ((g - g.mean(0)) ** 2).sum(0))
+        q = student_t.ppf((1 + st["level"]) / 2, effective_documents(doc_weights) - 1)
+        return point, inv(fwd(point) - q * se), inv(fwd(point) + q * se)
+
+
+def statistic_row(name: str, value: float, lo: float, hi: float, documents: int, min_documents: int, **labels) -> dict:
+    """A comparison row (the columns of comparison_rows) for a statistic that is not a relative difference (a slope,
+    a correlation): 'relative difference' holds the statistic, its verdict says whether the CI excludes 0."""
+    return {**labels, "comparison": name, "relative difference": float(value), "CI low": float(lo),
+            "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents), "documents": int(documents)}

@@ -1,0 +1,244 @@
+"""Per-token and per-word analyses of the kNN-LM behind the paper's App. D (which words gain from approximate
+neighbours) and App. E (the hypotheses it rejects): bigram entropies (Eq. 10-11), slopes and correlations as
+functions of per-document sums (so that their intervals treat documents as the unit, knnlm.stats.jackknife_sums),
+the positions of a token in its context window and its document (E.3), the un-argmaxable rows of an output
+matrix (E.4, Demeter et al. 2020; Grivas et al. 2022) and sparsified LM distributions (E.2).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# --- bigram entropy (App. D, Eq. 10-11) ---------------------------------------------------------------------------
+
+
+def bigram_counts(stream, vocab: int, chunk: int = 1 << 24) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts of the bigrams (stream[i], stream[i + 1]) of a token stream [N] (ints < vocab; a memmap is read
+    `chunk` tokens at a time): (first [B] int64, second [B] int64, count [B] int64), one entry per distinct bigram.
+    Raises ValueError for a token outside [0, vocab)."""
+    n = len(stream)
+    parts = []
+    for a in range(0, max(n - 1, 0), chunk):
+        s = np.asarray(stream[a:min(n, a + chunk + 1)], dtype=np.int64)
+        if len(s) and (s.min() < 0 or s.max() >= vocab):
+            raise ValueError(f"bigram_counts: token ids must lie in [0, {vocab}), found [{s.min()}, {s.max()}]")
+        code, cnt = np.unique(s[:-1] * vocab + s[1:], return_counts=True)
+        parts.append((code, cnt))
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    code = np.concatenate([p[0] for p in parts])
+    cnt = np.concatenate([p[1] for p in parts])
+    code, inv = np.unique(code, return_inverse=True)
+    cnt = np.bincount(inv, weights=cnt).astype(np.int64)
+    return code // vocab, code % vocab, cnt
+
+
+def bigram_entropy(stream, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Forward and backward bigram entropy of every word type (Xu et al. 2023, App. D, Eq. 10-11), in nats:
+    H_fwd(w) = −Σ p(a | w) log p(a | w) over the words a that follow w in `stream` [N], H_bwd(w) the same over the
+    words b before w. Returns (H_fwd [vocab], H_bwd [vocab], count [vocab]) float64, float64, int64; nan for a type
+    with no bigram in that direction."""
+    first, second, cnt = bigram_counts(stream, vocab)
+    c = cnt.astype(np.float64)
+    clogc = c * np.log(np.maximum(c, 1))
+
+    def entropy(of):
+        n = np.bincount(of, weights=c, minlength=vocab)
+        s = np.bincount(of, weights=clogc, minlength=vocab)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(n > 0, np.log(np.maximum(n, 1)) - s / np.maximum(n, 1), np.nan)
+
+    count = np.bincount(first, weights=c, minlength=vocab).astype(np.int64)
+    return entropy(first), entropy(second), count
+
+
+# --- slopes and correlations from per-document sums ---------------------------------------------------------------
+
+REGRESSION_SUMS = ("n", "x", "y", "xx", "xy", "yy")
+
+
+def regression_sums(x: np.ndarray, y: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """Per-document sums [n_docs, 6] (n, Σx, Σy, Σx², Σxy, Σy²) of paired values x, y [T] of the tokens of
+    documents doc [T] (ints < n_docs): what slope_of and correlation_of need, summed over any set of documents."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    cols = (np.ones_like(x), x, y, x * x, x * y, y * y)
+    return np.stack([np.bincount(doc, weights=c, minlength=n_docs) for c in cols], axis=1)
+
+
+def _moments(s: np.ndarray):
+    n, sx, sy, sxx, sxy, syy = (s[..., i] for i in range(6))
+    return n, sxx - sx * sx / n, sxy - sx * sy / n, syy - sy * sy / n
+
+
+def slope_of(sums: np.ndarray) -> np.ndarray:
+    """Least-squares slope of y on x from totals [..., 6] of regression_sums: [..., 1]."""
+    _, vxx, vxy, _ = _moments(np.asarray(sums, dtype=np.float64))
+    return (vxy / vxx)[..., None]
+
+
+def correlation_of(sums: np.ndarray) -> np.ndarray:
+    """Pearson correlation of x and y from totals [..., 6] of regression_sums: [..., 1]."""
+    _, vxx, vxy, vyy = _moments(np.asarray(sums, dtype=np.float64))
+    return (vxy / np.sqrt(vxx * vyy))[..., None]
+
+
+def type_counts(target: np.ndarray, doc: np.ndarray, n_docs: int, flags: list[np.ndarray],
+                types: np.ndarray) -> np.ndarray:
+    """Per-document counts [n_docs, len(types), 1 + len(flags)] of the tokens whose target is each of `types`: its
+    occurrences and how many of them have each boolean flag [T] set (App. D: p_kNN > p_LM under one setting).
+    target, doc: [T] ints; types [W] the word types kept (others are ignored)."""
+    pos = np.full(int(max(target.max(initial=0), types.max(initial=0))) + 1, -1, dtype=np.int64)
+    pos[types] = np.arange(len(types))
+    col = pos[target]
+    keep = col >= 0
+    cell = doc[keep].astype(np.int64) * len(types) + col[keep]
+    out = np.zeros((n_docs * len(types), 1 + len(flags)))
+    out[:, 0] = np.bincount(cell, minlength=n_docs * len(types))
+    for i, f in enumerate(flags):
+        out[:, i + 1] = np.bincount(cell, weights=np.asarray(f, dtype=np.float64)[keep], minlength=n_docs * len(types))
+    return out.reshape(n_docs, len(types), 1 + len(flags))
+
+
+def type_slope(x: np.ndarray, a: int = 1, b: int = 2):
+    """A statistic for knnlm.stats.jackknife_sums: the least-squares slope over word types of share_a − share_b
+    against x [W] (one value per type; App. D, Figures 6 and 7: y = the share of a type's occurrences where p_kNN >
+    p_LM with the real mask minus that with the FAISS mask), from flattened totals [..., W * C] of type_counts
+    (C = 1 + flags; a, b: the flag columns). Types with no occurrence in a left-out set drop out of its fit."""
+    x = np.asarray(x, dtype=np.float64)
+
+    def stat(totals: np.ndarray) -> np.ndarray:
+        t = np.asarray(totals, dtype=np.float64)
+        t = t.reshape(t.shape[:-1] + (len(x), -1))
+        occ = t[..., 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            y = (t[..., a] - t[..., b]) / occ
+        w = (occ > 0).astype(np.float64)
+        y = np.where(w > 0, y, 0.0)
+        n = w.sum(-1)
+        mx, my = (w * x).sum(-1) / n, (w * y).sum(-1) / n
+        dx = x - mx[..., None]
+        return ((w * dx * (y - my[..., None])).sum(-1) / (w * dx * dx).sum(-1))[..., None]
+
+    return stat
+
+
+# --- positions (E.3) ------------------------------------------------------------------------------------------------
+
+
+def window_positions(n: int, tokens_per_sample: int, context_window: int) -> np.ndarray:
+    """How many tokens of context each of n targets of a split had when it was scored (fairseq-eval-lm
+    --context-window C semantics, knnlm.dump / knnlm.hf.windows: blocks of L − C new tokens, each fed with up to C
+    previous tokens): min(t, C + t mod (L − C)) for target t. [n] int64. Raises ValueError if C >= L."""
+    if context_window >= tokens_per_sample:
+        raise ValueError(f"context window {context_window} must be < tokens_per_sample {tokens_per_sample}")
+    t = np.arange(n, dtype=np.int64)
+    return np.minimum(t, context_window + t % (tokens_per_sample - context_window))
+
+
+def document_positions(doc: np.ndarray) -> np.ndarray:
+    """The index of each token within its document (0 for a document's first token), for doc [T] ids of tokens in
+    split order (a document's tokens are contiguous). [T] int64."""
+    doc = np.asarray(doc)
+    t = np.arange(len(doc), dtype=np.int64)
+    start = np.r_[True, doc[1:] != doc[:-1]] if len(doc) else np.zeros(0, bool)
+    return t - np.maximum.accumulate(np.where(start, t, 0))
+
+
+# --- stolen probabilities (E.4) ------------------------------------------------------------------------------------
+
+
+def argmax_candidates(w: np.ndarray, iters: int = 50, chunk: int = 2048) -> np.ndarray:
+    """Rows of w [V, D] proven argmaxable by a witness: h with w_i·h > w_j·h for every j ≠ i, tried first at
+    h = w_i − mean(w), then refined by perceptron steps h += w_i − w_j* (j* the current best other row). [V] bool;
+    False means "not proven" (knnlm.analysis.argmaxable decides those by linear programming)."""
+    w = np.asarray(w, dtype=np.float64)
+    v = len(w)
+    ok = np.zeros(v, dtype=bool)
+    for a in range(0, v, chunk):
+        rows = np.arange(a, min(v, a + chunk))
+        h = w[rows] - w.mean(0)
+        for _ in range(iters + 1):
+            s = h @ w.T  # [c, V]
+            own = s[np.arange(len(rows)), rows].copy()
+            s[np.arange(len(rows)), rows] = -np.inf
+            j = s.argmax(1)
+            won = own > s[np.arange(len(rows)), j]
+            ok[rows[won]] = True
+            if won.all():
+                break
+            rows, h, j = rows[~won], h[~won], j[~won]
+            h = h + (w[rows] - w[j]) / np.maximum(np.linalg.norm(w[rows] - w[j], axis=1, keepdims=True), 1e-12)
+    return ok
+
+
+def lp_argmaxable(w: np.ndarray, i: int) -> tuple[bool, float]:
+    """Whether row i of w [V, D] can be the strict argmax of w·h for some h (Demeter et al. 2020): the largest
+    margin t of w_i·h − w_j·h ≥ t (j ≠ i) over h in [−1, 1]^D, by linear programming (scipy.optimize.linprog,
+    HiGHS). Returns (t > 1e-9, t). A row inside the convex hull of the others (or equal to another) has t ≤ 0."""
+    from scipy.optimize import linprog
+
+    w = np.asarray(w, dtype=np.float64)
+    d = w.shape[1]
+    others = np.delete(w, i, axis=0) - w[i]  # (w_j − w_i)·h + t ≤ 0
+    a_ub = np.hstack([others, np.ones((len(others), 1))])
+    res = linprog(np.r_[np.zeros(d), -1.0], A_ub=a_ub, b_ub=np.zeros(len(others)),
+                  bounds=[(-1, 1)] * d + [(None, 1)], method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"linprog failed for row {i}: {res.message}")
+    t = -float(res.fun)
+    return t > 1e-9, t
+
+
+def argmaxable(w: np.ndarray, max_lp: int | None = None) -> dict:
+    """Which rows of an output matrix w [V, D] can be the argmax (Xu et al. 2023, App. E.4; the check of Grivas et
+    al. 2022: a fast witness search, then an exact LP for the rest). max_lp: at most this many LPs (the rest are
+    'unresolved'). Returns {'rows': V, 'witness': proven by a witness, 'lp_checked', 'unargmaxable': [row ids],
+    'unresolved': [row ids]}."""
+    ok = argmax_candidates(w)
+    todo = np.flatnonzero(~ok)
+    checked = todo if max_lp is None else todo[:max_lp]
+    bad = [int(i) for i in checked if not lp_argmaxable(w, int(i))[0]]
+    return {"rows": int(len(w)), "witness": int(ok.sum()), "lp_checked": int(len(checked)), "unargmaxable": bad,
+            "unresolved": [int(i) for i in todo[len(checked):]]}
+
+
+# --- sparsified distributions (E.2) --------------------------------------------------------------------------------
+
+
+def topk_log_prob(logits: np.ndarray, targets: np.ndarray, k: int, temperature: float) -> np.ndarray:
+    """log p(target) under the LM's distribution kept to its k most probable tokens and renormalised at
+    `temperature`: softmax(logits[top-k] / T); −inf for a target outside the top k (Xu et al. 2023, App. E.2).
+    logits [t, V] float, targets [t] int; returns [t] float64."""
+    logits = np.asarray(logits, dtype=np.float64)
+    part = np.argpartition(-logits, k - 1, axis=1)[:, :k]
+    top = np.take_along_axis(logits, part, 1) / temperature
+    m = top.max(1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(top - m).sum(1))
+    tl = logits[np.arange(len(targets)), targets] / temperature
+    inside = (part == targets[:, None]).any(1)
+    return np.where(inside, tl - lse, -np.inf)
+
+
+def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarray, temperature: float,
+                    dedup: bool) -> np.ndarray:
+    """log p(target) under the LM's distribution restricted to the tokens retrieved by the kNN search (Xu et al.
+    2023, App. E.2: the kNN's choice of tokens, not its distances): p(v) ∝ c_v · exp(logit_v / T) with c_v the
+    number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True); −inf for a target not
+    retrieved. logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour)."""
+    logits = np.asarray(logits, dtype=np.float64) / temperature
+    t, k = token_ids.shape
+    valid = token_ids >= 0
+    ids = np.where(valid, token_ids, 0)
+    if dedup:
+        srt = np.sort(np.where(valid, ids, -1), axis=1)
+        first = np.r_["1", np.ones((t, 1), bool), srt[:, 1:] != srt[:, :-1]] & (srt >= 0)
+        ids, valid = np.where(srt >= 0, srt, 0), first
+    s = np.take_along_axis(logits, ids, 1)
+    s = np.where(valid, s, -np.inf)
+    m = s.max(1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = m[:, 0] + np.log(np.exp(s - m).sum(1))
+    hit = ((ids == targets[:, None]) & valid).sum(1)
+    tl = logits[np.arange(t), targets]
+    with np.errstate(divide="ignore"):
+        return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)

@@ -1,0 +1,126 @@
+"""The analyses of App. D and App. E (knnlm.analysis) against brute-force references and hand-computed cases."""
+import numpy as np
+import pytest
+
+from knnlm import analysis as an
+from knnlm.stats import jackknife_sums
+
+pytestmark = pytest.mark.unit
+
+
+def test_bigram_entropy_matches_a_hand_computed_example():
+    # stream a b a c a b: after a: b, c, b -> p = 2/3, 1/3; after b: a (once); after c: a. before a: b, c -> 1/2 each
+    a, b, c = 0, 1, 2
+    fwd, bwd, count = an.bigram_entropy(np.array([a, b, a, c, a, b]), vocab=4)
+    h = -(2 / 3 * np.log(2 / 3) + 1 / 3 * np.log(1 / 3))
+    assert fwd[a] == pytest.approx(h) and fwd[b] == pytest.approx(0) and fwd[c] == pytest.approx(0)
+    assert bwd[a] == pytest.approx(np.log(2)) and bwd[b] == pytest.approx(0) and bwd[c] == pytest.approx(0)
+    assert np.isnan(fwd[3]) and np.isnan(bwd[3])
+    assert count.tolist() == [3, 1, 1, 0]
+
+
+def test_bigram_counts_are_the_same_in_chunks():
+    s = np.random.default_rng(0).integers(0, 7, 1000)
+    whole = an.bigram_counts(s, 7)
+    parts = an.bigram_counts(s, 7, chunk=33)
+    for x, y in zip(whole, parts):
+        np.testing.assert_array_equal(x, y)
+    assert whole[2].sum() == 999
+    with pytest.raises(ValueError, match=r"\[0, 7\)"):
+        an.bigram_counts(np.array([0, 9]), 7)
+
+
+def test_slope_and_correlation_from_sums_match_numpy():
+    rng = np.random.default_rng(1)
+    x, y, doc = rng.normal(size=200), rng.normal(size=200), rng.integers(0, 5, 200)
+    y = y + 0.3 * x
+    s = an.regression_sums(x, y, doc, 5).sum(0)
+    assert an.slope_of(s)[0] == pytest.approx(np.polyfit(x, y, 1)[0])
+    assert an.correlation_of(s)[0] == pytest.approx(np.corrcoef(x, y)[0, 1])
+
+
+def test_type_slope_matches_a_direct_regression_and_its_jackknife():
+    rng = np.random.default_rng(2)
+    t, n_docs, types = 3000, 12, np.array([1, 3, 4, 7])
+    target, doc = rng.choice([1, 3, 4, 7, 9], t), np.sort(rng.integers(0, n_docs, t))
+    f_real, f_faiss = rng.random(t) < 0.4, rng.random(t) < 0.5
+    x = np.array([2.0, 5.0, 3.0, 9.0])
+    counts = an.type_counts(target, doc, n_docs, [f_real, f_faiss], types)
+    assert counts.shape == (n_docs, 4, 3) and counts[..., 0].sum() == np.isin(target, types).sum()
+
+    def direct(mask):
+        y = [f_real[mask & (target == v)].mean() - f_faiss[mask & (target == v)].mean() for v in types]
+        return np.polyfit(x, y, 1)[0]
+
+    stat = an.type_slope(x)
+    assert stat(counts.reshape(n_docs, -1).sum(0))[0] == pytest.approx(direct(np.ones(t, bool)))
+    left_out = counts.reshape(n_docs, -1).sum(0) - counts[3].reshape(-1)
+    assert stat(left_out)[0] == pytest.approx(direct(doc != 3))
+    v, lo, hi = jackknife_sums(stat, counts.reshape(n_docs, -1), np.bincount(doc, minlength=n_docs))
+    assert lo[0] < v[0] < hi[0]
+
+
+def test_window_positions_follow_the_sliding_windows_of_the_dump():
+    from knnlm.hf import windows
+
+    n, L, C = 50, 12, 4
+    ref = np.empty(n, dtype=np.int64)
+    for a, s, e in windows(n, L, C):
+        ref[s:e] = np.arange(s, e) - a  # tokens of context before each target in its window
+    np.testing.assert_array_equal(an.window_positions(n, L, C), ref)
+    with pytest.raises(ValueError):
+        an.window_positions(n, 4, 4)
+
+
+def test_document_positions():
+    np.testing.assert_array_equal(an.document_positions(np.array([0, 0, 0, 1, 1, 2, 3, 3])), [0, 1, 2, 0, 1, 0, 0, 1])
+
+
+def test_argmaxable_finds_the_point_inside_the_hull_of_a_hand_enumerated_case():
+    # the 4 corners of a square and its centre (0, 0): the centre can never win (w·h = 0 < the best corner's for
+    # any h ≠ 0); a point inside the triangle of three others, too; every corner can
+    w = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1], [0, 0], [0.5, 0.5 - 0.1]], dtype=float)
+    out = an.argmaxable(w)
+    assert sorted(out["unargmaxable"]) == [4, 5] and out["unresolved"] == []
+    assert [an.lp_argmaxable(w, i)[0] for i in range(6)] == [True, True, True, True, False, False]
+
+
+def test_argmaxable_against_sampled_directions():
+    # points on a circle are all argmaxable; shrink some inside: brute force over many directions h agrees
+    rng = np.random.default_rng(3)
+    ang = np.sort(rng.uniform(0, 2 * np.pi, 12))
+    w = np.stack([np.cos(ang), np.sin(ang)], 1)
+    w[[2, 7]] *= 0.5
+    h = np.stack([np.cos(np.linspace(0, 2 * np.pi, 20000)), np.sin(np.linspace(0, 2 * np.pi, 20000))], 1)
+    winners = set(np.argmax(h @ w.T, 1).tolist())
+    out = an.argmaxable(w)
+    assert set(range(12)) - set(out["unargmaxable"]) == winners
+
+
+def test_topk_log_prob_against_a_dense_computation():
+    rng = np.random.default_rng(4)
+    logits, targets, k, temp = rng.normal(size=(30, 50)), rng.integers(0, 50, 30), 8, 1.7
+    got = an.topk_log_prob(logits, targets, k, temp)
+    for i in range(30):
+        keep = np.argsort(-logits[i])[:k]
+        p = np.zeros(50)
+        p[keep] = np.exp(logits[i, keep] / temp) / np.exp(logits[i, keep] / temp).sum()
+        assert got[i] == (pytest.approx(np.log(p[targets[i]])) if p[targets[i]] > 0 else -np.inf)
+
+
+@pytest.mark.parametrize("dedup", [False, True])
+def test_subset_log_prob_against_a_dense_computation(dedup):
+    rng = np.random.default_rng(5)
+    logits, targets = rng.normal(size=(40, 20)), rng.integers(0, 20, 40)
+    ids = rng.integers(0, 20, (40, 6))
+    ids[0] = -1  # no neighbours at all
+    ids[1, 3:] = -1
+    temp = 0.8
+    got = an.subset_log_prob(logits, targets, ids, temp, dedup)
+    for i in range(40):
+        c = np.zeros(20)
+        for v in ids[i][ids[i] >= 0]:
+            c[v] = 1 if dedup else c[v] + 1
+        p = c * np.exp(logits[i] / temp)
+        ref = np.log(p[targets[i]] / p.sum()) if p[targets[i]] > 0 else -np.inf
+        assert got[i] == (pytest.approx(ref) if np.isfinite(ref) else -np.inf)
