@@ -55,6 +55,65 @@ def coverage(n_docs: int, method: str, reps: int, seed: int = 0, resamples: int 
     return {"diff": hit_d / reps, "share": hit_s / reps, "width": float(np.median(widths))}
 
 
+SLOPE = 0.05  # token-level truth: y rises by 0.05 per 1,000 tokens of position
+TYPE_SLOPE = -0.01  # word-type-level truth: the share difference falls by 1 point per character
+
+
+def slope_split(rng: np.random.Generator, n_docs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One simulated split for the token-level slope and correlation (E.3): documents of log-normal length (median
+    300 tokens, σ 1.3 as wikitext_like), x = the position in the document in thousands of tokens, y = a per-token
+    value (an NLL) with a per-document level N(4.5, 0.4²) and a per-document slope SLOPE + N(0, 0.05²), plus noise.
+    Returns (x [T], y [T], doc [T])."""
+    n = np.maximum(20, np.round(np.exp(rng.normal(np.log(300), 1.3, n_docs)))).astype(int)
+    doc = np.repeat(np.arange(n_docs), n)
+    x = (np.arange(len(doc)) - np.repeat(np.cumsum(n) - n, n)) / 1000.0
+    y = rng.normal(4.5, 0.4, n_docs)[doc] + (SLOPE + rng.normal(0, 0.05, n_docs))[doc] * x + rng.normal(0, 2.0, len(doc))
+    return x, y, doc
+
+
+def type_split(rng: np.random.Generator, n_docs: int, types: int = 300):
+    """One simulated split for App. D's slope over word types: Zipf-distributed targets in documents of log-normal
+    length (median 2,500 tokens), type lengths 1..12 characters, for each token two paired flags (p_kNN > p_LM under
+    the real and the FAISS mask) whose rates differ per type by TYPE_SLOPE × length + N(0, 0.02²), with a
+    per-document shift shared by both. Returns (target [T], doc [T], flag_real [T], flag_faiss [T], length [types],
+    true share difference [types])."""
+    n = np.maximum(20, np.round(np.exp(rng.normal(np.log(2500), 1.3, n_docs)))).astype(int)
+    doc = np.repeat(np.arange(n_docs), n)
+    p = 1.0 / np.arange(1, types + 1)
+    target = rng.choice(types, len(doc), p=p / p.sum())
+    length = rng.integers(1, 13, types).astype(float)
+    base = rng.uniform(0.3, 0.6, types)
+    diff = TYPE_SLOPE * (length - 6) + rng.normal(0, 0.02, types)
+    shift = rng.normal(0, 0.05, n_docs)[doc]
+    u = rng.random(len(doc))  # the same uniform for both flags: paired settings
+    real = u < np.clip(base[target] + shift + diff[target] / 2, 0, 1)
+    faiss = u < np.clip(base[target] + shift - diff[target] / 2, 0, 1)
+    return target, doc, real, faiss, length, diff
+
+
+def slope_coverage(n_docs: int, reps: int, seed: int = 0, level: float = 0.95, min_occurrences: int = 10) -> dict:
+    """Measured coverage of knnlm.stats.jackknife_sums at n_docs documents over `reps` simulated splits: {'slope':
+    of the token-level slope (slope_split, truth SLOPE), 'type_slope': of App. D's slope over word types (type_split;
+    truth: the least-squares slope of the true share differences over the types kept, ≥ min_occurrences)}."""
+    from .analysis import regression_leverage, regression_sums, slope_of, type_counts, type_slope
+    from .stats import jackknife_sums
+
+    rng = np.random.default_rng(seed)
+    st = {"level": level, "min_documents": 0, "documents": "blocks"}
+    hit_s = hit_t = 0
+    for _ in range(reps):
+        x, y, doc = slope_split(rng, n_docs)
+        _, lo, hi = jackknife_sums(slope_of, regression_sums(x, y, doc, n_docs), regression_leverage(x, doc, n_docs), st)
+        hit_s += lo[0] <= SLOPE <= hi[0]
+        target, doc, real, faiss, length, diff = type_split(rng, n_docs)
+        kept = np.flatnonzero(np.bincount(target, minlength=len(length)) >= min_occurrences)
+        c = type_counts(target, doc, n_docs, [real, faiss], kept)
+        _, lo, hi = jackknife_sums(type_slope(length[kept]), c.reshape(n_docs, -1), np.bincount(doc), st)
+        truth = np.polyfit(length[kept], diff[kept], 1)[0]
+        hit_t += lo[0] <= truth <= hi[0]
+    return {"slope": hit_s / reps, "type_slope": hit_t / reps}
+
+
 def table(reps: int, sizes=SIZES, methods=INTERVALS, resamples: int = 1000) -> str:
     """A Markdown table of coverage per method and number of documents (relative difference / share)."""
     lines = ["| documents | " + " | ".join(f"{m}: ratio | {m}: share" for m in methods) + " |",
