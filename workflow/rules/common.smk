@@ -95,13 +95,15 @@ def _named(files):
     return {k: [str(f) for f in v] if isinstance(v, list) else str(v) for k, v in files.items()}
 
 
-def io(**extra):
+def io(fixed=None, **extra):
     """params function: the named inputs and outputs, wildcards and `extra` named paths (patterns) as JSON.
 
     Every input and output of a knnlm job is named, and the job finds its files by these names (knnlm.cli.Job).
+    `fixed`: wildcard values the rule fixes (its inputs are one store's, its outputs name no store), passed to the
+    job as if they were wildcards.
     """
     def fn(wildcards, input, output):
-        wc = dict(wildcards.items())
+        wc = {**dict(wildcards.items()), **(fixed or {})}
         return shlex.quote(json.dumps({"input": _named(input), "output": _named(output), "wildcards": wc,
                                        "extra": {k: v.format(**wc) for k, v in extra.items()}}))
     return fn
@@ -163,6 +165,12 @@ def output_layer(wc):
     return {"model_card" if SOURCE[wc.lm] == "hf" else "checkpoint": lm_weights(wc.lm)}
 
 
+def token_source(wc):
+    """Input function: what names base LM {lm}'s token ids ('data_bin' with the fairseq dictionary, or the
+    'model_card' of a Hugging Face LM; knnlm.experiments.common.token_strings)."""
+    return {"model_card": artifact("model_card", lm=wc.lm)} if SOURCE[wc.lm] == "hf" else {"data_bin": artifact("data_bin")}
+
+
 def per_lm(name, **fixed):
     """Pattern of artifact `name` for every base LM of the run, in config order."""
     return [artifact(name, lm=lm, **fixed) for lm in LMS]
@@ -221,6 +229,24 @@ SETTINGS_INPUTS = {
     **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
+
+
+
+def settings_inputs(store, key, metric):
+    """Input function (use with unpack): SETTINGS_INPUTS of one (store, key, metric) with only {lm} open, for a rule
+    whose outputs name no store (its params io(fixed=...) gives the job the same values)."""
+    from types import SimpleNamespace
+
+    def fn(wc):
+        w = SimpleNamespace(lm=wc.lm, store=store, key=key, metric=metric)
+        fill = lambda p: p.format(lm=wc.lm, store=store, key=key, metric=metric)
+        out = {}
+        for name, v in SETTINGS_INPUTS.items():
+            v = v(w) if callable(v) else v
+            out[name] = [fill(p) for p in v] if isinstance(v, list) else fill(v)
+        return out
+    return fn
+
 
 # Named targets, one per section of the paper: each file under rules/ adds its own (TARGETS[name] = files),
 # and the Snakefile turns every entry into a target (`snakemake <name>`) and `all` into all of them.

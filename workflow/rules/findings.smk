@@ -22,6 +22,8 @@ rule write_findings:
         # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
         table3_settings=artifact("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
         parametric=artifact("table", table="parametric_comparisons", ext="csv"),
+        which_words=artifact("table", table="which_words_comparisons", ext="csv"),  # App. D
+        hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv"),  # App. E.1-E.4
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),

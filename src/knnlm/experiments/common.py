@@ -101,3 +101,31 @@ def lm_training_label(job: Job) -> str:
     if len(files) == 1:
         return convergence_label(read_json(files[0]))
     return " ".join(f"{p.parent.name}: {convergence_label(read_json(p))}" for p in files)
+
+
+def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:
+    """(strings [V], special [V] bool) of the base LM's token ids 0 … V−1 (V ≥ vocab), without the word-start marks
+    of SentencePiece ('▁') and byte-level BPE ('Ġ'): from the fairseq dictionary (input 'data_bin', dict.txt; ids
+    0-3 are <s>, <pad>, </s>, <unk>) or a Hugging Face LM's tokenizer (input 'model_card'). Raises ArtifactError
+    when neither input is given or dict.txt is missing."""
+    from ..io import ArtifactError
+
+    if job.input.get("model_card"):
+        from transformers import AutoTokenizer
+
+        card = read_json(job.path("model_card"))
+        tok = AutoTokenizer.from_pretrained(card["path"], revision=card.get("revision"))
+        pieces = tok.convert_ids_to_tokens(list(range(max(vocab, len(tok)))))
+        special = np.zeros(len(pieces), dtype=bool)
+        special[[i for i in tok.all_special_ids if i < len(pieces)]] = True
+    elif job.input.get("data_bin"):
+        path = job.path("data_bin") / "dict.txt"
+        if not path.exists():
+            raise ArtifactError(f"{path}: the fairseq dictionary is missing (rule binarise writes it)")
+        pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [ln.split(" ", 1)[0] for ln in path.read_text().splitlines()]
+        special = np.arange(max(vocab, len(pieces))) < 4
+    else:
+        raise ArtifactError(f"rule {job.rule}: needs input 'data_bin' (fairseq LM) or 'model_card' (Hugging Face LM)")
+    pieces = [p or "" for p in pieces] + [""] * (max(vocab, len(pieces)) - len(pieces))
+    special = np.r_[special, np.zeros(len(pieces) - len(special), dtype=bool)]
+    return [p.lstrip("▁Ġ") for p in pieces], special

@@ -35,14 +35,15 @@ from ..cli import Job
 from ..io import atomic_path, read_json
 from ..stats import ci_caption, comparison_rows
 from .common import lm_training_label
-from .retrieval import TUNED, store_vs_store
-
-FAISS_FAISS, FAISS_REAL, REAL_REAL = "faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score"
+from .hypotheses import CORRELATION_MARGIN
+from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
+from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
 MARGIN = 0.01  # "close to optimal": tuning τ gains less than 1 % of perplexity
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
-           kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None):
+           kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
+           count_zero=False):
     """One claim: its `source` table ('table1', 'table3', 'parametric', 'small_store': the settings of the
     smallest store of config 'temperature.ratios', 'size': that store against the full one, 'tuning': the gain of
     tuning τ compared between two settings of the Table 3 store, 'small_tuning': the same on the small store),
@@ -54,10 +55,13 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     band, contradicted when outside it); `reported` = a number the paper states, reported without a verdict.
     `kind`: 'paper' (the paper's own comparison: setting, τ, table) or 'ours' (an extra comparison of this run);
     `ref`: a substring the row's 'reference' column must hold (parametric rows: which kNN-LM it compares with).
-    `paper_text`: what the paper says, for a claim without numbers or sign (a reported number)."""
+    `paper_text`: what the paper says, for a claim without numbers or sign (a reported number). `unit`: (scale,
+    text) of a statistic that is not a relative difference (a slope, a correlation), shown as scale × value and
+    text. `count_zero`: a count that the paper finds to be zero (E.4), exact rather than estimated: reproduced when
+    the row's verdict is 'none', contradicted when 'some', inconclusive when 'unresolved'."""
     return {"section": section, "claim": claim, "source": source, "paper": paper, "sign": sign, "within": within,
             "share": share, "about": about, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
-            "paper_text": paper_text,
+            "paper_text": paper_text, "unit": unit, "count_zero": count_zero,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
 
@@ -145,6 +149,45 @@ CLAIMS = [
            "datastore)", "small_tuning", f"τ*/τ=1 of {FAISS_FAISS} minus τ*/τ=1 of {FAISS_REAL}", sign=+1),
     _claim("Sec. 5.2, Figure 5a", "5 % datastore, tuned τ: approximate retrieval beats exact retrieval", "small_store",
            f"{REAL_REAL}{TUNED} vs {FAISS_FAISS}{TUNED}", sign=+1),
+    # App. D: which words gain from approximate neighbours (slopes over word types; knnlm.experiments.which_words)
+    _claim("App. D, Figure 6", "longer words gain more from approximate neighbours (negative slope)", "which_words",
+           WW_SLOPE.format(WW_ATTRIBUTES["length"]), sign=-1, unit=(100, "pp per character"),
+           paper_text="negative trend"),
+    _claim("App. D, Figure 7", "words with a higher forward bigram entropy gain more from approximate neighbours",
+           "which_words", WW_SLOPE.format(WW_ATTRIBUTES["entropy_fwd"]), sign=-1, unit=(100, "pp per nat"),
+           paper_text="negative trend"),
+    _claim("App. D, Figure 7", "words with a higher backward bigram entropy gain more from approximate neighbours",
+           "which_words", WW_SLOPE.format(WW_ATTRIBUTES["entropy_bwd"]), sign=-1, unit=(100, "pp per nat"),
+           paper_text="negative trend"),
+    # App. E.1-E.4 (knnlm.experiments.hypotheses): rejected hypotheses, tested as the paper rejects them
+    _claim("Sec. 6, E.1", "ensembling two distance metrics is not the key: the kNN-LM beats its twin that scores the "
+           "same neighbours by −‖W_sm[v] − h_ds‖² (the LM's output embeddings instead of the keys)", "hypotheses",
+           r"kNN-LM (\S+) vs W_sm distance \1", regex=True, sign=-1, paper_text="none of these helped"),
+    _claim("Sec. 6, E.1", "the W_sm-distance twin vs the base LM (reported: what the retrieved tokens give without the "
+           "keys' distances)", "hypotheses", r"W_sm distance \S+ vs base", regex=True, reported=True, kind="ours",
+           paper_text="not stated"),
+    _claim("Sec. 6, E.2", f"sparsifying the LM to its top k tokens does not help (gain under {100 * MARGIN:.0f} %)",
+           "hypotheses", r"LM top-\d+ vs base", regex=True, within=MARGIN, paper_text="does not help at all"),
+    _claim("Sec. 6, E.2", "the kNN-LM beats the LM restricted to the retrieved tokens (distances ignored)",
+           "hypotheses", r"kNN-LM (\S+) vs retrieved set \1( \(dedup\))?", regex=True, sign=-1,
+           paper_text="best case −0.5 perplexity, the kNN-LM nearly −2"),
+    _claim("Sec. 6, E.3", f"no correlation of the base LM's NLL or the kNN-LM's gain with the position in the context "
+           f"window (|r| < {CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the context window",
+           regex=True, equivalent=CORRELATION_MARGIN, unit=(1, "(Pearson r)"), paper_text="no significant correlation"),
+    _claim("Sec. 6, E.3", f"no correlation of the base LM's NLL or the kNN-LM's gain with the position in the document "
+           f"(|r| < {CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the document",
+           regex=True, equivalent=CORRELATION_MARGIN, unit=(1, "(Pearson r)"), paper_text="no correlation"),
+    _claim("Sec. 6, E.4", "no word of W_sm is un-argmaxable (stolen probabilities)", "hypotheses",
+           "un-argmaxable words of W_sm", count_zero=True, unit=(1, "words"), paper_text="none, in both models"),
+    # App. E.5-E.6: extra LMs, trained for the purpose (not built by this pipeline yet: 'not run')
+    _claim("Sec. 6, E.5", "the kNN-LM's gain is orthogonal to ensembling LMs: K−1 LMs + kNN beat K LMs", "ensembling",
+           "K-1 LMs + kNN vs K LMs", sign=-1),
+    _claim("Sec. 6, E.6.1", "an LM overfitted to the training set does not help when interpolated", "overfitting",
+           "overfitted LM interpolated vs base", within=MARGIN),
+    _claim("Sec. 6, E.6.2", "an LM distilled from the base LM's soft labels does not help when interpolated",
+           "soft_labels", "soft-label LM interpolated vs base", within=MARGIN),
+    _claim("Sec. 6, E.6.3", "training W_ds on the interpolated loss does not beat the plain loss", "interpolated_loss",
+           "W_ds interpolated loss vs W_ds", within=MARGIN),
 ]
 
 
@@ -193,6 +236,9 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{every}" if len(t3) else "")}
+    for name in ("which_words", "hypotheses"):  # App. D and App. E.1-E.4 (their comparisons CSVs)
+        if job.input.get(name):
+            out[name] = (pd.read_csv(job.path(name)), "")
     if job.input.get("table3_settings"):  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
         t = read_json(job.path("table3_settings"))
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
@@ -306,7 +352,11 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int)
     `min_documents` documents (config 'stats.min_documents') is 'inconclusive (N documents)'."""
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
     docs = int(r["documents"]) if "documents" in r and pd.notna(r["documents"]) else None
-    if c["reported"]:
+    if not label and isinstance(r.get("on"), str):  # the source's rows say what they rest on (App. D, E.1-E.4)
+        label = r["on"]
+    if c["count_zero"]:
+        v = {"none": "reproduced", "some": "contradicted"}.get(r["verdict"], "inconclusive (unresolved)")
+    elif c["reported"]:
         v = "reported"
     elif docs is not None and docs < min_documents:
         v = f"inconclusive ({docs} documents)"
@@ -328,8 +378,15 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int)
         label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
     counts[v] = counts.get(v, 0) + 1
     fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"].endswith("tuning") else "{:+.1f}"
-    ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
-                     f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
+    if c["count_zero"]:
+        n, most = int(r["CI low"]), int(r["CI high"])
+        ours = f"{n} words" + (f" (up to {most}: {most - n} unresolved)" if most > n else "")
+    elif c["unit"]:
+        k, unit = c["unit"]
+        ours = (f"{k * r['relative difference']:+.3f} [{k * r['CI low']:+.3f}, {k * r['CI high']:+.3f}] {unit}")
+    else:
+        ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
+                         f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
     return {"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]], "comparison (a vs b)": r["comparison"],
             "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens",
             "documents": docs if docs is not None else "-", "verdict": v}
@@ -365,8 +422,7 @@ def findings(job: Job) -> dict:
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
             "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows and rows whose 'on' "
-            "says 'all tokens' use all tokens of the split, the others the retrieval scope.\n\n",
-            "Not yet tested here: the rejected hypotheses of Sec. 6 / App. E.\n"]
+            "says 'all tokens' use all tokens of the split, the others the retrieval scope.\n"]
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))
     return {"metrics": {"n_" + re.sub(r"[^0-9A-Za-z_]+", "_", k).strip("_"): n for k, n in counts.items()},

@@ -27,6 +27,7 @@ from .common import lm_training_label, by_split, documents_scheme, open_datastor
 
 log = logging.getLogger(__name__)
 SETTINGS = ("faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score")
+FAISS_FAISS, FAISS_REAL, REAL_REAL = SETTINGS
 SETTING_LABEL = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
                  "real_mask_real_score": ("real", "real")}
 
@@ -52,6 +53,16 @@ def _scoped(job: Job, man: dict, everything: bool | None = None):
     if len(sc) and sc[-1] >= q["manifest"]["T"]:
         raise ArtifactError(f"{job.path('scope')}: token {sc[-1]} beyond the {q['manifest']['T']} queries of the split")
     return q, (q["queries"] if everything else np.asarray(q["queries"][sc])), sc
+
+
+def scoped_targets(job: Job, split: str) -> np.ndarray:
+    """[t] int64: the targets of the tokens that load_settings scores on `split` (the retrieval scope, or every token
+    of a store scored on every token), in the same order."""
+    from ..stores import scores_every_token
+
+    q = open_split(job, split)
+    tg = np.asarray(q["targets"], dtype=np.int64)
+    return tg if scores_every_token(job.wildcards["store"]) else tg[np.load(by_split(job, "scope")[split])]
 
 
 def scope(job: Job) -> dict:

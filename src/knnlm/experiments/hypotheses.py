@@ -1,0 +1,247 @@
+"""The hypotheses the paper rejects that need no new training (Xu et al. 2023, Sec. 6, App. E.1-E.4), on the
+artifacts of Table 1 (the full store's FAISS neighbours of every valid and test token):
+
+  E.1 distance metric  -- the kNN scores replaced by −‖W_sm[v_i] − h_ds‖², the distance of the query to the output
+                          embedding of each retrieved token v_i (att and ffn queries); τ and λ tuned on valid
+  E.2 sparsification   -- (a) the LM's distribution kept to its top k tokens, renormalised at a temperature chosen
+                          on valid, interpolated with the LM; (b) the LM's distribution restricted to the tokens the
+                          kNN search retrieved (their distances ignored), with and without removing duplicates
+  E.3 location         -- correlation of the base LM's per-token NLL and of the kNN-LM's gain with the token's
+                          position in its context window and in its document
+  E.4 stolen probabilities -- the words of W_sm that can never be the argmax (inside the convex hull of the others)
+
+Every interpolation is compared with the base LM and with the kNN-LM of Table 1 (same key type, Table 3's metric,
+config τ) on the same tokens, paired over documents (knnlm.stats); correlations get the jackknife-t interval of
+knnlm.stats.jackknife_sums (coverage: docs/statistics.md).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pandas as pd
+
+from ..cli import Job
+from ..io import ArtifactError, iter_chunks, open_npy, read_json
+from ..results import METRIC_NAME, SPLITS, evaluate
+from ..scoring import interpolate
+from ..stats import ci_caption, compare, comparison_rows, fmt_ci, jackknife_sums, options, per_document, statistic_row
+from ..tables import write_table
+from .common import by_split, documents_label, lm_training_label, split_documents
+
+log = logging.getLogger(__name__)
+CHUNK = 4096  # tokens per chunk: [CHUNK, V] logits in RAM
+CORRELATION_MARGIN = 0.05  # E.3: "no correlation" is reproduced when the CI of Pearson's r lies inside ± this
+
+
+def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
+    """Targets, LM log-probs, manifest, queries per key and FAISS neighbour ids per key of one split (memmaps)."""
+    from ..dump import open_queries
+    from .retrieval import _rows_of
+
+    f = {n: by_split(job, n)[split] for n in ("queries_manifest", "targets", "lm_logprobs")}
+    q = open_queries(f["queries_manifest"], f["targets"], f["lm_logprobs"], by_split(job, "queries_ffn")[split])
+    t = q["manifest"]["T"]
+    out = {"targets": np.asarray(q["targets"], dtype=np.int64), "lm": np.asarray(q["lm_logprobs"], dtype=np.float64),
+           "manifest": q["manifest"], "ffn": q["queries"], "queries": {}, "ids": {}}
+    for key in keys:
+        out["queries"][key] = open_npy(by_split(job, f"queries_{key}")[split], (t, q["manifest"]["D"]), np.float32)
+        meta_path = by_split(job, f"nb_meta_{key}")[split]
+        meta = read_json(meta_path)
+        ids = open_npy(by_split(job, f"nb_ids_{key}")[split], (meta["T"], meta["k"]), np.int32)
+        out["ids"][key] = (ids, _rows_of(meta, np.arange(t), meta_path))
+    return out
+
+
+def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float]) -> tuple[dict, dict]:
+    """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ),
+    E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}."""
+    from ..analysis import subset_log_prob
+    from ..scoring import neighbour_hits, sweep_temperature
+
+    hyp = job.cfg["hypotheses"]
+    v = w_sm.shape[0]
+    ks = sorted({k for k in hyp["topk"] if k < v})
+    temps = hyp["sparsify_temperatures"]
+    kmax = max(ks) if ks else 0
+    w_sq = (w_sm.astype(np.float64) ** 2).sum(1)
+    out, drift = {}, {}
+    for split in SPLITS:
+        s = _split_inputs(job, split, keys)
+        t = len(s["targets"])
+        r = {"e1": {key: np.empty((len(taus), t)) for key in keys},
+             "topk": np.empty((len(ks), len(temps), t)),
+             "subset": {(key, dd): np.empty((len(temps), t)) for key in keys for dd in (False, True)}}
+        worst = 0.0
+        for a, b in iter_chunks(t, CHUNK):
+            tg = s["targets"][a:b]
+            logits = np.asarray(s["ffn"][a:b], dtype=np.float32) @ w_sm.T  # [c, V]: h_sm · W_sm
+            lg = logits.astype(np.float64)
+            m = lg.max(1, keepdims=True)
+            lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
+            worst = max(worst, float(np.abs(lg[np.arange(b - a), tg] - lse - s["lm"][a:b]).max(initial=0)))
+            if ks:  # E.2a: the top k_max logits sorted once, every (k, temperature) from its prefixes
+                part = np.argpartition(-lg, kmax - 1, axis=1)[:, :kmax]
+                top = -np.sort(-np.take_along_axis(lg, part, 1), axis=1)  # [c, kmax] descending
+                rank = (lg > lg[np.arange(b - a), tg][:, None]).sum(1)  # target's rank (0 = best)
+                tl = lg[np.arange(b - a), tg]
+                for j, temp in enumerate(temps):
+                    z = np.exp((top - top[:, :1]) / temp)
+                    csum = np.log(np.cumsum(z, 1)) + top[:, :1] / temp  # lse of each prefix
+                    for i, k in enumerate(ks):
+                        r["topk"][i, j, a:b] = np.where(rank < k, tl / temp - csum[:, k - 1], -np.inf)
+            for key in keys:
+                ids_mm, rows = s["ids"][key]
+                ids = np.asarray(ids_mm[rows[a:b]])
+                valid = ids >= 0
+                nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
+                for j, temp in enumerate(temps):  # E.2b: the retrieved tokens, LM probabilities
+                    for dd in (False, True):
+                        r["subset"][(key, dd)][j, a:b] = subset_log_prob(lg, tg, nb_vals, temp, dd)
+                # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
+                q = np.asarray(s["queries"][key][a:b], dtype=np.float32)
+                qw = (q @ w_sm.T).astype(np.float64)
+                g = np.take_along_axis(qw, np.where(valid, nb_vals, 0), 1)
+                scores = (2 * g - w_sq[np.where(valid, nb_vals, 0)] - (q.astype(np.float64) ** 2).sum(1)[:, None])
+                hit, ok = neighbour_hits(ids, vals, tg.astype(np.int32))
+                r["e1"][key][:, a:b] = sweep_temperature(scores.astype(np.float32), hit, ok, taus)
+        out[split] = r
+        drift[split] = worst
+    return out, drift | {"ks": ks}
+
+
+def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
+    """(index of the candidate with the lowest valid interpolated NLL, its evaluate() result); per = {split: [n, T]}."""
+    best, best_ev = 0, None
+    for i in range(len(per["valid"])):
+        ev = evaluate(lp_lm, {s: per[s][i] for s in SPLITS}, words, steps)
+        if best_ev is None or ev["valid"]["interp"]["nll_sum"] < best_ev["valid"]["interp"]["nll_sum"] - 1e-9:
+            best, best_ev = i, ev
+    return best, best_ev
+
+
+def hypotheses(job: Job) -> dict:
+    """E.1-E.4 (Xu et al. 2023, App. E): table 'hypotheses' (every variant's perplexity and comparisons with CIs)
+    and its comparisons CSV (read by findings)."""
+    from ..analysis import (argmaxable, correlation_of, document_positions, regression_leverage, regression_sums,
+                            window_positions)
+    from ..config import temperatures
+    from .parametric import output_matrix
+
+    t0 = time.time()
+    cfg, hyp, st = job.cfg, job.cfg["hypotheses"], options(job.cfg["stats"])
+    steps = cfg["knn"]["lambda_steps"]
+    keys = sorted({p.name.split("_")[0] for p in job.paths("scores")}, key=["att", "ffn"].index)
+    scores = {read_json(p)["key_type"]: read_json(p) for p in job.paths("scores")}
+    metric = next(iter(scores.values()))["metric"]
+    w_sm = output_matrix(job).numpy().astype(np.float32)
+    vals = np.load(job.path("vals"), mmap_mode="r")
+    taus = [t for t in temperatures(cfg) if t > 0] or [1.0]
+    per, drift = _per_token(job, w_sm, vals, keys, taus)
+    if max(drift["valid"], drift["test"]) > 0.05:
+        raise ArtifactError(f"log softmax(W_sm h_ffn) differs from the dumped log p_LM by up to "
+                            f"{max(drift['valid'], drift['test']):.3f} nats: W_sm or the ffn queries are not the LM's")
+    lp_lm, docs, words = {}, {}, {}
+    for split in SPLITS:
+        lp_lm[split] = np.load(by_split(job, "lm_logprobs")[split]).astype(np.float64)
+        docs[split] = split_documents(job, split)
+        words[split] = int(docs[split][1].sum())
+    variants = {}  # name -> (labels, {split: log p interpolated}, evaluate result)
+
+    def add(name, labels, lp_alt):
+        ev = evaluate(lp_lm, lp_alt, words, steps)
+        variants[name] = (labels, {s: interpolate(lp_lm[s], lp_alt[s], ev["lambda"]) for s in SPLITS}, ev)
+
+    for key in keys:  # the kNN-LM of Table 1 (config τ): the reference
+        add(f"kNN-LM {key}", {"section": "Table 1", "variant": f"kNN-LM {key}/{METRIC_NAME[metric]}",
+                              "τ / T": cfg["knn"]["temperature"]},
+            {s: np.load(by_split(job, f"knn_{key}")[s]).astype(np.float64) for s in SPLITS})
+    for key in keys:
+        i, _ = _tune(lp_lm, {s: per[s]["e1"][key] for s in SPLITS}, words, steps)
+        add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
+                                     "τ / T": taus[i]}, {s: per[s]["e1"][key][i] for s in SPLITS})
+    for i, k in enumerate(drift["ks"]):
+        j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
+        add(f"LM top-{k}", {"section": "E.2", "variant": f"LM's top {k} tokens, renormalised",
+                            "τ / T": hyp["sparsify_temperatures"][j]}, {s: per[s]["topk"][i, j] for s in SPLITS})
+    for key in keys:
+        for dd in (False, True):
+            name = f"retrieved set {key}" + (" (dedup)" if dd else "")
+            j, _ = _tune(lp_lm, {s: per[s]["subset"][(key, dd)] for s in SPLITS}, words, steps)
+            add(name, {"section": "E.2", "variant": f"LM restricted to the tokens retrieved with {key} keys"
+                       + (", duplicates removed" if dd else ", weighted by count"),
+                       "τ / T": hyp["sparsify_temperatures"][j]}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})
+    names = ["base"] + list(variants)
+    pairs = [(n, "base") for n in variants]
+    for key in keys:
+        pairs += [(f"kNN-LM {key}", n) for n in variants if not n.startswith("kNN-LM") and n.split(" (")[0].endswith(key)]
+    ci, cmp_rows = {}, []
+    for split in SPLITS:
+        doc, doc_words = docs[split]
+        lps = [lp_lm[split]] + [v[1][split] for v in variants.values()]
+        ci[split] = compare(per_document(-np.stack(lps), doc, len(doc_words)), doc_words, names, pairs, st)
+        cmp_rows += comparison_rows(ci[split], split=split)
+    rows = []
+    for split in ("test", "valid"):
+        c = ci[split]
+        for name, (labels, _, ev) in variants.items():
+            row = {"split": split, **labels, "λ": ev["lambda"], "interp PPL (word)": ev[split]["interp"]["ppl_word"],
+                   "95% CI (word)": fmt_ci(c["ppl"][name]), "vs base (95% CI)": fmt_ci(c["diff"][f"{name} vs base"], pct=True)}
+            ref = next((f"kNN-LM {k} vs {name}" for k in keys if f"kNN-LM {k} vs {name}" in c["diff"]), None)
+            row["kNN-LM vs this (95% CI)"] = fmt_ci(c["diff"][ref], pct=True) if ref else "-"
+            row["documents"] = c["documents"]
+            rows.append(row)
+    # E.3: location within the context window and the document (test split)
+    split = "test"
+    doc, doc_words = docs[split]
+    man = read_json(by_split(job, "queries_manifest")[split])
+    t = len(lp_lm[split])
+    key0 = "att" if "att" in keys else keys[0]
+    gain = variants[f"kNN-LM {key0}"][1][split] - lp_lm[split]
+    for pos_name, pos in (("context window", window_positions(t, man["tokens_per_sample"], man["context_window"])),
+                          ("document", document_positions(doc))):
+        lev = regression_leverage(pos, doc, len(doc_words))
+        for y_name, y in (("base-LM NLL", -lp_lm[split]), (f"kNN-LM ({key0}) gain in log p", gain)):
+            sums = regression_sums(pos, y, doc, len(doc_words))
+            v, lo, hi = jackknife_sums(correlation_of, sums, lev, st)
+            name = f"correlation of {y_name} with position in the {pos_name}"
+            cmp_rows.append(statistic_row(name, v[0], lo[0], hi[0], len(doc_words), st["min_documents"], split=split))
+            rows.append({"split": split, "section": "E.3", "variant": name, "τ / T": "-", "λ": "-",
+                         "interp PPL (word)": "-", "95% CI (word)": f"{v[0]:+.3f} [{lo[0]:+.3f}, {hi[0]:+.3f}]",
+                         "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": len(doc_words)})
+    # E.4: stolen probabilities
+    arg = argmaxable(w_sm, hyp["max_lp_words"])
+    n_bad, n_open = len(arg["unargmaxable"]), len(arg["unresolved"])
+    cmp_rows.append({"split": "test", "comparison": "un-argmaxable words of W_sm", "relative difference": n_bad,
+                     "CI low": n_bad, "CI high": n_bad + n_open,
+                     "verdict": "unresolved" if n_open else ("none" if n_bad == 0 else "some"), "documents": None,
+                     "on": "the output matrix W_sm"})
+    rows.append({"split": "test", "section": "E.4", "variant": "un-argmaxable words of W_sm", "τ / T": "-", "λ": "-",
+                 "interp PPL (word)": "-", "95% CI (word)": f"{n_bad} of {arg['rows']:,}"
+                 + (f" ({n_open} unresolved)" if n_open else ""),
+                 "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": "-"})
+    df = pd.DataFrame(rows)
+    cap = (f"Rejected hypotheses without new training ({cfg['name']}; Xu et al. 2023, Sec. 6, App. E.1-E.4), on every "
+           f"valid and test token; the kNN-LM rows are Table 1's ({'/'.join(keys)} keys, {METRIC_NAME[metric]}, τ = "
+           f"{cfg['knn']['temperature']:g}). E.1: the kNN scores of the full store's FAISS neighbours replaced by "
+           f"−‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i, τ tuned on valid over {taus[0]:g} … {taus[-1]:g} "
+           f"('τ / T'). E.2: the LM's own distribution sparsified, (a) to its top k tokens, (b) to the tokens the kNN "
+           f"search retrieved (their distances ignored; 'weighted by count' keeps duplicates), renormalised at a "
+           f"temperature T chosen on valid from {hyp['sparsify_temperatures']}; λ tuned on valid for every row. E.3: "
+           f"Pearson correlation over test tokens of the base LM's NLL and of the kNN-LM's gain (log p interpolated − "
+           f"log p_LM) with the token's position in its context window (tokens of context it was scored with) and "
+           f"in its document; the paper finds none (reproduced here when the CI lies inside ±"
+           f"{CORRELATION_MARGIN:g}). E.4: words of W_sm that cannot be the argmax of W_sm·h for any h (a quick "
+           f"witness search, then an LP per remaining word, scipy/HiGHS, at most {hyp['max_lp_words']} LPs; Grivas "
+           f"et al. 2022): {arg['witness']:,} proven argmaxable by a witness, {arg['lp_checked']} by LP. "
+           f"log softmax(W_sm h_ffn) matches the dumped log p_LM to {max(drift['valid'], drift['test']):.1e} nats. "
+           f"{ci_caption(st, documents_label(job))}; correlations: jackknife t on the linear scale (coverage: "
+           f"docs/statistics.md). {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "App. E.1-E.4: rejected hypotheses", cap,
+                note=lm_training_label(job))
+    pd.DataFrame(cmp_rows).to_csv(job.path("cmp_csv"), index=False)
+    metrics = {"unargmaxable": n_bad, "seconds": time.time() - t0}
+    metrics.update({f"test_ppl_{n.replace(' ', '_').replace('(', '').replace(')', '')}": v[2]["test"]["interp"]["ppl_word"]
+                    for n, v in variants.items()})
+    return {"metrics": metrics, "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}
