@@ -93,7 +93,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   r0.2's index), 2 real scores, 2 exact searches, settings, table
     # + 9 for Table 3's pair on the full store over every token (store full-alltokens, ffn/L2; table3_all): the same
     # + 2 for W_ds trained again on the other variants' subset (nv1-sub att and ffn: comparisons at equal rows)
-    assert jobs == 125
+    # + 2 for App. D (which_words) and App. E.1-E.4 (hypotheses), on Table 1's and Table 3's artifacts
+    assert jobs == 127
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -515,7 +516,7 @@ def test_scope_is_a_sample_of_whole_documents(tiny_run):
 def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text
-    rows = [line for line in text.splitlines() if line.startswith("| Sec.")]
+    rows = [line for line in text.splitlines() if line.startswith(("| Sec.", "| App."))]
     from knnlm.experiments.findings import CLAIMS
 
     assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "
@@ -526,12 +527,15 @@ def test_findings_report(tiny_run):
     # R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 34 and len(family) == 2 * 9 and len(equal_rows) == 2
-    assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows)
-    assert sum("| the paper's " in r for r in rows) == 33 and sum("| ours (beyond the paper) " in r for r in rows) == 18
+    assert len(CLAIMS) == 48 and len(family) == 2 * 9 and len(equal_rows) == 2
+    # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (paper's and ours) and E.2's
+    # retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k, two per E.3
+    # claim (the base LM's NLL and the kNN-LM's gain): 9 more rows than claims; E.5-E.6 are 'not run'
+    assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 9
+    assert sum("| the paper's " in r for r in rows) == 33 + 21 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 2
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 9 + 6 + 2
+    assert sum("not run" in r for r in rows) == 4 and sum(bool(m) for m in on) == 9 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
     assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 9
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
@@ -539,8 +543,11 @@ def test_findings_report(tiny_run):
     assert sum(bool(m and m.group(4) and not m.group(3)) for m in on) == 2  # vs the full one on the scope (Figure 2)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
                if "not run" not in r)
-    # τ = 1 near-optimal (full and 20 % store) and W_ds alone vs the base LM alone: numbers only
-    assert sum("| reported " in r for r in rows) == 3
+    # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twin vs base: numbers only
+    assert sum("| reported " in r for r in rows) == 3 + 2
+    # App. D's slopes and E.3's correlations say what they rest on; E.4 is a property of W_sm
+    assert all(re.search(r"\| ffn/L2, store full-alltokens, all tokens +\| +\d+ ", r) for r in rows if "App. D" in r)
+    assert all("| the output matrix W_sm " in r for r in rows if "E.4" in r)
 
 
 def test_report_stage_shares_and_results_page(tiny_run, tmp_path):

@@ -227,27 +227,33 @@ def topk_log_prob(logits: np.ndarray, targets: np.ndarray, k: int, temperature: 
     return np.where(inside, tl - lse, -np.inf)
 
 
+def unique_tokens(token_ids: np.ndarray) -> np.ndarray:
+    """token_ids [t, k] with every repeat of a token in a row replaced by −1 (each token kept once; −1 = none)."""
+    srt = np.sort(np.asarray(token_ids), axis=1)
+    first = np.ones(srt.shape, dtype=bool)
+    first[:, 1:] = srt[:, 1:] != srt[:, :-1]
+    return np.where(first & (srt >= 0), srt, -1)
+
+
 def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarray, temperature: float,
                     dedup: bool) -> np.ndarray:
     """log p(target) under the LM's distribution restricted to the tokens retrieved by the kNN search (Xu et al.
     2023, App. E.2: the kNN's choice of tokens, not its distances): p(v) ∝ c_v · exp(logit_v / T) with c_v the
-    number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True); −inf for a target not
-    retrieved. logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour)."""
-    logits = np.asarray(logits, dtype=np.float64) / temperature
-    t, k = token_ids.shape
+    number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True, the same as dedup=False on
+    unique_tokens(token_ids), which callers sweeping T compute once); −inf for a target not retrieved.
+    logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour)."""
+    if dedup:
+        token_ids = unique_tokens(token_ids)
+    logits = np.asarray(logits, dtype=np.float64)
+    t = len(token_ids)
     valid = token_ids >= 0
     ids = np.where(valid, token_ids, 0)
-    if dedup:
-        srt = np.sort(np.where(valid, ids, -1), axis=1)
-        first = np.r_["1", np.ones((t, 1), bool), srt[:, 1:] != srt[:, :-1]] & (srt >= 0)
-        ids, valid = np.where(srt >= 0, srt, 0), first
-    s = np.take_along_axis(logits, ids, 1)
-    s = np.where(valid, s, -np.inf)
+    s = np.where(valid, np.take_along_axis(logits, ids, 1) / temperature, -np.inf)
     m = s.max(1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
     with np.errstate(divide="ignore"):
         lse = m[:, 0] + np.log(np.exp(s - m).sum(1))
     hit = ((ids == targets[:, None]) & valid).sum(1)
-    tl = logits[np.arange(t), targets]
+    tl = logits[np.arange(t), targets] / temperature
     with np.errstate(divide="ignore"):
         return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)

@@ -380,7 +380,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int)
     fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"].endswith("tuning") else "{:+.1f}"
     if c["count_zero"]:
         n, most = int(r["CI low"]), int(r["CI high"])
-        ours = f"{n} words" + (f" (up to {most}: {most - n} unresolved)" if most > n else "")
+        ours = f"{n} word{'' if n == 1 else 's'}" + (f" (up to {most}: {most - n} unresolved)" if most > n else "")
     elif c["unit"]:
         k, unit = c["unit"]
         ours = (f"{k * r['relative difference']:+.3f} [{k * r['CI low']:+.3f}, {k * r['CI high']:+.3f}] {unit}")

@@ -57,7 +57,7 @@ def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
 def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float]) -> tuple[dict, dict]:
     """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ),
     E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}."""
-    from ..analysis import subset_log_prob
+    from ..analysis import subset_log_prob, unique_tokens
     from ..scoring import neighbour_hits, sweep_temperature
 
     hyp = job.cfg["hypotheses"]
@@ -96,9 +96,9 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
                 ids = np.asarray(ids_mm[rows[a:b]])
                 valid = ids >= 0
                 nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
-                for j, temp in enumerate(temps):  # E.2b: the retrieved tokens, LM probabilities
-                    for dd in (False, True):
-                        r["subset"][(key, dd)][j, a:b] = subset_log_prob(lg, tg, nb_vals, temp, dd)
+                for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))):  # E.2b: retrieved tokens
+                    for j, temp in enumerate(temps):
+                        r["subset"][(key, dd)][j, a:b] = subset_log_prob(lg, tg, tokens, temp, False)
                 # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
                 q = np.asarray(s["queries"][key][a:b], dtype=np.float32)
                 qw = (q @ w_sm.T).astype(np.float64)
@@ -155,23 +155,24 @@ def hypotheses(job: Job) -> dict:
 
     for key in keys:  # the kNN-LM of Table 1 (config τ): the reference
         add(f"kNN-LM {key}", {"section": "Table 1", "variant": f"kNN-LM {key}/{METRIC_NAME[metric]}",
-                              "τ / T": cfg["knn"]["temperature"]},
+                              "τ / T": f"{cfg['knn']['temperature']:g}"},
             {s: np.load(by_split(job, f"knn_{key}")[s]).astype(np.float64) for s in SPLITS})
     for key in keys:
         i, _ = _tune(lp_lm, {s: per[s]["e1"][key] for s in SPLITS}, words, steps)
+        edge = " (grid edge)" if i == len(taus) - 1 else ""
         add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
-                                     "τ / T": taus[i]}, {s: per[s]["e1"][key][i] for s in SPLITS})
+                                     "τ / T": f"{taus[i]:g}{edge}"}, {s: per[s]["e1"][key][i] for s in SPLITS})
     for i, k in enumerate(drift["ks"]):
         j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
         add(f"LM top-{k}", {"section": "E.2", "variant": f"LM's top {k} tokens, renormalised",
-                            "τ / T": hyp["sparsify_temperatures"][j]}, {s: per[s]["topk"][i, j] for s in SPLITS})
+                            "τ / T": f"{hyp['sparsify_temperatures'][j]:g}"}, {s: per[s]["topk"][i, j] for s in SPLITS})
     for key in keys:
         for dd in (False, True):
             name = f"retrieved set {key}" + (" (dedup)" if dd else "")
             j, _ = _tune(lp_lm, {s: per[s]["subset"][(key, dd)] for s in SPLITS}, words, steps)
             add(name, {"section": "E.2", "variant": f"LM restricted to the tokens retrieved with {key} keys"
                        + (", duplicates removed" if dd else ", weighted by count"),
-                       "τ / T": hyp["sparsify_temperatures"][j]}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})
+                       "τ / T": f"{hyp['sparsify_temperatures'][j]:g}"}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})
     names = ["base"] + list(variants)
     pairs = [(n, "base") for n in variants]
     for key in keys:
@@ -190,7 +191,7 @@ def hypotheses(job: Job) -> dict:
                    "95% CI (word)": fmt_ci(c["ppl"][name]), "vs base (95% CI)": fmt_ci(c["diff"][f"{name} vs base"], pct=True)}
             ref = next((f"kNN-LM {k} vs {name}" for k in keys if f"kNN-LM {k} vs {name}" in c["diff"]), None)
             row["kNN-LM vs this (95% CI)"] = fmt_ci(c["diff"][ref], pct=True) if ref else "-"
-            row["documents"] = c["documents"]
+            row["documents"] = str(c["documents"])
             rows.append(row)
     # E.3: location within the context window and the document (test split)
     split = "test"
@@ -209,7 +210,7 @@ def hypotheses(job: Job) -> dict:
             cmp_rows.append(statistic_row(name, v[0], lo[0], hi[0], len(doc_words), st["min_documents"], split=split))
             rows.append({"split": split, "section": "E.3", "variant": name, "τ / T": "-", "λ": "-",
                          "interp PPL (word)": "-", "95% CI (word)": f"{v[0]:+.3f} [{lo[0]:+.3f}, {hi[0]:+.3f}]",
-                         "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": len(doc_words)})
+                         "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": str(len(doc_words))})
     # E.4: stolen probabilities
     arg = argmaxable(w_sm, hyp["max_lp_words"])
     n_bad, n_open = len(arg["unargmaxable"]), len(arg["unresolved"])
