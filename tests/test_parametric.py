@@ -347,3 +347,43 @@ def test_table5_check_names_an_nv_worse_than_w_ds_on_the_same_rows():
     text = nv_check([res("nv1", 900, 19.0), res("nv1-sub", 100, 20.0), res("nv3", 100, 20.5, 7, False)])
     assert "3V att is worse than W_ds on the same 100 rows (20.500 vs 20.000; 7 steps, under-trained)" in text
     assert "no W_ds trained on its 100 rows" in nv_check([res("nv1", 900, 19.0), res("nv3", 100, 20.5)])
+
+
+def test_interpolated_loss_training_against_a_brute_force_loss(tmp_path):
+    """App. E.6.3 (Eq. 12): with interp = (λ, W_sm, valid log p_LM), training minimises −log(λ p_W_ds + (1 − λ) p_LM)
+    with p_LM = softmax(W_sm h_ffn) of the batches' third element, and early stopping reads the same interpolated
+    NLL on valid: the history's best NLL equals the brute-force value of the model it keeps."""
+    from knnlm.parametric import parse_variant, training_settings
+
+    assert parse_variant("iloss25") == {"kind": "nv", "n": 1, "interp_loss": 0.25}
+    with pytest.raises(ValueError, match="0 < λ < 1"):
+        parse_variant("iloss100")
+    p = {"train_tokens": 20000, "max_epochs": 2, "patience": 1, "evals_per_epoch": 1,
+         "converge": {"variants": ["nv1"], "train_tokens": None, "max_epochs": 9, "patience": 2, "evals_per_epoch": 4}}
+    assert training_settings(p, "iloss25") == training_settings(p, "nv1")  # trained exactly as W_ds
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(V, D)) * 3
+    vals = rng.integers(0, V, 600).astype(np.int32)
+    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
+    ffn = rng.normal(size=(600, D)).astype(np.float16)
+    w_sm = torch.randn(V, D, generator=torch.Generator().manual_seed(1))
+    qv = rng.integers(0, V, 200)
+    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+    lm_valid = np.log(rng.dirichlet(np.ones(V), 200)[np.arange(200), qv])
+    lam = 0.25
+    model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 1)), D, seed=3)
+    before = evaluate_log_probs(model, queries, qv, bf16=False)
+    hist = train(model, KeyBatches(keys, vals, None, 64, seed=1, aux_keys=ffn), (queries, qv), tmp_path / "i.pt",
+                 lr=0.05, max_epochs=3, patience=3, bf16=False, log_every=1, interp=(lam, w_sm, lm_valid))
+    lp = evaluate_log_probs(model, queries, qv, bf16=False)
+    mix = lambda x: -np.mean(np.log(lam * np.exp(x) + (1 - lam) * np.exp(lm_valid)))  # noqa: E731
+    assert hist["best_nll"] == pytest.approx(mix(lp), rel=1e-6) and mix(lp) < mix(before)
+    # the training loss is the interpolated one: its first logged value is that of the first batches
+    h0, y0, a0 = next(KeyBatches(keys, vals, None, 64, seed=1, aux_keys=ffn).epoch(0))
+    lm0 = torch.log_softmax(a0 @ w_sm.T, 1)[torch.arange(len(y0)), y0].numpy()
+    fresh = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 1)), D, seed=3)
+    with torch.no_grad():
+        p0 = fresh.log_prob(h0, y0).numpy()
+    first = -np.mean(np.log(lam * np.exp(p0) + (1 - lam) * np.exp(lm0)))
+    assert torch.load(tmp_path / "i.pt", weights_only=False)["settings"]["interp_loss"] == lam
+    assert hist["train"][0] == (1, pytest.approx(first, rel=1e-5))

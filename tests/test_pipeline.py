@@ -94,7 +94,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 9 for Table 3's pair on the full store over every token (store full-alltokens, ffn/L2; table3_all): the same
     # + 2 for W_ds trained again on the other variants' subset (nv1-sub att and ffn: comparisons at equal rows)
     # + 2 for App. D (which_words) and App. E.1-E.4 (hypotheses), on Table 1's and Table 3's artifacts
-    assert jobs == 127
+    # + 3 for App. E.6.3: W_ds on the interpolated loss (iloss25 att and ffn) and its table
+    assert jobs == 130
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -530,12 +531,13 @@ def test_findings_report(tiny_run):
     assert len(CLAIMS) == 48 and len(family) == 2 * 9 and len(equal_rows) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (paper's and ours) and E.2's
     # retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k, two per E.3
-    # claim (the base LM's NLL and the kNN-LM's gain): 9 more rows than claims; E.5-E.6 are 'not run'
-    assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 9
-    assert sum("| the paper's " in r for r in rows) == 33 + 21 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 2
+    # claim (the base LM's NLL and the kNN-LM's gain), two for E.6.3 (att, ffn): 10 more rows than claims; E.5,
+    # E.6.1 and E.6.2 are 'not run'
+    assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 10
+    assert sum("| the paper's " in r for r in rows) == 33 + 22 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 2
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 4 and sum(bool(m) for m in on) == 9 + 6 + 2
+    assert sum("not run" in r for r in rows) == 3 and sum(bool(m) for m in on) == 9 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
     assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 9
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token

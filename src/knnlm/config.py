@@ -197,7 +197,8 @@ def tau_edge(taus: list[float], i: int, cfg: dict) -> str:
     return "lower" if i == 0 and cfg["temperature"]["start"] > 0 else ""
 
 
-VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)(?P<sub>-sub)?|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+))$")
+VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)(?P<sub>-sub)?|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+)"
+                        r"|iloss(?P<il>\d+))$")
 
 
 def parametric_variants(cfg: dict) -> list[tuple[str, str]]:
@@ -221,6 +222,13 @@ def subset_references(cfg: dict, variants: list[tuple[str, str]]) -> list[str]:
         return []
     return [k for k in p["key_types"] if ("nv1", k) in variants
             and any(v not in conv["variants"] and kk == k for v, kk in variants)]
+
+
+def interpolated_loss_variants(cfg: dict) -> list[tuple[str, str]]:
+    """The (variant, key type) of W_ds trained on the interpolated loss (Xu et al. 2023, App. E.6.3; config
+    'hypotheses.interpolated_loss'): 'iloss<100 λ>', e.g. 'iloss25' for λ = 0.25."""
+    il = cfg["hypotheses"]["interpolated_loss"]
+    return [(f"iloss{round(100 * il['lambda'])}", k) for k in il["key_types"]]
 
 
 def parametric_tables(cfg: dict) -> list[str]:

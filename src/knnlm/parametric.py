@@ -268,8 +268,9 @@ class KeyBatches:
     rows in sorted order (page-cache friendly), so memory is one batch, never the datastore.
     """
 
-    def __init__(self, keys, vals, rows: np.ndarray | None, batch_size: int, seed: int):
+    def __init__(self, keys, vals, rows: np.ndarray | None, batch_size: int, seed: int, aux_keys=None):
         self.keys, self.vals, self.batch_size, self.seed = keys, vals, batch_size, seed
+        self.aux_keys = aux_keys  # another key type of the same rows ([N, D'] memmap), yielded third when given
         self.rows = np.arange(len(vals)) if rows is None else np.asarray(rows)
 
     def __len__(self):
@@ -279,8 +280,11 @@ class KeyBatches:
         order = np.random.default_rng(self.seed + epoch).permutation(self.rows)
         for i in range(skip, len(self)):
             idx = np.sort(order[i * self.batch_size:(i + 1) * self.batch_size])
-            yield (torch.from_numpy(np.asarray(self.keys[idx], dtype=np.float32)),
+            out = (torch.from_numpy(np.asarray(self.keys[idx], dtype=np.float32)),
                    torch.from_numpy(np.asarray(self.vals[idx], dtype=np.int64)))
+            if self.aux_keys is not None:
+                out += (torch.from_numpy(np.asarray(self.aux_keys[idx], dtype=np.float32)),)
+            yield out
 
 
 @torch.no_grad()
@@ -343,7 +347,7 @@ def _finite_nll(lp: np.ndarray) -> float:
 
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
           patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1, on_eval=None,
-          settings: dict | None = None) -> dict:
+          settings: dict | None = None, interp: tuple[float, torch.Tensor, np.ndarray] | None = None) -> dict:
     """Adam on −log p(val | key) with early stopping on the valid NLL, evaluated `evals_per_epoch` times per epoch;
     resumable at every evaluation.
 
@@ -356,6 +360,10 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     'best_nll', 'steps', 'epochs' (fractional), 'evals', 'converged', 'seconds', 'tokens_per_second'}.
     on_eval(step, {'valid_nll': nll, 'train_loss': ..., 'epoch': ...}) is called at every evaluation (live curves:
     knnlm.cli.Job.curve). Raises ValueError for evals_per_epoch < 1.
+    interp: (λ, W_sm [V, D], valid log p_LM [T]) to train on the interpolated loss of Xu et al. 2023, App. E.6.3
+    (Eq. 12): −log(λ p_model(y) + (1 − λ) p_LM(y)), p_LM = softmax(W_sm h_sm) from the batches' third element
+    (the ffn keys of the same rows, KeyBatches(aux_keys=...)); early stopping then uses the same interpolated NLL
+    on valid.
     settings: what the run's trajectory depends on (lr, bf16, batch size, seed, training rows, ...; plain JSON
     values), saved in the checkpoint: a checkpoint saved under other settings is not resumed but started over
     (logged), so a changed config never continues a stale run. max_epochs and patience are not settings: raising
@@ -371,6 +379,10 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     best_state = None
     ckpt_path = Path(ckpt_path)
     settings = dict(settings or {}, lr=lr, bf16=bf16, evals_per_epoch=evals_per_epoch, batches=len(batches))
+    if interp is not None:
+        settings["interp_loss"] = interp[0]
+        log_lam, log_rest = math.log(interp[0]), math.log(1 - interp[0])
+        w_sm_t = interp[1].float()
     st = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
     if st is not None and "settings" not in st:
         log.warning("%s has no saved settings (an older checkpoint): resumed as it is", ckpt_path)
@@ -395,10 +407,14 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
         epoch, skip = hist["epoch"], hist["batch"]
         model.train()
         t0, run, n_run = time.time(), 0.0, 0
-        for i, (h, y) in enumerate(tqdm(batches.epoch(epoch, skip), total=n - skip, desc=f"epoch {epoch}",
-                                        mininterval=30), start=skip):
+        for i, (h, y, *aux) in enumerate(tqdm(batches.epoch(epoch, skip), total=n - skip, desc=f"epoch {epoch}",
+                                              mininterval=30), start=skip):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 lp = model.log_prob(h, y)
+            if interp is not None:  # Eq. 12: the loss of the interpolation with the frozen base LM
+                with torch.no_grad():
+                    lp_lm = torch.log_softmax(aux[0] @ w_sm_t.T, 1).gather(1, y[:, None]).squeeze(1)
+                lp = torch.logaddexp(log_lam + lp.float(), log_rest + lp_lm)
             # targets the model gives no row (a clustered datastore whose clusters never saw the word) have
             # log p = −inf and no gradient path: they are left out of the loss
             loss = -lp[torch.isfinite(lp)].mean()
@@ -415,7 +431,10 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             if i + 1 not in eval_at:
                 continue
             hist["seconds"] += time.time() - t0
-            nll = _finite_nll(evaluate_log_probs(model, *valid, bf16=bf16))
+            lp_valid = evaluate_log_probs(model, *valid, bf16=bf16)
+            if interp is not None:
+                lp_valid = np.logaddexp(log_lam + lp_valid, log_rest + interp[2][:len(lp_valid)])
+            nll = _finite_nll(lp_valid)
             hist["valid"].append((hist["steps"], epoch + (i + 1) / n, nll))
             hist["evals"] += 1
             hist["epoch"], hist["batch"] = (epoch + 1, 0) if i + 1 == n else (epoch, i + 1)
@@ -459,6 +478,11 @@ def parse_variant(name: str) -> dict:
         return {"kind": "adaptive", "by": m["by"]}
     if m["r"]:
         return {"kind": "mos", "mixtures": int(m["r"]), "train_embed": m["mos"] == "embed"}
+    if m["il"]:  # W_ds (1V) trained on the interpolated loss with λ = il / 100 (App. E.6.3)
+        lam = int(m["il"]) / 100
+        if not 0 < lam < 1:
+            raise ValueError(f"parametric variant {name!r}: the interpolated loss needs 0 < λ < 1, found {lam}")
+        return {"kind": "nv", "n": 1, "interp_loss": lam}
     return {"kind": "cluster", "m": int(m["m"])}
 
 
@@ -552,5 +576,7 @@ def training_settings(p: dict, variant: str) -> dict:
     """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch'} of a variant: config 'parametric.converge' for
     the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
     keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch")
+    if variant.startswith("iloss"):  # W_ds on another loss: trained exactly as W_ds (nv1), on the same rows
+        variant = "nv1"
     src = p["converge"] if variant in p["converge"]["variants"] else p
     return {k: src[k] for k in keys} | {"until_converged": variant in p["converge"]["variants"]}

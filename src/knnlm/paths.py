@@ -87,7 +87,7 @@ WILDCARDS: dict[str, str] = {
     "key": r"att|ffn",
     "metric": r"l2|ip",
     "split": r"valid|test",
-    "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+",
+    "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+|iloss\d+",
 }
 
 

@@ -63,7 +63,8 @@ STAGES = {
                                             "write_datastore_size", "write_temperature", "write_store_table",
                                             "write_pca", "write_variance", "write_findings", "write_table4"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
-    "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses"],
+    "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
+                                                         "write_interpolated_loss"],
 }
 
 

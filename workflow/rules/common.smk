@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
-from knnlm.config import (ConfigError, check_data, data_inputs, lm_section, lm_tokens_per_sample, parametric_tables,
-                          parametric_variants, split_files, temperatures, validate_config)
+from knnlm.config import (ConfigError, check_data, data_inputs, interpolated_loss_variants, lm_section,
+                          lm_tokens_per_sample, parametric_tables, parametric_variants, split_files, temperatures,
+                          validate_config)
 from knnlm.paths import WILDCARDS, Layout
 from knnlm.front_page import front_page
 from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard
@@ -45,6 +46,9 @@ SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RETRIEVAL["small_store_all_token
 # the paper (approximate beats exact retrieval, Sec. 5.1) then rests on every document of valid and test.
 TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["key_types"][0],
                   metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0])
+# App. E.6.3: W_ds trained on the interpolated loss, for the key types of 'hypotheses.interpolated_loss' that W_ds
+# (nv1) is trained for (rules/hypotheses.smk; its comparisons go to the findings).
+ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in parametric_variants(CFG)]
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:

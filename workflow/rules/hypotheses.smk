@@ -35,3 +35,38 @@ rule write_hypotheses:
 
 
 TARGETS["hypotheses"] = tables("hypotheses")
+
+
+# E.6.3: W_ds trained on the interpolated loss (parametric variant 'iloss<100 λ>', rule train_parametric) against
+# W_ds on the plain loss (nv1), for ILOSS (rules/common.smk).
+
+
+rule write_interpolated_loss:
+    input:
+        lm_training=lm_training(),
+        lm_logprobs=per_split("lm_logprobs"),
+        documents=per_split("documents"),
+        **{f"iloss_result_{k}": artifact("parametric_result", variant=v, key=k) for v, k in ILOSS},
+        **{f"iloss_{k}": per_split("parametric_logprobs", variant=v, key=k) for v, k in ILOSS},
+        **{f"w_ds_result_{k}": artifact("parametric_result", variant="nv1", key=k) for _, k in ILOSS},
+        **{f"w_ds_{k}": per_split("parametric_logprobs", variant="nv1", key=k) for _, k in ILOSS},
+    output:
+        csv=artifact("table", table="interpolated_loss", ext="csv"),
+        md=report(artifact("table", table="interpolated_loss", ext="md"), caption=report_caption("hypotheses"),
+                  category="App. E"),
+        cmp_csv=artifact("table", table="interpolated_loss_comparisons", ext="csv"),
+    params:
+        cfg=cfg_json("knn", "stats", "profile"),
+        io=io(),
+    log:
+        log_of("write_interpolated_loss", "lm"),
+    benchmark:
+        bench_of("write_interpolated_loss", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("hypotheses.interpolated_loss")
+
+
+if ILOSS:
+    TARGETS["hypotheses"] = TARGETS["hypotheses"] + tables("interpolated_loss")

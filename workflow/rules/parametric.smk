@@ -31,6 +31,8 @@ rule train_parametric:
         **queries(key="{key}"),
         wordcounts=artifact("wordcounts"),
         word_stats=lambda wc: artifact("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
+        # the interpolated loss (App. E.6.3) needs p_LM of every training row: its ffn key
+        ffn_keys=lambda wc: artifact("keys", lm=wc.lm, key="ffn") if wc.variant.startswith("iloss") else [],
     output:
         result=artifact("parametric_result"),
         logprobs=per_split("parametric_logprobs"),

@@ -246,3 +246,68 @@ def hypotheses(job: Job) -> dict:
     metrics.update({f"test_ppl_{n.replace(' ', '_').replace('(', '').replace(')', '')}": v[2]["test"]["interp"]["ppl_word"]
                     for n, v in variants.items()})
     return {"metrics": metrics, "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}
+
+
+def interpolated_loss(job: Job) -> dict:
+    """E.6.3 (Xu et al. 2023, App. E.6.3, Eq. 12): W_ds trained on the interpolated loss (parametric variant
+    'iloss<100 λ>') against W_ds on the plain loss (nv1), same key type, rows and training schedule; each
+    interpolated with the base LM at its own λ tuned on valid. Table 'interpolated_loss' and its comparisons CSV."""
+    from ..lm import convergence_label  # noqa: F401 (the LM's note comes from lm_training_label)
+
+    cfg, st = job.cfg, options(job.cfg["stats"])
+    steps = cfg["knn"]["lambda_steps"]
+    keys = [k for k in ("att", "ffn") if job.input.get(f"iloss_result_{k}")]
+    lp_lm = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
+    docs = {s: split_documents(job, s) for s in SPLITS}
+    words = {s: int(docs[s][1].sum()) for s in SPLITS}
+    models, lps = {}, {}
+    for key in keys:
+        for tag, label in (("iloss", f"W_ds interpolated loss {key}"), ("w_ds", f"W_ds {key}")):
+            res = read_json(job.path(f"{tag}_result_{key}"))
+            lp = {s: np.load(p).astype(np.float64) for s, p in by_split(job, f"{tag}_{key}").items()}
+            ev = evaluate(lp_lm, lp, words, steps)
+            models[label] = (key, res, ev)
+            lps[label] = {s: interpolate(lp_lm[s], lp[s], ev["lambda"]) for s in SPLITS}
+    names = ["base"] + list(models)
+    pairs = [(n, "base") for n in models] + [(f"W_ds interpolated loss {k}", f"W_ds {k}") for k in keys]
+    rows, cmp_rows = [], []
+    for split in SPLITS:
+        doc, doc_words = docs[split]
+        c = compare(per_document(-np.stack([lp_lm[split]] + [lps[n][split] for n in models]), doc, len(doc_words)),
+                    doc_words, names, pairs, st)
+        for r in comparison_rows(c, split=split):
+            key = r["comparison"].split(" vs ")[0].rsplit(" ", 1)[-1]
+            res = models[f"W_ds interpolated loss {key}"][1]
+            hist = res.get("history", {})
+            cmp_rows.append({**r, "converged": "yes" if hist.get("converged") else "no (stopped at max_epochs)",
+                             "steps": hist.get("steps", 0), "train rows": res["train_rows"]})
+        for name, (key, res, ev) in models.items():
+            hist = res.get("history", {})
+            vs = c["diff"].get(f"{name} vs W_ds {key}")
+            rows.append({"split": split, "model": name, "h_ds": key,
+                         "training loss": (f"interpolated, λ = {res['spec']['interp_loss']:g} (Eq. 12)"
+                                           if res["spec"].get("interp_loss") else "plain cross-entropy"),
+                         "train rows": res["train_rows"], "steps": hist.get("steps", 0),
+                         "converged": "yes" if hist.get("converged") else "no",
+                         "PPL alone (word)": ev[split]["knn"]["ppl_word"], "λ": ev["lambda"],
+                         "interp PPL (word)": ev[split]["interp"]["ppl_word"],
+                         "oracle PPL (word)": ev[split]["oracle"]["ppl_word"],
+                         "95% CI (word)": fmt_ci(c["ppl"][name]),
+                         "vs base (95% CI)": fmt_ci(c["diff"][f"{name} vs base"], pct=True),
+                         "vs plain W_ds (95% CI)": fmt_ci(vs, pct=True) if vs else "-",
+                         "documents": str(c["documents"])})
+    df = pd.DataFrame(rows)
+    df["split"] = pd.Categorical(df["split"], ["test", "valid"])
+    df = df.sort_values("split", kind="stable").astype({"split": str})
+    lam = next((m[1]["spec"]["interp_loss"] for m in models.values() if m[1]["spec"].get("interp_loss")), None)
+    cap = (f"Training W_ds on the interpolated loss ({cfg['name']}; Xu et al. 2023, App. E.6.3, Eq. 12): W_ds trained "
+           f"on −log(λ p_W_ds(y) + (1 − λ) p_LM(y)) with λ = {lam:g} (p_LM from the frozen base LM) against W_ds on the "
+           f"plain loss, the same rows, epochs and early stopping (on the same interpolated loss on valid); each then "
+           f"interpolated with the base LM at its own λ tuned on valid ('λ'). The paper finds no gain. "
+           f"{ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")
+    write_table(df, job.path("csv"), job.path("md"), "App. E.6.3: W_ds on the interpolated loss", cap,
+                note=lm_training_label(job))
+    pd.DataFrame(cmp_rows).to_csv(job.path("cmp_csv"), index=False)
+    return {"metrics": {f"test_interp_ppl_{n.replace(' ', '_')}": m[2]["test"]["interp"]["ppl_word"]
+                        for n, m in models.items()},
+            "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}

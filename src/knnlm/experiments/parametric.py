@@ -76,7 +76,15 @@ def train_parametric(job: Job) -> dict:
     lp_lm = {s: np.asarray(q[s]["lm_logprobs"], dtype=np.float64) for s in q}
     vt = p["valid_tokens"] or q["valid"]["manifest"]["T"]
     valid = (q["valid"]["queries"][:vt], np.asarray(q["valid"]["targets"][:vt], dtype=np.int64))
-    batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"])
+    interp = None
+    if spec.get("interp_loss"):  # App. E.6.3: p_LM of each training row from its ffn key (h_sm)
+        from ..dump import open_datastore as open_ds
+
+        aux, _, _ = open_ds(job.path("manifest"), job.path("vals"), job.path("ffn_keys"), "ffn")
+        interp = (spec["interp_loss"], w_sm, lp_lm["valid"][:vt])
+    else:
+        aux = None
+    batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"], aux_keys=aux)
     out_dir = Path(job.extra["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "training": tr,
@@ -126,7 +134,8 @@ def train_parametric(job: Job) -> dict:
                      evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve,
                      settings={"variant": variant, "key": key, "batch_size": p["batch_size"], "seed": p["seed"],
                                "train_tokens": tr["train_tokens"], "train_rows": len(batches.rows),
-                               "valid_tokens": len(valid[1]), "info": {k: v for k, v in info.items() if not k.endswith("seconds")}})
+                               "valid_tokens": len(valid[1]), "info": {k: v for k, v in info.items() if not k.endswith("seconds")}},
+                     interp=interp)
         result["history"] = hist
         if spec["kind"] == "cluster":
             result["temperature"]["after"] = model.temperature  # learned with the centroids
