@@ -61,6 +61,12 @@ def _fmt(column: str, v) -> str:
     return str(v)
 
 
+def write_csv(df: pd.DataFrame, path: str | Path) -> None:
+    """df as CSV at `path`, atomically (a comparisons CSV that the findings read; no Markdown twin)."""
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+
+
 def write_comparisons(rows: list[dict], csv_path: str | Path, md_path: str | Path, title: str, what: str,
                       method: str, note: str = "") -> None:
     """A table of paired comparisons (knnlm.stats.comparison_rows), one section per split, with a caption that

@@ -27,7 +27,7 @@ from ..io import ArtifactError, iter_chunks, open_npy, read_json
 from ..results import METRIC_NAME, SPLITS, evaluate
 from ..scoring import interpolate
 from ..stats import ci_caption, compare, comparison_rows, fmt_ci, jackknife_sums, options, per_document, statistic_row
-from ..tables import write_table
+from ..tables import write_csv, write_table
 from .common import by_split, documents_label, lm_training_label, split_documents
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def hypotheses(job: Job) -> dict:
            f"docs/statistics.md). {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "App. E.1-E.4: rejected hypotheses", cap,
                 note=lm_training_label(job))
-    pd.DataFrame(cmp_rows).to_csv(job.path("cmp_csv"), index=False)
+    write_csv(pd.DataFrame(cmp_rows), job.path("cmp_csv"))
     metrics = {"unargmaxable": n_bad, "seconds": time.time() - t0}
     metrics.update({f"test_ppl_{n.replace(' ', '_').replace('(', '').replace(')', '')}": v[2]["test"]["interp"]["ppl_word"]
                     for n, v in variants.items()})
@@ -307,7 +307,7 @@ def interpolated_loss(job: Job) -> dict:
            f"{ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "App. E.6.3: W_ds on the interpolated loss", cap,
                 note=lm_training_label(job))
-    pd.DataFrame(cmp_rows).to_csv(job.path("cmp_csv"), index=False)
+    write_csv(pd.DataFrame(cmp_rows), job.path("cmp_csv"))
     return {"metrics": {f"test_interp_ppl_{n.replace(' ', '_')}": m[2]["test"]["interp"]["ppl_word"]
                         for n, m in models.items()},
             "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}

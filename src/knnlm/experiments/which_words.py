@@ -25,7 +25,7 @@ from ..io import write_json
 from ..results import METRIC_NAME, evaluate
 from ..scoring import interpolate
 from ..stats import ci_caption, jackknife_sums, options, statistic_row
-from ..tables import write_table
+from ..tables import write_csv, write_table
 from .common import lm_training_label, scheme_label, documents_scheme, token_strings
 from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, load_settings, scoped_targets
 
@@ -111,7 +111,7 @@ def which_words(job: Job) -> dict:
     write_table(freq, job.path("freq_csv"), job.path("freq_md"), "kNN-LM gains by training frequency", fcap,
                 note=lm_training_label(job))
     scope = "all tokens" if "alltokens" in store or cfg["retrieval"]["max_queries"] is None else "retrieval scope"
-    df.assign(on=f"{key}/{METRIC_NAME[metric]}, store {store}, {scope}").to_csv(job.path("cmp_csv"), index=False)
+    write_csv(df.assign(on=f"{key}/{METRIC_NAME[metric]}, store {store}, {scope}"), job.path("cmp_csv"))
     write_json(job.path("points"), {"store": store, "key": key, "metric": metric, "documents": n_docs, **points})
     return {"metrics": {f"slope_{n}": r["relative difference"] for n, r in zip(ATTRIBUTES, rows)},
             "artifacts": [str(job.path(n)) for n in ("csv", "md", "freq_csv", "freq_md", "points")]}
