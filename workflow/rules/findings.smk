@@ -25,7 +25,7 @@ rule write_findings:
         which_words=artifact("table", table="which_words_comparisons", ext="csv"),  # App. D
         hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv"),  # App. E.1-E.4
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)
-        interpolated_loss=[artifact("table", table="interpolated_loss_comparisons", ext="csv")] if ILOSS else [],
+        interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS else [],
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
