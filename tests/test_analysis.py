@@ -124,3 +124,28 @@ def test_subset_log_prob_against_a_dense_computation(dedup):
         p = c * np.exp(logits[i] / temp)
         ref = np.log(p[targets[i]] / p.sum()) if p[targets[i]] > 0 else -np.inf
         assert got[i] == (pytest.approx(ref) if np.isfinite(ref) else -np.inf)
+
+
+def test_topk_grid_equals_one_topk_at_a_time():
+    rng = np.random.default_rng(6)
+    logits, targets = rng.normal(size=(25, 40)), rng.integers(0, 40, 25)
+    ks, temps = [1, 4, 16, 40], [0.5, 1.0, 2.5]
+    grid = an.topk_log_prob_grid(logits, targets, ks, temps)
+    for i, k in enumerate(ks):
+        for j, temp in enumerate(temps):
+            np.testing.assert_allclose(grid[i, j], an.topk_log_prob(logits, targets, k, temp), rtol=1e-10)
+    # k = V keeps every token: the LM's own distribution at temperature 1
+    full = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    np.testing.assert_allclose(grid[3, 1], full[np.arange(25), targets], rtol=1e-10)
+
+
+def test_output_embedding_scores_against_brute_force():
+    rng = np.random.default_rng(7)
+    q, w = rng.normal(size=(6, 4)).astype(np.float32), rng.normal(size=(9, 4)).astype(np.float32)
+    ids = rng.integers(0, 9, (6, 5))
+    ids[2, 3] = -1
+    got = an.output_embedding_scores(q, w, ids)
+    for i in range(6):
+        for j in range(5):
+            ref = -np.inf if ids[i, j] < 0 else -((w[ids[i, j]].astype(float) - q[i]) ** 2).sum()
+            assert got[i, j] == (pytest.approx(ref, rel=1e-5) if np.isfinite(ref) else -np.inf)

@@ -227,6 +227,38 @@ def topk_log_prob(logits: np.ndarray, targets: np.ndarray, k: int, temperature: 
     return np.where(inside, tl - lse, -np.inf)
 
 
+def topk_log_prob_grid(logits: np.ndarray, targets: np.ndarray, ks: list[int], temperatures: list[float]) -> np.ndarray:
+    """topk_log_prob for every (k, temperature) at once: [len(ks), len(temperatures), t] float64, from one sort of the
+    top max(ks) logits per row (the log-sum-exp of each top-k prefix from a cumulative sum). logits [t, V], targets
+    [t] int; every k ≤ V."""
+    lg = np.asarray(logits, dtype=np.float64)
+    t, kmax = len(lg), max(ks)
+    part = np.argpartition(-lg, kmax - 1, axis=1)[:, :kmax]
+    top = -np.sort(-np.take_along_axis(lg, part, 1), axis=1)  # [t, kmax] descending
+    tl = lg[np.arange(t), targets]
+    rank = (lg > tl[:, None]).sum(1)  # the target's rank (0 = the best); ties share the best rank
+    out = np.empty((len(ks), len(temperatures), t))
+    for j, temp in enumerate(temperatures):
+        lse = np.log(np.cumsum(np.exp((top - top[:, :1]) / temp), 1)) + top[:, :1] / temp
+        for i, k in enumerate(ks):
+            out[i, j] = np.where(rank < k, tl / temp - lse[:, k - 1], -np.inf)
+    return out
+
+
+def output_embedding_scores(queries: np.ndarray, w_sm: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
+    """−‖W_sm[v_i] − h‖² for the retrieved tokens v_i [t, k] of each query h [t, D] (Xu et al. 2023, App. E.1: the
+    kNN scores replaced by the distance to the LM's output embedding of each neighbour's token), as
+    2 h·w − ‖w‖² − ‖h‖² from one [t, V] product. [t, k] float64; −inf where token_ids is −1 (no neighbour)."""
+    q = np.asarray(queries, dtype=np.float32)
+    w = np.asarray(w_sm, dtype=np.float32)
+    valid = token_ids >= 0
+    ids = np.where(valid, token_ids, 0)
+    qw = (q @ w.T).astype(np.float64)
+    w_sq = (w.astype(np.float64) ** 2).sum(1)
+    s = 2 * np.take_along_axis(qw, ids, 1) - w_sq[ids] - (q.astype(np.float64) ** 2).sum(1)[:, None]
+    return np.where(valid, s, -np.inf)
+
+
 def unique_tokens(token_ids: np.ndarray) -> np.ndarray:
     """token_ids [t, k] with every repeat of a token in a row replaced by −1 (each token kept once; −1 = none)."""
     srt = np.sort(np.asarray(token_ids), axis=1)

@@ -57,15 +57,13 @@ def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
 def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float]) -> tuple[dict, dict]:
     """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ),
     E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}."""
-    from ..analysis import subset_log_prob, unique_tokens
+    from ..analysis import output_embedding_scores, subset_log_prob, topk_log_prob_grid, unique_tokens
     from ..scoring import neighbour_hits, sweep_temperature
 
     hyp = job.cfg["hypotheses"]
     v = w_sm.shape[0]
     ks = sorted({k for k in hyp["topk"] if k < v})
     temps = hyp["sparsify_temperatures"]
-    kmax = max(ks) if ks else 0
-    w_sq = (w_sm.astype(np.float64) ** 2).sum(1)
     out, drift = {}, {}
     for split in SPLITS:
         s = _split_inputs(job, split, keys)
@@ -81,16 +79,8 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
             m = lg.max(1, keepdims=True)
             lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
             worst = max(worst, float(np.abs(lg[np.arange(b - a), tg] - lse - s["lm"][a:b]).max(initial=0)))
-            if ks:  # E.2a: the top k_max logits sorted once, every (k, temperature) from its prefixes
-                part = np.argpartition(-lg, kmax - 1, axis=1)[:, :kmax]
-                top = -np.sort(-np.take_along_axis(lg, part, 1), axis=1)  # [c, kmax] descending
-                rank = (lg > lg[np.arange(b - a), tg][:, None]).sum(1)  # target's rank (0 = best)
-                tl = lg[np.arange(b - a), tg]
-                for j, temp in enumerate(temps):
-                    z = np.exp((top - top[:, :1]) / temp)
-                    csum = np.log(np.cumsum(z, 1)) + top[:, :1] / temp  # lse of each prefix
-                    for i, k in enumerate(ks):
-                        r["topk"][i, j, a:b] = np.where(rank < k, tl / temp - csum[:, k - 1], -np.inf)
+            if ks:  # E.2a: the LM's top k tokens, every (k, temperature) from one sort
+                r["topk"][:, :, a:b] = topk_log_prob_grid(lg, tg, ks, temps)
             for key in keys:
                 ids_mm, rows = s["ids"][key]
                 ids = np.asarray(ids_mm[rows[a:b]])
@@ -100,12 +90,9 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
                     for j, temp in enumerate(temps):
                         r["subset"][(key, dd)][j, a:b] = subset_log_prob(lg, tg, tokens, temp, False)
                 # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
-                q = np.asarray(s["queries"][key][a:b], dtype=np.float32)
-                qw = (q @ w_sm.T).astype(np.float64)
-                g = np.take_along_axis(qw, np.where(valid, nb_vals, 0), 1)
-                scores = (2 * g - w_sq[np.where(valid, nb_vals, 0)] - (q.astype(np.float64) ** 2).sum(1)[:, None])
+                scores = output_embedding_scores(s["queries"][key][a:b], w_sm, nb_vals)
                 hit, ok = neighbour_hits(ids, vals, tg.astype(np.int32))
-                r["e1"][key][:, a:b] = sweep_temperature(scores.astype(np.float32), hit, ok, taus)
+                r["e1"][key][:, a:b] = sweep_temperature(np.where(ok, scores, 0).astype(np.float32), hit, ok, taus)
         out[split] = r
         drift[split] = worst
     return out, drift | {"ks": ks}
