@@ -518,6 +518,7 @@ def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text
     rows = [line for line in text.splitlines() if line.startswith(("| Sec.", "| App."))]
+    assert len({r.count("|") for r in rows}) == 1  # no cell breaks the Markdown table (a '|' inside a claim)
     from knnlm.experiments.findings import CLAIMS
 
     assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "

@@ -177,10 +177,10 @@ CLAIMS = [
            "hypotheses", r"kNN-LM (\S+) vs retrieved set \1( \(dedup\))?", regex=True, sign=-1,
            paper_text="best case −0.5 perplexity, the kNN-LM nearly −2"),
     _claim("Sec. 6, E.3", f"no correlation of the base LM's NLL or the kNN-LM's gain with the position in the context "
-           f"window (|r| < {CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the context window",
+           f"window (r within ±{CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the context window",
            regex=True, equivalent=CORRELATION_MARGIN, unit=(1, "(Pearson r)"), paper_text="no significant correlation"),
     _claim("Sec. 6, E.3", f"no correlation of the base LM's NLL or the kNN-LM's gain with the position in the document "
-           f"(|r| < {CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the document",
+           f"(r within ±{CORRELATION_MARGIN:g})", "hypotheses", r"correlation of .+ with position in the document",
            regex=True, equivalent=CORRELATION_MARGIN, unit=(1, "(Pearson r)"), paper_text="no correlation"),
     _claim("Sec. 6, E.4", "no word of W_sm is un-argmaxable (stolen probabilities)", "hypotheses",
            "un-argmaxable words of W_sm", count_zero=True, unit=(1, "words"), paper_text="none, in both models"),
