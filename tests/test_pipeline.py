@@ -605,3 +605,36 @@ def test_report_front_page(tiny_run, tmp_path):
     summary = next(line for line in art(tiny_run, "findings").read_text().splitlines() if line.startswith("Summary:"))
     assert summary.split(".")[0].removeprefix("Summary: ") in html  # the verdict counts
     assert "the kNN-LM (att, L2) beats the base LM" in html
+
+
+def test_which_words_and_hypotheses_tables(tiny_run):
+    """App. D: the table's slopes are the least-squares slopes over the per-type points it wrote; Figures 6 and 7
+    exist. App. E.4: the count of un-argmaxable words equals an exact LP check of every row of W_sm (no witness
+    search). E.2: a top-k row and the kNN-LM rows each compare against the base LM on the same documents."""
+    import json
+
+    from knnlm.analysis import lp_argmaxable
+    from knnlm.experiments.which_words import ATTRIBUTES, SLOPE
+    from knnlm.parametric import checkpoint_output_matrix
+
+    pts = json.loads(art(tiny_run, "table", table="which_words_points", ext="json").read_text())
+    y = np.array(pts["share_real"]) - np.array(pts["share_faiss"])
+    assert min(pts["occurrences"]) >= 10 and ((0 <= np.array(pts["share_real"])) & (np.array(pts["share_real"]) <= 1)).all()
+    ww = pd.read_csv(art(tiny_run, "table", table="which_words_comparisons", ext="csv"))
+    for name, label in ATTRIBUTES.items():
+        x = np.array(pts[name], dtype=float)
+        ok = np.isfinite(x)
+        row = ww[ww["comparison"] == SLOPE.format(label)].iloc[0]
+        assert row["relative difference"] == pytest.approx(np.polyfit(x[ok], y[ok], 1)[0], rel=1e-6, abs=1e-12)
+        assert row["CI low"] <= row["relative difference"] <= row["CI high"]
+    for fig in ("fig6_word_length", "fig7_bigram_entropy"):
+        assert art(tiny_run, "figure", figure=fig, ext="png").stat().st_size > 0
+    w = checkpoint_output_matrix(art(tiny_run, "checkpoint")).numpy().astype(np.float64)
+    exact = sum(not lp_argmaxable(w, i)[0] for i in range(len(w)))
+    hyp = pd.read_csv(art(tiny_run, "table", table="hypotheses_comparisons", ext="csv"))
+    e4 = hyp[hyp["comparison"] == "un-argmaxable words of W_sm"].iloc[0]
+    assert int(e4["relative difference"]) == exact and e4["verdict"] == ("none" if exact == 0 else "some")
+    test = hyp[hyp["split"] == "test"]
+    assert {"LM top-32 vs base", "kNN-LM att vs base", "kNN-LM att vs W_sm distance att",
+            "kNN-LM ffn vs retrieved set ffn (dedup)"} <= set(test["comparison"])
+    assert (test["documents"].dropna() == test["documents"].dropna().iloc[0]).all()
