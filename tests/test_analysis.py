@@ -26,6 +26,7 @@ def test_bigram_counts_are_the_same_in_chunks():
     for x, y in zip(whole, parts):
         np.testing.assert_array_equal(x, y)
     assert whole[2].sum() == 999
+    np.testing.assert_array_equal(an.token_counts(s, 9, chunk=77), np.bincount(s, minlength=9))
     with pytest.raises(ValueError, match=r"\[0, 7\)"):
         an.bigram_counts(np.array([0, 9]), 7)
 

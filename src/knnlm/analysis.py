@@ -16,20 +16,24 @@ def bigram_counts(stream, vocab: int, chunk: int = 1 << 24) -> tuple[np.ndarray,
     `chunk` tokens at a time): (first [B] int64, second [B] int64, count [B] int64), one entry per distinct bigram.
     Raises ValueError for a token outside [0, vocab)."""
     n = len(stream)
-    parts = []
-    for a in range(0, max(n - 1, 0), chunk):
+    code = np.zeros(0, np.int64)
+    cnt = np.zeros(0, np.int64)
+    for a in range(0, max(n - 1, 0), chunk):  # merged after every chunk: memory ~ the distinct bigrams, not N
         s = np.asarray(stream[a:min(n, a + chunk + 1)], dtype=np.int64)
         if len(s) and (s.min() < 0 or s.max() >= vocab):
             raise ValueError(f"bigram_counts: token ids must lie in [0, {vocab}), found [{s.min()}, {s.max()}]")
-        code, cnt = np.unique(s[:-1] * vocab + s[1:], return_counts=True)
-        parts.append((code, cnt))
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    code = np.concatenate([p[0] for p in parts])
-    cnt = np.concatenate([p[1] for p in parts])
-    code, inv = np.unique(code, return_inverse=True)
-    cnt = np.bincount(inv, weights=cnt).astype(np.int64)
+        c, k = np.unique(s[:-1] * vocab + s[1:], return_counts=True)
+        code, inv = np.unique(np.concatenate([code, c]), return_inverse=True)
+        cnt = np.bincount(inv, weights=np.concatenate([cnt, k]), minlength=len(code)).astype(np.int64)
     return code // vocab, code % vocab, cnt
+
+
+def token_counts(stream, vocab: int, chunk: int = 1 << 24) -> np.ndarray:
+    """[vocab] int64 occurrences of each token id in `stream` [N] (a memmap is read `chunk` tokens at a time)."""
+    out = np.zeros(vocab, dtype=np.int64)
+    for a in range(0, len(stream), chunk):
+        out += np.bincount(np.asarray(stream[a:a + chunk], dtype=np.int64), minlength=vocab)[:vocab]
+    return out
 
 
 def bigram_entropy(stream, vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -155,10 +159,11 @@ def document_positions(doc: np.ndarray) -> np.ndarray:
 # --- stolen probabilities (E.4) ------------------------------------------------------------------------------------
 
 
-def argmax_candidates(w: np.ndarray, iters: int = 50, chunk: int = 2048) -> np.ndarray:
+def argmax_candidates(w: np.ndarray, iters: int = 50, chunk: int = 512) -> np.ndarray:
     """Rows of w [V, D] proven argmaxable by a witness: h with w_i·h > w_j·h for every j ≠ i, tried first at
     h = w_i − mean(w), then refined by perceptron steps h += w_i − w_j* (j* the current best other row). [V] bool;
-    False means "not proven" (knnlm.analysis.argmaxable decides those by linear programming)."""
+    False means "not proven" (knnlm.analysis.argmaxable decides those by linear programming). Memory: one
+    [chunk, V] float64 score block."""
     w = np.asarray(w, dtype=np.float64)
     v = len(w)
     ok = np.zeros(v, dtype=bool)

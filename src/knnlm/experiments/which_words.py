@@ -38,13 +38,13 @@ SLOPE = "slope of share(real) − share(FAISS) vs {}"  # the comparisons of find
 def _attributes(job: Job, vocab: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """({attribute: [vocab] float64}, train counts [vocab] int64, special [vocab] bool) of every word type: its
     length in characters, forward and backward bigram entropy in the datastore's training stream (input 'vals')."""
-    from ..analysis import bigram_entropy
+    from ..analysis import bigram_entropy, token_counts
 
     strings, special = token_strings(job, vocab)
     vocab = len(strings)
     vals = np.load(job.path("vals"), mmap_mode="r")
     fwd, bwd, _ = bigram_entropy(vals, vocab)
-    train = np.bincount(np.asarray(vals, dtype=np.int64), minlength=vocab)[:vocab]
+    train = token_counts(vals, vocab)
     return {"length": np.array([len(s) for s in strings], dtype=np.float64), "entropy_fwd": fwd,
             "entropy_bwd": bwd}, train, special
 
@@ -61,7 +61,8 @@ def which_words(job: Job) -> dict:
     doc, doc_words, _ = docs[SPLIT]
     n_docs = len(doc_words)
     doc_tokens = np.bincount(doc, minlength=n_docs)
-    vocab = int(max(target.max(initial=0) + 1, np.load(job.path("vals"), mmap_mode="r").max() + 1))
+    vals = np.load(job.path("vals"), mmap_mode="r")
+    vocab = int(max([target.max(initial=0) + 1] + [vals[a:a + (1 << 24)].max() + 1 for a in range(0, len(vals), 1 << 24)]))
     attrs, train, special = _attributes(job, vocab)
     vocab = len(special)
     lm = lp_lm[SPLIT]
