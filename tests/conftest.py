@@ -27,6 +27,7 @@ def run_snakemake(*args, check=True):
 
 
 TINY_HF = "gpt2-tiny"
+TINY_SEED2 = "base-s2"  # the tiny LM with another seed (App. E.5)
 WIKITEXT2 = PROJECT_ROOT / "corpora" / "wikitext-2-v1.tar.xz"  # shipped with the pipeline (corpora/README.md)
 
 
@@ -48,8 +49,9 @@ def wikitext2_dir(tmp_path_factory) -> Path:
 
 
 def tiny_lms(results: Path) -> Path:
-    """A config overlay that adds a second base LM to the tiny run: a random 2-layer GPT-2 with its own byte-level
-    BPE tokenizer (tests/hf_tiny.py), made once under results/hf/. Returns the overlay's path."""
+    """A config overlay that adds two base LMs to the tiny run: a random 2-layer GPT-2 with its own byte-level BPE
+    tokenizer (tests/hf_tiny.py), made once under results/hf/, and the tiny LM trained with another seed, which App.
+    E.5 ensembles with the base LM (config 'hypotheses.ensemble_lms'). Returns the overlay's path."""
     from hf_tiny import make_tiny_hf
 
     model = results / "hf" / TINY_HF
@@ -57,7 +59,9 @@ def tiny_lms(results: Path) -> Path:
         make_tiny_hf(model, unpack_wikitext2(results / "corpora") / "wiki.train.tokens", "gpt2")
     overlay = results / "lms.yaml"
     overlay.write_text(yaml.safe_dump({"lms": {"base": {"source": "train"},
-                                               TINY_HF: {"source": "hf", "path": str(model)}}}))
+                                               TINY_HF: {"source": "hf", "path": str(model)},
+                                               TINY_SEED2: {"source": "train", "lm": {"seed": 2}}},
+                                       "hypotheses": {"ensemble_lms": [TINY_SEED2]}}))
     return overlay
 
 

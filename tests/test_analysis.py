@@ -150,3 +150,22 @@ def test_output_embedding_scores_against_brute_force():
         for j in range(5):
             ref = -np.inf if ids[i, j] < 0 else -((w[ids[i, j]].astype(float) - q[i]) ** 2).sum()
             assert got[i, j] == (pytest.approx(ref, rel=1e-5) if np.isfinite(ref) else -np.inf)
+
+
+def test_mixture_weights_maximise_the_likelihood():
+    """EM's weights reach the likelihood's maximum over the simplex (scipy's optimiser on a softmax
+    parametrisation as the reference); a useless component gets ~0 weight; two components give the λ of a grid."""
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(8)
+    p = rng.dirichlet(np.ones(3), 500)  # three 'models' probabilities of the target, per token
+    lps = [np.log(p[:, 0]), np.log(0.5 * p[:, 0] + 0.5 * p[:, 1]), np.log(np.full(500, 1e-6))]
+    w = an.mixture_weights(lps)
+    assert w.sum() == pytest.approx(1) and w[2] < 1e-3
+    nll = lambda z: -an.mixture_log_prob(lps, np.exp(z) / np.exp(z).sum()).mean()  # noqa: E731
+    ref = minimize(nll, np.zeros(3), method="Nelder-Mead", options={"xatol": 1e-8, "fatol": 1e-12, "maxiter": 5000})
+    assert nll(np.log(np.maximum(w, 1e-300))) <= ref.fun + 1e-7
+    grid = np.linspace(0, 1, 10001)
+    two = [lps[0], lps[1]]
+    best = grid[np.argmin([-an.mixture_log_prob(two, [1 - g, g]).mean() for g in grid])]
+    assert an.mixture_weights(two)[1] == pytest.approx(best, abs=2e-4)

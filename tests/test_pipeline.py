@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import PROJECT_ROOT, TINY_HF, run_snakemake
+from conftest import PROJECT_ROOT, TINY_HF, TINY_SEED2, run_snakemake
 from knnlm.config import load_config, temperatures
 from knnlm.dump import load_lm, open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
@@ -95,7 +95,9 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 2 for W_ds trained again on the other variants' subset (nv1-sub att and ffn: comparisons at equal rows)
     # + 2 for App. D (which_words) and App. E.1-E.4 (hypotheses), on Table 1's and Table 3's artifacts
     # + 3 for App. E.6.3: W_ds on the interpolated loss (iloss25 att and ffn) and its table
-    assert jobs == 130
+    # + 14 for App. E.5: the tiny LM with another seed (training, 3 dumps, 2 token lines, 2 documents; its Table 4
+    #   store, index, 2 searches, score) and Table 8
+    assert jobs == 144
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -247,13 +249,14 @@ def test_word_count_of_token_spans(tiny_run):
 
 
 def test_table4_over_base_lms(tiny_run):
-    """Table 4 has one row per base LM (the trained one and the Hugging Face one) and split; each kNN-LM row is the
-    LM's own Table 1 score (att/L2), its CI brackets the point, and the HF LM's datastore is refused with other
-    queries."""
+    """Table 4 has one row per base LM (the trained one, the Hugging Face one, the trained one with another seed) and
+    split; each kNN-LM row is the LM's own Table 1 score (att/L2), its CI brackets the point, and the HF LM's
+    datastore is refused with other queries."""
     from knnlm.experiments.table4 import lm_summary
 
     df = pd.read_csv(Layout(tiny_run["results_dir"], "tiny").path("run_table", table="table4", ext="csv"))
-    assert sorted(zip(df["split"], df["LM"])) == sorted((s, lm) for s in ("test", "valid") for lm in ("base", TINY_HF))
+    assert sorted(zip(df["split"], df["LM"])) == sorted((s, lm) for s in ("test", "valid")
+                                                        for lm in ("base", TINY_HF, TINY_SEED2))
     for _, r in df.iterrows():
         s = read_json(art(tiny_run, "score", store="full", key="att", metric="l2", lm=r["LM"]))
         assert r["base PPL (word)"] == pytest.approx(s[r["split"]]["lm"]["ppl_word"], rel=1e-6)  # CSV: 4 decimals
@@ -266,10 +269,11 @@ def test_table4_over_base_lms(tiny_run):
     # convergence with every trained row: updates as configured, best valid perplexity as fairseq saved it
     training = df.set_index("LM")["training"]
     assert (training.loc[TINY_HF] == "pretrained").all()
-    ckpt = torch.load(art(tiny_run, "checkpoint"), map_location="cpu", weights_only=False)
-    assert (training.loc["base"] == f"{TINY['lm']['max_update']} updates, epoch "
-            f"{ckpt['extra_state']['train_iterator']['epoch']}, best valid PPL/token "
-            f"{2 ** ckpt['extra_state']['best']:.1f}").all()
+    for lm in ("base", TINY_SEED2):
+        ckpt = torch.load(art(tiny_run, "checkpoint", lm=lm), map_location="cpu", weights_only=False)
+        assert (training.loc[lm] == f"{TINY['lm']['max_update']} updates, epoch "
+                f"{ckpt['extra_state']['train_iterator']['epoch']}, best valid PPL/token "
+                f"{2 ** ckpt['extra_state']['best']:.1f}").all()
     man = read_json(art(tiny_run, "datastore_manifest", lm=TINY_HF))
     assert man["checkpoint_sha256"] == card["checkpoint_sha256"] and man["source"] == "hf"
     with pytest.raises(ArtifactError, match="another checkpoint"):
@@ -529,16 +533,16 @@ def test_findings_report(tiny_run):
     # R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 48 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 49 and len(family) == 2 * 9 and len(equal_rows) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (paper's and ours) and E.2's
     # retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k, two per E.3
-    # claim (the base LM's NLL and the kNN-LM's gain), two for E.6.3 (att, ffn): 10 more rows than claims; E.5,
-    # E.6.1 and E.6.2 are 'not run'
+    # claim (the base LM's NLL and the kNN-LM's gain), two for E.6.3 (att, ffn): 10 more rows than claims; E.5 has
+    # one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1 and E.6.2 are 'not run'
     assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 10
-    assert sum("| the paper's " in r for r in rows) == 33 + 22 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 2
+    assert sum("| the paper's " in r for r in rows) == 33 + 22 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 3
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 3 and sum(bool(m) for m in on) == 9 + 6 + 2
+    assert sum("not run" in r for r in rows) == 2 and sum(bool(m) for m in on) == 9 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
     assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 9
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
@@ -546,8 +550,9 @@ def test_findings_report(tiny_run):
     assert sum(bool(m and m.group(4) and not m.group(3)) for m in on) == 2  # vs the full one on the scope (Figure 2)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
                if "not run" not in r)
-    # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twin vs base: numbers only
-    assert sum("| reported " in r for r in rows) == 3 + 2
+    # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twin vs base, E.5's base +
+    # another LM vs the kNN-LM: numbers only
+    assert sum("| reported " in r for r in rows) == 3 + 2 + 1
     # App. D's slopes and E.3's correlations say what they rest on; E.4 is a property of W_sm
     assert all(re.search(r"\| ffn/L2, store full-alltokens, all tokens +\| +\d+ ", r) for r in rows if "App. D" in r)
     assert all("| the output matrix W_sm " in r for r in rows if "E.4" in r)
@@ -638,3 +643,26 @@ def test_which_words_and_hypotheses_tables(tiny_run):
     assert {"LM top-32 vs base", "kNN-LM att vs base", "kNN-LM att vs W_sm distance att",
             "kNN-LM ffn vs retrieved set ffn (dedup)"} <= set(test["comparison"])
     assert (test["documents"].dropna() == test["documents"].dropna().iloc[0]).all()
+
+
+def test_ensembling_table8_and_figure8(tiny_run):
+    """App. E.5: Table 8 and Figure 8 from the base LM, the LM trained with another seed and Table 1's kNN component;
+    every mixture's weights sum to 1 and the two-LM ensemble equals a direct mixture of the two LMs' log-probs at its
+    weights; the K − 1 LMs + kNN vs K LMs comparison is in the findings."""
+    from knnlm.analysis import mixture_log_prob, mixture_weights
+    from knnlm.scoring import summarize
+
+    df = pd.read_csv(art(tiny_run, "table", table="table8", ext="csv"))
+    # Figure 8's points '1 LM', '2 LMs', '1 LM + kNN' are the same mixtures as rows of the table: not repeated
+    assert {"base alone", f"{TINY_SEED2} alone", "kNN-LM", f"base + {TINY_SEED2}"} == set(df["model"])
+    for w in df["weights (valid)"]:
+        assert sum(map(float, w.split(" / "))) == pytest.approx(1, abs=0.011)
+    lp = {lm: {s: np.load(art(tiny_run, "lm_logprobs", split=s, lm=lm)).astype(float) for s in ("valid", "test")}
+          for lm in ("base", TINY_SEED2)}
+    w = mixture_weights([lp["base"]["valid"], lp[TINY_SEED2]["valid"]])
+    words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]
+    ppl = summarize(mixture_log_prob([lp["base"]["test"], lp[TINY_SEED2]["test"]], w), words)["ppl_word"]
+    row = df[(df["split"] == "test") & (df["model"] == f"base + {TINY_SEED2}")].iloc[0]
+    assert row["PPL (word)"] == pytest.approx(ppl, rel=1e-4)
+    assert art(tiny_run, "figure", figure="fig8_ensembling", ext="png").stat().st_size > 0
+    assert "| 1 LM + kNN vs 2 LMs " in art(tiny_run, "findings").read_text()

@@ -294,3 +294,33 @@ def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarr
     tl = logits[np.arange(t), targets] / temperature
     with np.errstate(divide="ignore"):
         return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)
+
+
+# --- ensembles (E.5) -----------------------------------------------------------------------------------------------
+
+
+def mixture_weights(log_probs, iters: int = 1000, tol: float = 1e-10) -> np.ndarray:
+    """Weights w [M] (w ≥ 0, Σ w = 1) of the mixture Σ_m w_m p_m(target) that maximise the likelihood of M models'
+    log p(target) [M][T] (Xu et al. 2023, App. E.5: ensembles with weights tuned on valid), by EM for mixture
+    weights of fixed components (each step raises the likelihood). Stops when no weight moves by more than tol.
+    A token where every component has p = 0 is left out."""
+    lp = np.asarray(np.stack([np.asarray(x, dtype=np.float64) for x in log_probs]))
+    lp = lp[:, np.isfinite(lp).any(0)]
+    m = len(lp)
+    w = np.full(m, 1.0 / m)
+    for _ in range(iters):
+        with np.errstate(divide="ignore"):
+            lw = np.log(w)[:, None] + lp
+        post = np.exp(lw - np.logaddexp.reduce(lw, axis=0))
+        new = post.mean(1)
+        if np.abs(new - w).max() < tol:
+            return new
+        w = new
+    return w
+
+
+def mixture_log_prob(log_probs, weights: np.ndarray) -> np.ndarray:
+    """log Σ_m w_m p_m(target) [T] float64 of M models' log p(target) [M][T] and weights [M]."""
+    lp = np.stack([np.asarray(x, dtype=np.float64) for x in log_probs])
+    with np.errstate(divide="ignore"):
+        return np.logaddexp.reduce(np.log(np.asarray(weights, dtype=np.float64))[:, None] + lp, axis=0)

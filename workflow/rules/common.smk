@@ -49,6 +49,12 @@ TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["k
 # App. E.6.3: W_ds trained on the interpolated loss, for the key types of 'hypotheses.interpolated_loss' that W_ds
 # (nv1) is trained for (rules/hypotheses.smk; its comparisons go to the findings).
 ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in parametric_variants(CFG)]
+# App. E.5 (an extra): other LMs of 'lms' over this run's tokens, ensembled with the primary LM (rules/hypotheses.smk)
+ENSEMBLE = CFG["hypotheses"]["ensemble_lms"]
+for _name in ENSEMBLE:
+    if _name not in CFG["lms"] or _name == PRIMARY or SOURCE[_name] == "hf":
+        raise ConfigError(f"config key 'hypotheses.ensemble_lms': expected names of config 'lms' other than the primary "
+                          f"LM {PRIMARY!r} whose source is 'train' or 'fairseq' (this run's tokens), found {_name!r}")
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:
@@ -82,6 +88,12 @@ def quoted_cfg(*sections, **extra):
 def cfg_json(*sections):
     """quoted_cfg of the sections: a rule's `params.cfg`."""
     return quoted_cfg(*sections)
+
+
+def cfg_with_keys(section, keys, *sections):
+    """cfg_json(*sections) plus only `keys` of config section `section` (a change to its other keys reruns nothing
+    here)."""
+    return quoted_cfg(*sections, **{section: {k: CFG[section][k] for k in keys}})
 
 
 def cfg_of_lm(*sections):

@@ -26,6 +26,7 @@ rule write_findings:
         hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv"),  # App. E.1-E.4
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)
         interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS else [],
+        ensembling=artifact("table", table="ensembling_comparisons", ext="csv") if ENSEMBLE else [],  # App. E.5
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),

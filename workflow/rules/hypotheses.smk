@@ -21,7 +21,8 @@ rule write_hypotheses:
                   category="App. E"),
         cmp_csv=artifact("table", table="hypotheses_comparisons", ext="csv"),
     params:
-        cfg=cfg_json("knn", "temperature", "stats", "hypotheses", "profile"),
+        cfg=cfg_with_keys("hypotheses", ("topk", "sparsify_temperatures", "max_lp_words"), "knn", "temperature", "stats",
+                          "profile"),
         io=io(),
     threads: THREADS
     log:
@@ -70,3 +71,39 @@ rule write_interpolated_loss:
 
 if ILOSS:
     TARGETS["hypotheses"] = TARGETS["hypotheses"] + tables("interpolated_loss")
+
+
+# E.5 (an extra, like Table 4): the other LMs of 'hypotheses.ensemble_lms' ensembled with the primary LM, against the
+# kNN component of Table 1 (full store, Table 3's key type and metric).
+rule write_ensembling:
+    input:
+        lm_training=[artifact("lm_training", lm=n) for n in [PRIMARY] + ENSEMBLE if SOURCE[n] == "train"],
+        lm_logprobs=per_split("lm_logprobs"),
+        targets=per_split("targets"),
+        **{f"lm_{n}": per_split("lm_logprobs", lm=n) for n in ENSEMBLE},
+        **{f"targets_{n}": per_split("targets", lm=n) for n in ENSEMBLE},
+        knn=per_split("knn_logprobs", store="full", **TABLE3_KEY),
+        documents=per_split("documents"),
+    output:
+        csv=artifact("table", table="table8", ext="csv"),
+        md=report(artifact("table", table="table8", ext="md"), caption=report_caption("hypotheses"), category="App. E"),
+        cmp_csv=artifact("table", table="ensembling_comparisons", ext="csv"),
+        fig8=[report(artifact("figure", figure="fig8_ensembling", ext=e), caption=report_caption("hypotheses"),
+                     category="App. E") for e in ("png", "pdf")],
+    wildcard_constraints:
+        lm=lm_constraint([PRIMARY]),
+    params:
+        cfg=cfg_json("knn", "stats", "profile"),
+        io=io(),
+    log:
+        log_of("write_ensembling", "lm"),
+    benchmark:
+        bench_of("write_ensembling", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("hypotheses.ensembling")
+
+
+if ENSEMBLE:
+    TARGETS["ensembling"] = tables("table8")

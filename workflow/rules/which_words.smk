@@ -21,7 +21,7 @@ rule write_which_words:
         fig7=[report(artifact("figure", figure="fig7_bigram_entropy", ext=e), caption=report_caption("which_words"),
                      category="App. D") for e in ("png", "pdf")],
     params:
-        cfg=cfg_json("knn", "retrieval", "stats", "hypotheses", "profile"),
+        cfg=cfg_with_keys("hypotheses", ("min_occurrences", "frequency_buckets"), "knn", "retrieval", "stats", "profile"),
         io=io(fixed=WHICH_WORDS),
     threads: THREADS
     log:

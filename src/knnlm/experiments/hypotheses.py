@@ -298,3 +298,106 @@ def interpolated_loss(job: Job) -> dict:
     return {"metrics": {f"test_interp_ppl_{n.replace(' ', '_')}": m[2]["test"]["interp"]["ppl_word"]
                         for n, m in models.items()},
             "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}
+
+
+def ensembling(job: Job) -> dict:
+    """E.5 (Xu et al. 2023, App. E.5, Table 8, Figure 8): is the kNN-LM just an ensemble? Other LMs of config
+    'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
+    full store, config τ): each LM alone, interpolated with the base LM, and its oracle (Table 8); the ensemble of
+    K LMs against K − 1 LMs + the kNN component, K = 1 … M (Figure 8). Every mixture's weights are tuned on valid
+    (EM, knnlm.analysis.mixture_weights). Inputs: per split 'lm_logprobs', 'targets' (the base LM), 'lm_<name>',
+    'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1), 'documents'. Raises ArtifactError when an LM's
+    targets differ from the base LM's (another tokenisation)."""
+    from ..analysis import mixture_log_prob, mixture_weights
+    from ..figures import pyplot, save_figure
+    from ..scoring import oracle_log_prob, summarize
+
+    cfg, st = job.cfg, options(job.cfg["stats"])
+    others = [k[len("lm_"):] for k in job.input if k.startswith("lm_") and k != "lm_logprobs" and k != "lm_training"]
+    lp = {"base": {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}}
+    tg = {s: np.load(p) for s, p in by_split(job, "targets").items()}
+    for n in others:
+        lp[n] = {s: np.load(p).astype(np.float64) for s, p in by_split(job, f"lm_{n}").items()}
+        for s, p in by_split(job, f"targets_{n}").items():
+            if not np.array_equal(np.load(p), tg[s]):
+                raise ArtifactError(f"{p}: LM {n!r} scores other tokens than the base LM on {s} (another tokenisation "
+                                    f"or data); config key 'hypotheses.ensemble_lms' needs LMs over this run's tokens")
+    knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn").items()}
+    docs = {s: split_documents(job, s) for s in SPLITS}
+    words = {s: int(docs[s][1].sum()) for s in SPLITS}
+    lms = ["base"] + others
+    mixes = {}  # name -> ({split: log p}, weights, members)
+
+    def mix(name, members):
+        comps = {s: [lp[m][s] if m != "kNN" else knn[s] for m in members] for s in SPLITS}
+        w = mixture_weights(comps["valid"])
+        mixes[name] = ({s: mixture_log_prob(comps[s], w) for s in SPLITS}, w, members)
+
+    for n in lms:
+        mix(f"{n} alone", [n])
+    mix("kNN-LM", ["base", "kNN"])
+    for n in others:
+        mix(f"base + {n}", ["base", n])
+    series = {"LMs": [], "LMs + kNN": []}
+
+    def n_lms(k):
+        return f"{k} LM" + ("s" if k > 1 else "")
+
+    for k in range(1, len(lms) + 1):
+        mix(n_lms(k), lms[:k])
+        series["LMs"].append((k, n_lms(k)))
+        if k >= 2:
+            mix(f"{n_lms(k - 1)} + kNN", lms[:k - 1] + ["kNN"])
+            series["LMs + kNN"].append((k, f"{n_lms(k - 1)} + kNN"))
+    names = list(mixes)
+    pairs = [(f"{n_lms(k - 1)} + kNN", n_lms(k)) for k in range(2, len(lms) + 1)]
+    pairs += [(f"base + {n}", "kNN-LM") for n in others] + [(n, "base alone") for n in names if n != "base alone"]
+    ci, rows, cmp_rows = {}, [], []
+    for split in SPLITS:
+        doc, doc_words = docs[split]
+        ci[split] = compare(per_document(-np.stack([mixes[n][0][split] for n in names]), doc, len(doc_words)),
+                            doc_words, names, pairs, st)
+        cmp_rows += comparison_rows(ci[split], split=split)
+    shown = {}  # Figure 8's points that repeat a mixture of the table (the same components) are not repeated in it
+    for n in names:
+        shown.setdefault(tuple(mixes[n][2]), n)
+    for split in ("test", "valid"):
+        c = ci[split]
+        for n in shown.values():
+            lps, w, members = mixes[n]
+            orc = (summarize(oracle_log_prob(lp["base"][split], lp[members[-1]][split] if members[-1] != "kNN"
+                                             else knn[split]), words[split])["ppl_word"]
+                   if len(members) == 2 and members[0] == "base" else None)
+            rows.append({"split": split, "model": n, "components": " + ".join(members),
+                         "weights (valid)": " / ".join(f"{x:.2f}" for x in w),
+                         "PPL (word)": summarize(lps[split], words[split])["ppl_word"],
+                         "oracle PPL (word)": orc, "95% CI (word)": fmt_ci(c["ppl"][n]),
+                         "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base alone"], pct=True) if n != "base alone" else "-",
+                         "documents": str(c["documents"])})
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
+    for label, pts in series.items():
+        xs = [k for k, _ in pts]
+        v = [ci["test"]["ppl"][n] for _, n in pts]
+        ax.errorbar(xs, [x["value"] for x in v], yerr=[[x["value"] - x["lo"] for x in v], [x["hi"] - x["value"] for x in v]],
+                    marker="o", capsize=3, label=label)
+    ax.set_xlabel("ensemble components (K)")
+    ax.set_ylabel("test perplexity (per word)")
+    ax.set_xticks(range(1, len(lms) + 1))
+    ax.legend()
+    ax.set_title(f"Fig. 8 ({cfg['name']}): K LMs vs K − 1 LMs + kNN", fontsize=9)
+    save_figure(fig, job.paths("fig8"))
+    plt.close(fig)
+    cap = (f"Is the kNN-LM just an ensemble? ({cfg['name']}; Xu et al. 2023, App. E.5, Table 8 and Figure 8): the base "
+           f"LM, other LMs over the same tokens ({', '.join(others)}: config 'hypotheses.ensemble_lms', each an entry of "
+           f"'lms' whose training its Table 4 row and MLflow runs describe), and the kNN component of Table 1 (full "
+           f"store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM ('weights'); "
+           f"'oracle' = per token the better of its two components. Figure 8: the ensemble of K LMs against K − 1 LMs "
+           f"+ the kNN component. {ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")
+    write_table(pd.DataFrame(rows), job.path("csv"), job.path("md"), "Table 8: ensembles of LMs vs the kNN component",
+                cap, note=lm_training_label(job))
+    write_csv(pd.DataFrame(cmp_rows), job.path("cmp_csv"))
+    return {"metrics": {f"test_ppl_{n.replace(' ', '_').replace('+', 'plus')}": summarize(mixes[n][0]["test"],
+                                                                                        words["test"])["ppl_word"]
+                        for n in names},
+            "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")] + [str(p) for p in job.paths("fig8")]}
