@@ -253,3 +253,92 @@ def test_subset_key_reads_keep_the_rss_flat(tmp_path):
     np.testing.assert_allclose(got, ((np.asarray(keys, dtype=np.float32)[nb] - np.asarray(q[:256])[:, None]) ** 2).sum(-1),
                                rtol=1e-4)
     assert (ids == rows[want_i]).all() and np.allclose(dists, want_d)
+
+
+def _shards_then_merge(keys, q, k, metric, key_chunk, spans, rows=None):
+    """The sharded exact search as the DAG runs it: exact_topk per span (k capped at the span's keys, empty spans
+    give no candidates), then merge_topk."""
+    from knnlm.exact import merge_topk
+
+    parts = []
+    for a, b in spans:
+        w = min(k, b - a)
+        if w == 0:
+            parts.append((np.empty((len(q), 0), np.int32), np.empty((len(q), 0), np.float32)))
+            continue
+        i, d = exact_topk(keys, q, w, metric, key_chunk=key_chunk, query_chunk=16, rows=rows, span=(a, b),
+                          progress=False)
+        parts.append((i.astype(np.int32), d))  # int32 as the DAG's shard files
+    out = (np.empty((len(q), k), np.int32), np.empty((len(q), k), np.float32))
+    return merge_topk(parts, k, metric, out, block=23, progress=False)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_sharded_exact_search_equals_one_scan_ties_included(metric):
+    """Shards of whole key chunks (knnlm.stores.shard_spans) searched apart and merged give the very ids and distances
+    of one scan over every key, with exact ties (a third of the keys duplicated, so equally distant keys straddle
+    shard ends and the k-th place): ids in canonical order (closest first, ties by ascending id). Also over a subset
+    (rows) and with more shards than chunks (empty shards)."""
+    from knnlm.stores import shard_spans
+
+    rng = np.random.default_rng(5)
+    keys = rng.normal(size=(5000, 16)).astype(np.float16)
+    keys[3000:4600] = keys[:1600]  # duplicates: exact ties across shards
+    q = rng.normal(size=(60, 16)).astype(np.float32)
+    q[:5] = keys[[10, 20, 3010, 4700, 100]]  # queries on a key (and its duplicate)
+    rows = np.sort(rng.choice(5000, 3100, replace=False))
+    for sub, chunk, shards in ((None, 512, 4), (None, 512, 3), (rows, 256, 5), (None, 4096, 3)):
+        n = 5000 if sub is None else len(sub)
+        spans = shard_spans(n, shards, chunk)
+        assert spans[0][0] == 0 and spans[-1][1] == n and all(a % chunk == 0 or a == n for a, _ in spans)
+        want_i, want_d = exact_topk(keys, q, 40, metric, key_chunk=chunk, query_chunk=16, rows=sub, progress=False)
+        got_i, got_d = _shards_then_merge(keys, q, 40, metric, chunk, spans, rows=sub)
+        np.testing.assert_array_equal(got_d, want_d)
+        kth = want_d[:, -1:]
+        inside = want_d != kth  # up to which of the keys tied at the k-th distance is kept
+        np.testing.assert_array_equal(got_i[inside], want_i[inside])
+        assert (want_d == kth).sum() > 0 and (np.diff(want_d, axis=1) == 0).sum() > 50  # ties were exercised
+    assert shard_spans(5000, 3, 4096) == [(0, 4096), (4096, 5000), (5000, 5000)]
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_merge_lifts_k_and_keeps_ties_by_id(metric):
+    """merge_topk takes any k up to the shards' candidates (here k = 2,500, above faiss-GPU's 2,048 limit, from shards
+    of 1,000 keys that each return all of theirs) and equals faiss Flat on all keys; among equal distances it keeps
+    the smallest ids; shapes it cannot merge raise."""
+    from knnlm.exact import merge_topk
+
+    rng = np.random.default_rng(9)
+    keys = rng.normal(size=(4000, 8)).astype(np.float32)
+    keys[2000:2100] = keys[0:100]
+    q = rng.normal(size=(10, 8)).astype(np.float32)
+    flat = faiss.IndexFlatL2(8) if metric == "l2" else faiss.IndexFlatIP(8)
+    flat.add(keys)
+    ref_d, _ = flat.search(q, 2500)
+    parts = [exact_topk(keys, q, 1000, metric, key_chunk=512, span=(a, a + 1000), progress=False)
+             for a in range(0, 4000, 1000)]
+    out = (np.empty((10, 2500), np.int64), np.empty((10, 2500), np.float32))
+    ids, d = merge_topk(parts, 2500, metric, out, progress=False)
+    np.testing.assert_allclose(d, ref_d, rtol=1e-4, atol=1e-4)
+    assert (np.sort(d, 1) == (d if metric == "l2" else np.sort(d, 1))).all()
+    # ties by ascending id: key j and its duplicate 2000 + j are equally distant, j comes first
+    pos = {int(i): j for j, i in enumerate(ids[0])}
+    pairs = [(j, 2000 + j) for j in range(100) if j in pos and 2000 + j in pos]
+    assert len(pairs) > 20 and all(pos[a] < pos[b] and d[0, pos[a]] == d[0, pos[b]] for a, b in pairs)
+    # a tie at the k-th place keeps the smaller id
+    two = (np.array([[7, 1]]), np.array([[0.5, 0.5]], np.float32))
+    got = merge_topk([two], 1, "l2", (np.empty((1, 1), np.int64), np.empty((1, 1), np.float32)), progress=False)
+    assert got[0][0, 0] == 1
+    with pytest.raises(ValueError, match="k must be"):
+        merge_topk(parts, 4001, metric, (np.empty((10, 4001), np.int64), np.empty((10, 4001), np.float32)))
+
+
+def test_nested_shards_plan():
+    """nested_shards cuts each segment of the nested scan by its share; no shard straddles a subset's end."""
+    from knnlm.stores import nested_shards
+
+    assert nested_shards([1.0], 3) == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]
+    assert nested_shards([0.2, 1.0], 2) == [(0, 0, 1), (1, 0, 2), (1, 1, 2)]
+    assert nested_shards([0.05, 0.1, 1.0], 4) == [(0, 0, 1), (1, 0, 1), (2, 0, 4), (2, 1, 4), (2, 2, 4), (2, 3, 4)]
+    with pytest.raises(ValueError, match="shards"):
+        nested_shards([1.0], 0)

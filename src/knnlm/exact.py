@@ -21,6 +21,7 @@ from tqdm import tqdm
 from .io import iter_chunks, release_rows
 
 GROUP = 16  # scores per group in the max prefilter (the torch path, for GPUs)
+MERGE_BYTES = 1 << 30  # merge_topk's working memory per block of queries (~48 bytes per candidate)
 CPU_GROUP = 64  # consecutive scores per group maximum on the CPU (torch.amax over 64 runs at memory speed, 16 does not)
 
 
@@ -34,13 +35,21 @@ class KeyReader:
     keys: a C-contiguous np.memmap (read with os.pread: the file's pages never count in this process's
     RSS), or any array (sliced). rows: optional int64 datastore row ids (a datastore subset, or nested subsets
     in scan order; ascending runs read fastest); block i then covers rows[start:stop], read by fancy indexing and
-    then released from the RSS (knnlm.io.release_rows over the block's row range). Raises ValueError if rows are
-    out of range.
+    then released from the RSS (knnlm.io.release_rows over the block's row range). span: optional (start, stop)
+    positions of the scan (of all keys, or of rows) to read, a shard of it: block positions are then relative to
+    start, and ids() are datastore row ids. Raises ValueError if rows or span are out of range.
     """
 
-    def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
+    def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None, span: tuple[int, int] | None = None):
         self.keys, self.rows = keys, None if rows is None else np.asarray(rows, dtype=np.int64)
-        self.n = keys.shape[0] if rows is None else len(self.rows)
+        total = keys.shape[0] if rows is None else len(self.rows)
+        a, b = span if span is not None else (0, total)
+        if not 0 <= a <= b <= total:
+            raise ValueError(f"span must satisfy 0 <= start <= stop <= {total}, found {span}")
+        if self.rows is not None:
+            self.rows = self.rows[a:b]
+        self.base = a if self.rows is None else 0  # a shard of all keys: row ids start at its first row
+        self.n = b - a
         self.d = keys.shape[1]
         if self.rows is not None and len(self.rows) and (self.rows.min() < 0 or self.rows.max() >= keys.shape[0]):
             raise ValueError(f"subset rows must lie in [0, {keys.shape[0]}), found [{self.rows.min()}, {self.rows.max()}]")
@@ -57,6 +66,7 @@ class KeyReader:
             if len(r):  # a memmap's pages of these rows leave the RSS (a 5 % subset touches most pages of the file)
                 release_rows(self.keys, int(r.min()), int(r.max()) + 1)
             return out
+        start, stop = start + self.base, stop + self.base
         if self._fd is None:
             return np.asarray(self.keys[start:stop])
         out = np.empty((stop - start, self.d), dtype=self.keys.dtype)
@@ -70,7 +80,7 @@ class KeyReader:
         return out
 
     def ids(self, start: int, stop: int) -> np.ndarray:
-        return np.arange(start, stop) if self.rows is None else self.rows[start:stop]
+        return np.arange(start + self.base, stop + self.base) if self.rows is None else self.rows[start:stop]
 
     def close(self):
         if self._fd is not None:
@@ -272,13 +282,13 @@ def _seed_thresholds(tops: list, qa: torch.Tensor, reader: KeyReader, xbuf: torc
 def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_chunk: int = 32768,
                query_chunk: int = 1024, query_block: int = 16384, rows: np.ndarray | None = None, sample_runs: int = 16,
                device: str | None = None, progress: bool = True, stops: list[int] | None = None,
-               out: list[tuple[np.ndarray, np.ndarray]] | None = None):
+               out: list[tuple[np.ndarray, np.ndarray]] | None = None, span: tuple[int, int] | None = None):
     """Exact top-k neighbours of each query over all keys (the sharded exact search of the paper, Sec. 5).
 
     keys: [N, D] float16/float32 (memmap ok), queries: [T, D] float32, k ≤ N (or ≤ len(rows)),
     metric 'l2' | 'ip'; rows: optional sorted int64 datastore row ids to search a subset of the keys.
-    Returns (ids [T, k] int64 datastore row ids sorted closest first, dists [T, k] float32 in faiss
-    convention). L2 ranks by q·x − |x|²/2 (the query norm is added back at the end), accumulated in fp32.
+    Returns (ids [T, k] int64 datastore row ids sorted closest first, ties by ascending id, dists [T, k] float32
+    in faiss convention). L2 ranks by q·x − |x|²/2 (the query norm is added back at the end), accumulated in fp32.
     sample_runs: contiguous runs of keys (key_chunk keys in all) scored first to seed the thresholds (0 = off).
     Peak memory ≈ query_chunk × key_chunk × 4 bytes (score buffer) + query_block × k × 12 bytes (running
     top-k) + one key chunk, independent of N. Raises ValueError on a bad metric, k, rows or stops.
@@ -287,10 +297,13 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     Then returns [(ids, dists)], one pair per stop ([T, k] each), instead of one pair.
     out: one (ids [T, k] integer, dists [T, k] float32) pair per stop to fill instead of new arrays, e.g. writable
     memmaps of the outputs (then the results are never whole in RAM); returned as above.
+    span: (start, stop) positions of the scan (of all keys, or of rows) to search, one shard of it
+    (knnlm.stores.shard_spans, nested_shards): the top-k of those keys, ids still datastore row ids; k ≤ stop − start. With
+    stops, they count from start. merge_topk combines the shards' results into the exact top-k of all of them.
     """
     if metric not in ("l2", "ip"):
         raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
-    reader = KeyReader(keys, rows)
+    reader = KeyReader(keys, rows, span)
     n, t = reader.n, queries.shape[0]
     if not 1 <= k <= n:
         raise ValueError(f"k must be in [1, N={n}], found {k}")
@@ -346,8 +359,8 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                     qe = qs + best_s.shape[0]
                     if metric == "l2":
                         best_s = (qb[qs:qe] * qb[qs:qe]).sum(1, keepdim=True) - 2.0 * best_s
-                    out_ids[bs + qs:bs + qe] = best_i.cpu().numpy()
-                    out_d[bs + qs:bs + qe] = best_s.cpu().numpy()
+                    out_ids[bs + qs:bs + qe], out_d[bs + qs:bs + qe] = canonical_order(
+                        best_i.cpu().numpy(), best_s.cpu().numpy(), metric)
     finally:
         reader.close()
         bar.close()
@@ -403,4 +416,51 @@ def _recompute_cpu(keys: np.ndarray, queries: np.ndarray, ids: np.ndarray, metri
     else:
         neighbour_distances_f32(np.ascontiguousarray(k_arr, dtype=np.float32), q, idx, metric == "l2", out)
     release_rows(keys, 0, keys.shape[0])  # a memmap: the rows touched (most pages of the file) leave the RSS
+    return out
+
+
+def canonical_order(ids: np.ndarray, dists: np.ndarray, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of neighbours ([m, k] ids, [m, k] float32 faiss-convention distances) sorted closest first, ties by
+    ascending id (missing neighbours, id −1 at ±inf, last): the one order of a top-k, whichever search or merge
+    found it."""
+    order = np.lexsort((ids, dists if metric == "l2" else -dists), axis=-1)
+    return np.take_along_axis(ids, order, 1), np.take_along_axis(dists, order, 1)
+
+
+def merge_topk(parts: list[tuple[np.ndarray, np.ndarray]], k: int, metric: str, out: tuple[np.ndarray, np.ndarray],
+               block: int = 16384, progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The exact top-k of a datastore from the top-k of its shards (disjoint key ranges, exact_topk's `span`).
+
+    parts: one (ids [T, k_s] integer, dists [T, k_s] float32) pair per shard (memmaps ok; k_s may differ; id −1 =
+    no neighbour, at +inf for 'l2' and −inf for 'ip'); out: (ids [T, k], dists [T, k]) to fill, e.g. writable
+    memmaps. Each row keeps its k closest candidates, ties at the k-th distance by ascending id, sorted as
+    canonical_order: the same ids and distances as one search over every shard's keys (up to which of equally
+    distant keys at the k-th place is kept), whatever k (the merge lifts k above one search's limit, such as
+    faiss-GPU's 2,048). Memory: one block of queries' candidates, at most `block` queries and about MERGE_BYTES.
+    Raises ValueError on a bad metric, shapes or k above the candidates.
+    """
+    if metric not in ("l2", "ip"):
+        raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
+    t = out[0].shape[0]
+    width = sum(p[0].shape[1] for p in parts)
+    if any(a.shape[0] != t or a.shape != b.shape for a, b in parts) or out[0].shape != (t, k) or out[1].shape != (t, k):
+        raise ValueError(f"parts must be (ids, dists) pairs of {t} rows and out ({t}, {k}) arrays, found "
+                         f"{[(a.shape, b.shape) for a, b in parts]} and {(out[0].shape, out[1].shape)}")
+    if not 1 <= k <= width:
+        raise ValueError(f"k must be in [1, {width}] (the shards' candidates per query), found {k}")
+    block = max(1, min(block, MERGE_BYTES // (width * 48)))  # ids, distances, keys, ranks and their copies per row
+    parts = [p for p in parts if p[0].shape[1]]  # a shard with no keys gives no candidates
+    bar = tqdm(total=-(-t // block), desc=f"merge {metric}", unit=" block", disable=not progress, mininterval=10)
+    for s, e in iter_chunks(t, block, *(a for p in parts for a in p), *out):  # each block's pages leave the RSS after it
+        bar.update(1)
+        ids = np.concatenate([np.asarray(p[0][s:e], dtype=np.int64) for p in parts], 1)
+        d = np.concatenate([np.asarray(p[1][s:e], dtype=np.float32) for p in parts], 1)
+        key = d if metric == "l2" else -d
+        kth = np.partition(key, k - 1, axis=1)[:, k - 1:k]  # each row's k-th smallest key
+        # keys below it all enter; of those equal to it, the smallest ids fill the rest
+        rank = np.where(key < kth, np.iinfo(np.int64).min, np.where(key == kth, ids, np.iinfo(np.int64).max))
+        pick = np.argpartition(rank, k - 1, axis=1)[:, :k]
+        out[0][s:e], out[1][s:e] = canonical_order(np.take_along_axis(ids, pick, 1), np.take_along_axis(d, pick, 1),
+                                                   metric)
+    bar.close()
     return out

@@ -17,14 +17,15 @@ Levels (wildcards in braces):
     logs/, benchmarks/                     one log and one Snakemake benchmark per job
 
 Wildcard values: lm = [A-Za-z0-9_.-]+, store = full | r<ratio> | ... (knnlm.stores kinds), key = att | ffn,
-metric = l2 | ip, split = valid | test (queries; the datastore is train).
+metric = l2 | ip, split = valid | test (queries; the datastore is train), shard = 0, 1, ... (a sharded exact search).
 """
 from __future__ import annotations
 
 import string
 from pathlib import Path
 
-# name -> pattern relative to the run root. Wildcards: lm, store, key, metric, split, variant, table, figure, ext.
+# name -> pattern relative to the run root. Wildcards: lm, store, key, metric, split, shard, variant, table, figure,
+# ext.
 PATTERNS: dict[str, str] = {
     # corpus
     "split_tokens": "data/{split}.tokens",
@@ -62,6 +63,14 @@ PATTERNS: dict[str, str] = {
     "exact_ids": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_ids.npy",
     "exact_dists": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_dists.npy",
     "exact_meta": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}.json",
+    # a sharded exact search (config 'retrieval.exact_shards'): the top-k of one shard of the store's keys, and of
+    # one shard of the nested scan over the datastore-size subsets (knnlm.stores.nested_shards)
+    "exact_shard_ids": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}_ids.npy",
+    "exact_shard_dists": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}_dists.npy",
+    "exact_shard_meta": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}.json",
+    "nested_shard_ids": "lms/{lm}/nested_scan/{key}_{metric}_{split}_{shard}_ids.npy",
+    "nested_shard_dists": "lms/{lm}/nested_scan/{key}_{metric}_{split}_{shard}_dists.npy",
+    "nested_shard_meta": "lms/{lm}/nested_scan/{key}_{metric}_{split}_{shard}.json",
     "score": "lms/{lm}/stores/{store}/scores/{key}_{metric}.json",
     "knn_logprobs": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs.npy",
     "knn_logprobs_tuned": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs_tuned_tau.npy",
@@ -87,6 +96,7 @@ WILDCARDS: dict[str, str] = {
     "key": r"att|ffn",
     "metric": r"l2|ip",
     "split": r"valid|test",
+    "shard": r"[0-9]+",
     "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+|iloss\d+",
 }
 

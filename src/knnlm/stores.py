@@ -97,6 +97,32 @@ def nested_scan(n: int, ratios: list[float], seed: int) -> tuple[np.ndarray, lis
     return np.concatenate(segs).astype(np.int64), sizes
 
 
+def shard_spans(n: int, shards: int, align: int) -> list[tuple[int, int]]:
+    """`shards` consecutive (start, stop) spans covering positions 0..n of a scan, each of whole blocks of `align`
+    positions (the exact search's key chunk) and about as many blocks each: a shard then scores its keys in the very
+    chunks of one whole scan, so the merged top-k equals it bit for bit (measured: shards cut inside a chunk change
+    float32 scores in the last bit, and so the order of near ties). A span is empty when the scan has fewer chunks
+    than shards. Raises ValueError for shards < 1 or align < 1."""
+    if shards < 1 or align < 1:
+        raise ValueError(f"shards and align must be >= 1, found {shards} and {align}")
+    chunks = -(-n // align)
+    cuts = [min(n, -(-j * chunks // shards) * align) for j in range(shards + 1)]  # empty shards last
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def nested_shards(ratios: list[float], shards: int) -> list[tuple[int, int, int]]:
+    """The shards of a nested scan (knnlm.stores.nested_scan over subset ratios, the largest last): one
+    (segment, part, parts) per shard, in scan order. Segment i holds the rows of the i-th smallest ratio's subset
+    not in the smaller ones; it is cut into parts = max(1, round(shards × its share of the scan)) shards
+    (shard_spans within the segment). The store of the i-th ratio is the merge of the shards of segments 0..i.
+    Depends only on the ratios and `shards` (the DAG's shard wildcard). Raises ValueError for shards < 1."""
+    if shards < 1:
+        raise ValueError(f"shards must be >= 1, found {shards}")
+    rs = sorted(set(ratios))
+    lengths = [b - a for a, b in zip([0.0] + rs[:-1], rs)]
+    return [(i, j, p) for i, ln in enumerate(lengths) for p in [max(1, round(shards * ln / rs[-1]))] for j in range(p)]
+
+
 IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
 ALL_TOKENS = "-alltokens"  # a store named '<store>-alltokens' is scored on every token of valid and test
 SCOPE_SUFFIX = f"(?:{ALL_TOKENS})?"

@@ -12,7 +12,8 @@ from knnlm.config import (ConfigError, check_data, data_inputs, interpolated_los
                           validate_config)
 from knnlm.paths import WILDCARDS, Layout
 from knnlm.front_page import front_page
-from knnlm.stores import ALL_TOKENS, same_index_store, same_keys_store, scores_every_token, store_name, store_wildcard
+from knnlm.stores import (ALL_TOKENS, nested_shards, same_index_store, same_keys_store, scores_every_token,
+                          store_name, store_wildcard)
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -235,6 +236,18 @@ def scope_of(full_is_all=False, both_splits=False):
         if scores_every_token(wc.store) or (full_is_all and wc.store == "full"):
             return []
         return per_split("scope", lm=wc.lm) if both_splits else artifact("scope", lm=wc.lm, split=wc.split)
+    return fn
+
+
+def nested_shards_of(name):
+    """Input function: artifact `name` of the nested scan's shards (knnlm.stores.nested_shards of the datastore sizes,
+    config 'retrieval.exact_shards') up to the end of store {store}, one of the sizes' stores in ascending order."""
+    ratios = sorted(DATASTORE_SIZE["ratios"])
+
+    def fn(wc):
+        last = [store_name(r) for r in ratios].index(wc.store)
+        return [artifact(name, lm=wc.lm, key=wc.key, metric=wc.metric, split=wc.split, shard=i)
+                for i, (seg, _, _) in enumerate(nested_shards(ratios, RETRIEVAL["exact_shards"])) if seg <= last]
     return fn
 
 

@@ -5,22 +5,27 @@ NESTED_STORES = [store_name(r) for r in sorted(DATASTORE_SIZE["ratios"])]
 
 
 if len(NESTED_STORES) > 1:
-
     # The real mask of every size in one scan (the subsets are nested: each is a prefix of one scan order), for
     # the cost of the largest: knnlm.experiments.retrieval.exact_search_nested. Other stores: rule exact_search.
+    # With 'retrieval.exact_shards' > 1 the scan is cut into shards that never straddle a subset's end
+    # (knnlm.stores.nested_shards) and exact_merge_nested gives each store the merge of the shards up to its end.
+    NESTED_INPUTS = dict(**datastore("{key}"), **queries("{split}", "{key}"),
+                         stores=expand(artifact("store_prep"), store=NESTED_STORES, allow_missing=True),
+                         scope=artifact("scope"))
+    NESTED_KEYS = dict(key="|".join(DATASTORE_SIZE["key_types"]), metric="|".join(DATASTORE_SIZE["metrics"]))
+
     rule exact_search_nested:
         input:
-            **datastore("{key}"),
-            **queries("{split}", "{key}"),
-            stores=expand(artifact("store_prep"), store=NESTED_STORES, allow_missing=True),
-            scope=artifact("scope"),
+            **NESTED_INPUTS,
         output:
-            ids=expand(artifact("exact_ids"), store=NESTED_STORES, allow_missing=True),
-            dists=expand(artifact("exact_dists"), store=NESTED_STORES, allow_missing=True),
-            meta=expand(artifact("exact_meta"), store=NESTED_STORES, allow_missing=True),
+            **(dict(ids=expand(artifact("exact_ids"), store=NESTED_STORES, allow_missing=True),
+                    dists=expand(artifact("exact_dists"), store=NESTED_STORES, allow_missing=True),
+                    meta=expand(artifact("exact_meta"), store=NESTED_STORES, allow_missing=True))
+               if EXACT_SHARDS == 1 else
+               dict(ids=artifact("nested_shard_ids"), dists=artifact("nested_shard_dists"),
+                    meta=artifact("nested_shard_meta"))),
         wildcard_constraints:
-            key="|".join(DATASTORE_SIZE["key_types"]),
-            metric="|".join(DATASTORE_SIZE["metrics"]),
+            **NESTED_KEYS,
         params:
             cfg=cfg_json("retrieval", "knn"),
             io=io(),
@@ -28,15 +33,42 @@ if len(NESTED_STORES) > 1:
         resources:
             mem_mb=8000,
         log:
-            log_of("exact_search_nested", "lm", "key", "metric", "split"),
+            log_of("exact_search_nested", "lm", "key", "metric", "split", *SHARDED),
         benchmark:
-            bench_of("exact_search_nested", "lm", "key", "metric", "split")
+            bench_of("exact_search_nested", "lm", "key", "metric", "split", *SHARDED)
         conda:
             ENV
         shell:
             knnlm("retrieval.exact_search_nested")
 
-    ruleorder: exact_search_nested > exact_search
+    if EXACT_SHARDS == 1:
+        ruleorder: exact_search_nested > exact_search
+    else:
+        rule exact_merge_nested:
+            input:
+                shard_ids=nested_shards_of("nested_shard_ids"),
+                shard_dists=nested_shards_of("nested_shard_dists"),
+                shard_meta=nested_shards_of("nested_shard_meta"),
+            output:
+                ids=artifact("exact_ids"),
+                dists=artifact("exact_dists"),
+                meta=artifact("exact_meta"),
+            wildcard_constraints:
+                store=lm_constraint(NESTED_STORES),
+                **NESTED_KEYS,
+            params:
+                cfg=cfg_json("retrieval", "knn"),
+                io=io(),
+            log:
+                log_of("exact_merge_nested", "lm", "store", "key", "metric", "split"),
+            benchmark:
+                bench_of("exact_merge_nested", "lm", "store", "key", "metric", "split")
+            conda:
+                ENV
+            shell:
+                knnlm("retrieval.exact_merge")
+
+        ruleorder: exact_merge_nested > exact_merge
 
 
 rule write_datastore_size:

@@ -113,6 +113,14 @@ rule real_score:
         knnlm("retrieval.real_score")
 
 
+# The real mask (exact top-k over the store's keys). With 'retrieval.exact_shards' > 1: one exact_search job per
+# shard of the store's keys (whole key chunks, knnlm.stores.shard_spans) and exact_merge, which combines their top-k
+# into the store's (knnlm.exact.merge_topk: the same ids and distances as one scan).
+EXACT_SHARDS = RETRIEVAL["exact_shards"]
+EXACT_OUTPUTS = dict(ids=artifact("exact_ids"), dists=artifact("exact_dists"), meta=artifact("exact_meta"))
+SHARDED = ["shard"] if EXACT_SHARDS > 1 else []  # the shard wildcard of a sharded search's logs and benchmarks
+
+
 rule exact_search:
     input:
         **datastore("{key}"),
@@ -120,9 +128,8 @@ rule exact_search:
         store=artifact("store_prep"),
         scope=scope_of(),
     output:
-        ids=artifact("exact_ids"),
-        dists=artifact("exact_dists"),
-        meta=artifact("exact_meta"),
+        **(EXACT_OUTPUTS if EXACT_SHARDS == 1 else
+           dict(ids=artifact("exact_shard_ids"), dists=artifact("exact_shard_dists"), meta=artifact("exact_shard_meta"))),
     params:
         cfg=cfg_json("retrieval", "knn"),
         io=io(),
@@ -130,13 +137,35 @@ rule exact_search:
     resources:
         mem_mb=8000,
     log:
-        log_of("exact_search", "lm", "store", "key", "metric", "split"),
+        log_of("exact_search", "lm", "store", "key", "metric", "split", *SHARDED),
     benchmark:
-        bench_of("exact_search", "lm", "store", "key", "metric", "split")
+        bench_of("exact_search", "lm", "store", "key", "metric", "split", *SHARDED)
     conda:
         ENV
     shell:
         knnlm("retrieval.exact_search")
+
+
+if EXACT_SHARDS > 1:
+
+    rule exact_merge:
+        input:
+            shard_ids=expand(artifact("exact_shard_ids"), shard=range(EXACT_SHARDS), allow_missing=True),
+            shard_dists=expand(artifact("exact_shard_dists"), shard=range(EXACT_SHARDS), allow_missing=True),
+            shard_meta=expand(artifact("exact_shard_meta"), shard=range(EXACT_SHARDS), allow_missing=True),
+        output:
+            **EXACT_OUTPUTS,
+        params:
+            cfg=cfg_json("retrieval", "knn"),
+            io=io(),
+        log:
+            log_of("exact_merge", "lm", "store", "key", "metric", "split"),
+        benchmark:
+            bench_of("exact_merge", "lm", "store", "key", "metric", "split")
+        conda:
+            ENV
+        shell:
+            knnlm("retrieval.exact_merge")
 
 
 rule settings:

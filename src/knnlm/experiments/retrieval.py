@@ -181,33 +181,53 @@ def _write_exact_meta(path, shape: tuple[int, int], n: int, secs: float, flop: f
     return meta
 
 
+def _shard(job: Job) -> int | None:
+    """The job's shard index (wildcard 'shard' of a sharded exact search, config 'retrieval.exact_shards'), or None."""
+    return int(job.wildcards["shard"]) if "shard" in job.wildcards else None
+
+
+def _exact_into(job: Job, keys, queries, t: int, k: int, rows, span: tuple[int, int], man: dict, **extra) -> dict:
+    """Exact top-k of scan positions span of keys (rows: the scan's datastore rows, or None for all keys) for the
+    queries, written straight into the output memmaps: [t, min(k, keys in span)] (a shard smaller than k keeps all of
+    its keys); the meta with the shard's span and time."""
+    from ..exact import exact_topk
+
+    r, width = job.cfg["retrieval"], min(k, span[1] - span[0])
+    t0 = time.time()
+    with create_npy(job.path("ids"), (t, width), np.int32) as ids, create_npy(job.path("dists"), (t, width),
+                                                                              np.float32) as d:
+        if width:
+            exact_topk(keys, queries, width, job.wildcards["metric"], r["exact_key_chunk"], r["exact_query_chunk"],
+                       r["exact_query_block"], rows=rows, out=[(ids, d)], span=span)
+    secs = time.time() - t0
+    flop = 2.0 * t * (span[1] - span[0]) * keys.shape[1]
+    return _write_exact_meta(job.path("meta"), (t, width), int(keys.shape[0]), secs, flop, man, span=list(span),
+                             **extra)
+
+
 def exact_search(job: Job) -> dict:
     """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries, written
-    straight into the output memmaps."""
-    from ..exact import exact_topk
+    straight into the output memmaps. With wildcard 'shard' (config 'retrieval.exact_shards' > 1), the top-k of that
+    shard's keys only (knnlm.stores.shard_spans, whole key chunks); exact_merge combines the shards."""
+    from ..stores import shard_spans
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
     k, r, t = job.cfg["knn"]["k"], job.cfg["retrieval"], len(sc)
-    t0 = time.time()
-    with create_npy(job.path("ids"), (t, k), np.int32) as ids, create_npy(job.path("dists"), (t, k), np.float32) as d:
-        exact_topk(store.keys, store.project(queries) if store.transform else queries, k, job.wildcards["metric"],
-                   r["exact_key_chunk"], r["exact_query_chunk"], r["exact_query_block"], rows=store.rows,
-                   out=[(ids, d)])
-    secs = time.time() - t0
-    flop = 2.0 * t * store.size * store.keys.shape[1]
-    meta = _write_exact_meta(job.path("meta"), (t, k), int(store.keys.shape[0]), secs, flop, man)
-    return {"metrics": {"T": t, "seconds": secs, "gflops": meta["gflops"]}}
+    shard, extra = _shard(job), {}
+    span = (0, store.size)
+    if shard is not None:
+        span = shard_spans(store.size, r["exact_shards"], r["exact_key_chunk"])[shard]
+        extra = {"shard": shard, "shards": r["exact_shards"]}
+    queries = store.project(queries) if store.transform else queries
+    meta = _exact_into(job, store.keys, queries, t, k, store.rows, span, man, **extra)
+    return {"metrics": {"T": t, "seconds": meta["seconds"], "gflops": meta["gflops"], "keys": span[1] - span[0]}}
 
 
-def exact_search_nested(job: Job) -> dict:
-    """Exact top-k over each of the nested datastore subsets (the stores of input 'stores': r<ratio> of one seed
-    and the full one; Sec. 5, Figures 2 and 4) in one scan: the keys in an order where every subset is a prefix
-    (knnlm.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
-    exact_search per store, for the cost of the largest; each store's top-k is written straight into its output
-    memmaps (memory: one query block per stop, not every stop's [T, k] results). Raises ArtifactError if a store
-    is not such a subset."""
-    from ..exact import exact_topk
+def _nested(job: Job):
+    """(keys, manifest, scan rows, stops, opened stores) of a nested exact search's inputs (knnlm.stores.nested_scan
+    over the stores of input 'stores'). Raises ArtifactError if a store is not a seeded subset of one seed or the
+    full store, or two stores have the same size."""
     from ..stores import nested_scan, open_store
 
     keys, _, man = open_datastore(job)
@@ -223,11 +243,35 @@ def exact_search_nested(job: Job) -> dict:
     for p, st in zip(stores, opened):
         if not np.array_equal(np.sort(rows[:st.size]), np.arange(man["N"]) if st.rows is None else st.rows):
             raise ArtifactError(f"{p}: its rows are not the first {st.size} of the nested scan (another subset seed?)")
-    if sorted(st.size for st in opened) != sorted(stops):
+    if sorted(st.size for st in opened) != sorted(stops) or len(stops) != len(opened):
         raise ArtifactError(f"nested exact search needs one store per subset size; found sizes "
                             f"{[st.size for st in opened]} for the scan's stops {stops}")
+    return keys, man, rows, stops, opened, ratios
+
+
+def exact_search_nested(job: Job) -> dict:
+    """Exact top-k over each of the nested datastore subsets (the stores of input 'stores': r<ratio> of one seed
+    and the full one; Sec. 5, Figures 2 and 4) in one scan: the keys in an order where every subset is a prefix
+    (knnlm.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
+    exact_search per store, for the cost of the largest; each store's top-k is written straight into its output
+    memmaps (memory: one query block per stop, not every stop's [T, k] results). With wildcard 'shard' (config
+    'retrieval.exact_shards' > 1), the top-k of one shard of the scan (knnlm.stores.nested_shards: shards never
+    straddle a subset's end) into outputs ids/dists/meta; exact_merge gives each store the merge of the shards up
+    to its end. Raises ArtifactError if a store is not such a subset."""
+    from ..exact import exact_topk
+    from ..stores import nested_shards, shard_spans
+
+    keys, man, rows, stops, opened, ratios = _nested(job)
     q, queries, sc = _scoped(job, man)
     k, r, t = job.cfg["knn"]["k"], job.cfg["retrieval"], len(sc)
+    shard = _shard(job)
+    if shard is not None:
+        seg, part, parts = nested_shards(ratios, r["exact_shards"])[shard]
+        start = ([0] + stops)[seg]
+        a, b = shard_spans(stops[seg] - start, parts, r["exact_key_chunk"])[part]
+        meta = _exact_into(job, keys, queries, t, k, rows, (start + a, start + b), man, shard=shard,
+                           shards=r["exact_shards"], nested_scan={"stops": stops, "segment": seg})
+        return {"metrics": {"T": t, "seconds": meta["seconds"], "gflops": meta["gflops"], "keys": b - a}}
     t0 = time.time()
     with contextlib.ExitStack() as outputs:  # every store's (ids, dists) memmaps, renamed into place on success
         by_size = {st.size: (outputs.enter_context(create_npy(job.paths("ids")[i], (t, k), np.int32)),
@@ -241,6 +285,41 @@ def exact_search_nested(job: Job) -> dict:
         meta = _write_exact_meta(job.paths("meta")[i], (t, k), int(keys.shape[0]), secs, flop, man,
                                  nested_scan={"stops": stops, "store_size": st.size})
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
+
+
+def exact_merge(job: Job) -> dict:
+    """The store's exact top-k (the real mask) from the top-k of its shards (inputs 'shard_ids', 'shard_dists', 'shard_meta': lists,
+    one per shard of config 'retrieval.exact_shards', from exact_search or exact_search_nested) by
+    knnlm.exact.merge_topk: the same ids and distances as one scan. The meta adds up the shards' scan time and lists
+    each shard's span and seconds. Raises ArtifactError when the shards disagree on queries, keys or checkpoint."""
+    from ..exact import merge_topk
+
+    metas = [read_json(p) for p in job.paths("shard_meta")]
+    k, metric = job.cfg["knn"]["k"], job.wildcards["metric"]
+    shapes = {(m["T"], m["N"], m["checkpoint_sha256"]) for m in metas}
+    if len(shapes) != 1:
+        raise ArtifactError(f"shards {[str(p) for p in job.paths('shard_meta')]} disagree on (queries, keys, checkpoint): "
+                            f"{sorted(shapes)}: rerun them")
+    t, n, sha = shapes.pop()
+    parts = [(open_npy(i, (t, m["k"]), np.int32), open_npy(d, (t, m["k"]), np.float32))
+             for i, d, m in zip(job.paths("shard_ids"), job.paths("shard_dists"), metas)]
+    scanned = sum(m["span"][1] - m["span"][0] for m in metas)
+    if scanned < k:
+        raise ArtifactError(f"the shards {[str(p) for p in job.paths('shard_meta')]} hold {scanned} keys, fewer than k={k}")
+    t0 = time.time()
+    with create_npy(job.path("ids"), (t, k), np.int32) as ids, create_npy(job.path("dists"), (t, k), np.float32) as d:
+        merge_topk(parts, k, metric, (ids, d))
+    merge_secs = time.time() - t0
+    secs = sum(m["seconds"] for m in metas)
+    flop = sum(m["gflops"] * m["seconds"] * 1e9 for m in metas)
+    extra = {}
+    if "nested_scan" in metas[0]:
+        stops = metas[0]["nested_scan"]["stops"]
+        extra["nested_scan"] = {"stops": stops, "store_size": stops[max(m["nested_scan"]["segment"] for m in metas)]}
+    meta = _write_exact_meta(job.path("meta"), (t, k), n, secs, flop, {"checkpoint_sha256": sha}, merge_seconds=merge_secs,
+                             shards=[{"span": m["span"], "seconds": m["seconds"]} for m in metas], **extra)
+    return {"metrics": {"T": t, "seconds": secs, "merge_seconds": merge_secs, "gflops": meta["gflops"],
+                        "shards": len(metas)}}
 
 
 # Caches of load_settings indexed by the FAISS search's rows (all tokens or the scope), not by scoped query: the FAISS
