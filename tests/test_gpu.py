@@ -22,6 +22,28 @@ def test_exact_search_on_cuda_equals_cpu(metric):
 
 
 @cuda
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_sharded_exact_search_on_cuda_equals_one_cuda_scan(metric):
+    """Shards of whole key chunks searched on CUDA (exact_topk's span) and merged (knnlm.exact.merge_topk) equal one
+    CUDA scan: the same chunks give the same float32 sums on the GPU too; k = 2,500 is above faiss-GPU's limit."""
+    from knnlm.exact import merge_topk
+    from knnlm.stores import shard_spans
+
+    rng = np.random.default_rng(1)
+    keys = rng.normal(size=(30000, 64)).astype(np.float16)
+    queries = rng.normal(size=(200, 64)).astype(np.float32)
+    for k in (64, 2500):
+        want_i, want_d = exact_topk(keys, queries, k, metric, key_chunk=4096, device="cuda", progress=False)
+        parts = [exact_topk(keys, queries, min(k, b - a), metric, key_chunk=4096, device="cuda", span=(a, b),
+                            progress=False) for a, b in shard_spans(len(keys), 3, 4096)]
+        got_i, got_d = merge_topk(parts, k, metric, (np.empty((200, k), np.int64), np.empty((200, k), np.float32)),
+                                  progress=False)
+        np.testing.assert_array_equal(got_d, want_d)
+        inside = want_d != want_d[:, -1:]
+        np.testing.assert_array_equal(got_i[inside], want_i[inside])
+
+
+@cuda
 def test_faiss_gpu_ivfpq_agrees_with_cpu(tmp_path):
     import faiss
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .io import atomic_path, create_npy, iter_chunks
+from .io import atomic_path, create_npy, iter_chunks, release_rows
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,9 @@ def faiss_metric(metric: str):
     raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
 
 
+SAMPLE_BLOCK = 4096  # training-sample rows read per block (build_ivfpq)
+
+
 def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Path, threads: int = 2,
                 rows: np.ndarray | None = None) -> dict:
     """Train an IVFPQ index on a seeded sample of `keys` ([N, D] fp16 memmap), add all keys in chunks, save it.
@@ -130,7 +133,12 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
     n = keys.shape[0] if rows is None else len(rows)
     rng = np.random.default_rng(params["seed"])
     sample = np.sort(rng.choice(n, size=params["train_size"], replace=False))
-    x = np.ascontiguousarray(keys[sample if rows is None else rows[sample]], dtype=np.float32)
+    picked = sample if rows is None else rows[sample]  # ascending datastore rows
+    x = np.empty((len(picked), d), dtype=np.float32)
+    for a in range(0, len(picked), SAMPLE_BLOCK):  # a memmap: each block's pages leave the RSS once read (a whole
+        r = picked[a:a + SAMPLE_BLOCK]  # random sample faults in most pages of the file: 8.8 GB at 20M x 256 keys)
+        x[a:a + len(r)] = keys[r]
+        release_rows(keys, int(r[0]), int(r[-1]) + 1)
     quantizer = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
     index = faiss.IndexIVFPQ(quantizer, d, params["ncentroids"], params["code_size"], 8, faiss_metric(metric))
     index.cp.seed = params["seed"]
@@ -146,12 +154,15 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
         index.train(x)
     del x
     chunk = params["add_chunk"]
+    # each chunk's pages of a memmap leave the RSS once added: the job holds the index and one chunk, not the file
     for s in tqdm(range(0, n, chunk), desc=f"add keys ({metric})", unit=" chunk", mininterval=10):
         if rows is None:
             index.add(np.ascontiguousarray(keys[s:s + chunk], dtype=np.float32))
+            release_rows(keys, s, min(n, s + chunk))
         else:
             ids = rows[s:s + chunk]
             index.add_with_ids(np.ascontiguousarray(keys[ids], dtype=np.float32), ids.astype(np.int64))
+            release_rows(keys, int(ids.min()), int(ids.max()) + 1)
     index.nprobe = params["nprobe"]
     with atomic_path(out_path) as tmp:
         faiss.write_index(index, str(tmp))

@@ -22,8 +22,8 @@ if len(NESTED_STORES) > 1:
                     dists=expand(artifact("exact_dists"), store=NESTED_STORES, allow_missing=True),
                     meta=expand(artifact("exact_meta"), store=NESTED_STORES, allow_missing=True))
                if EXACT_SHARDS == 1 else
-               dict(ids=artifact("nested_shard_ids"), dists=artifact("nested_shard_dists"),
-                    meta=artifact("nested_shard_meta"))),
+               dict(ids=temp(artifact("nested_shard_ids")), dists=temp(artifact("nested_shard_dists")),
+                    meta=temp(artifact("nested_shard_meta")))),  # deleted once every store's merge has read them
         wildcard_constraints:
             **NESTED_KEYS,
         params:

@@ -129,7 +129,9 @@ rule exact_search:
         scope=scope_of(),
     output:
         **(EXACT_OUTPUTS if EXACT_SHARDS == 1 else
-           dict(ids=artifact("exact_shard_ids"), dists=artifact("exact_shard_dists"), meta=artifact("exact_shard_meta"))),
+           # a shard's top-k is deleted once merged (temp): T x k x 8 bytes per shard, 2 GB at WikiText-103's test split
+           dict(ids=temp(artifact("exact_shard_ids")), dists=temp(artifact("exact_shard_dists")),
+                meta=temp(artifact("exact_shard_meta")))),
     params:
         cfg=cfg_json("retrieval", "knn"),
         io=io(),

@@ -98,14 +98,21 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     return out, drift | {"ks": ks}
 
 
+def _base_lm(job: Job) -> tuple[dict, dict, dict]:
+    """The base LM on every valid and test token: ({split: [T] float64 log p_LM(target)}, {split: (doc [T] document
+    of each token, doc_words [D])} (split_documents), {split: words}) from inputs 'lm_logprobs' and 'documents'."""
+    lp_lm = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
+    docs = {s: split_documents(job, s) for s in SPLITS}
+    return lp_lm, docs, {s: int(docs[s][1].sum()) for s in SPLITS}
+
+
 def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
-    """(index of the candidate with the lowest valid interpolated NLL, its evaluate() result); per = {split: [n, T]}."""
-    best, best_ev = 0, None
-    for i in range(len(per["valid"])):
-        ev = evaluate(lp_lm, {s: per[s][i] for s in SPLITS}, words, steps)
-        if best_ev is None or ev["valid"]["interp"]["nll_sum"] < best_ev["valid"]["interp"]["nll_sum"] - 1e-9:
-            best, best_ev = i, ev
-    return best, best_ev
+    """(index of the candidate with the lowest valid interpolated NLL at its best λ, knnlm.scoring.tune_temperature:
+    ties go to the first; its evaluate() result); per = {split: [n, T] log p of each candidate}."""
+    from ..scoring import tune_temperature
+
+    best = tune_temperature(lp_lm["valid"], np.asarray(per["valid"]), None, steps)
+    return best, evaluate(lp_lm, {s: per[s][best] for s in SPLITS}, words, steps)
 
 
 def hypotheses(job: Job) -> dict:
@@ -119,8 +126,8 @@ def hypotheses(job: Job) -> dict:
     t0 = time.time()
     cfg, hyp, st = job.cfg, job.cfg["hypotheses"], options(job.cfg["stats"])
     steps = cfg["knn"]["lambda_steps"]
-    keys = sorted({p.name.split("_")[0] for p in job.paths("scores")}, key=["att", "ffn"].index)
-    scores = {read_json(p)["key_type"]: read_json(p) for p in job.paths("scores")}
+    scores = {sc["key_type"]: sc for sc in map(read_json, job.paths("scores"))}
+    keys = sorted(scores, key=["att", "ffn"].index)
     metric = next(iter(scores.values()))["metric"]
     w_sm = output_matrix(job).numpy().astype(np.float32)
     vals = np.load(job.path("vals"), mmap_mode="r")
@@ -129,11 +136,7 @@ def hypotheses(job: Job) -> dict:
     if max(drift["valid"], drift["test"]) > 0.05:
         raise ArtifactError(f"log softmax(W_sm h_ffn) differs from the dumped log p_LM by up to "
                             f"{max(drift['valid'], drift['test']):.3f} nats: W_sm or the ffn queries are not the LM's")
-    lp_lm, docs, words = {}, {}, {}
-    for split in SPLITS:
-        lp_lm[split] = np.load(by_split(job, "lm_logprobs")[split]).astype(np.float64)
-        docs[split] = split_documents(job, split)
-        words[split] = int(docs[split][1].sum())
+    lp_lm, docs, words = _base_lm(job)
     variants = {}  # name -> (labels, {split: log p interpolated}, evaluate result)
 
     def add(name, labels, lp_alt):
@@ -239,14 +242,10 @@ def interpolated_loss(job: Job) -> dict:
     """E.6.3 (Xu et al. 2023, App. E.6.3, Eq. 12): W_ds trained on the interpolated loss (parametric variant
     'iloss<100 λ>') against W_ds on the plain loss (nv1), same key type, rows and training schedule; each
     interpolated with the base LM at its own λ tuned on valid. Table 'interpolated_loss' and its comparisons CSV."""
-    from ..lm import convergence_label  # noqa: F401 (the LM's note comes from lm_training_label)
-
     cfg, st = job.cfg, options(job.cfg["stats"])
     steps = cfg["knn"]["lambda_steps"]
     keys = [k for k in ("att", "ffn") if job.input.get(f"iloss_result_{k}")]
-    lp_lm = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
-    docs = {s: split_documents(job, s) for s in SPLITS}
-    words = {s: int(docs[s][1].sum()) for s in SPLITS}
+    lp_lm, docs, words = _base_lm(job)
     models, lps = {}, {}
     for key in keys:
         for tag, label in (("iloss", f"W_ds interpolated loss {key}"), ("w_ds", f"W_ds {key}")):
@@ -314,7 +313,8 @@ def ensembling(job: Job) -> dict:
 
     cfg, st = job.cfg, options(job.cfg["stats"])
     others = [k[len("lm_"):] for k in job.input if k.startswith("lm_") and k != "lm_logprobs" and k != "lm_training"]
-    lp = {"base": {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}}
+    lp_base, docs, words = _base_lm(job)
+    lp = {"base": lp_base}
     tg = {s: np.load(p) for s, p in by_split(job, "targets").items()}
     for n in others:
         lp[n] = {s: np.load(p).astype(np.float64) for s, p in by_split(job, f"lm_{n}").items()}
@@ -323,8 +323,6 @@ def ensembling(job: Job) -> dict:
                 raise ArtifactError(f"{p}: LM {n!r} scores other tokens than the base LM on {s} (another tokenisation "
                                     f"or data); config key 'hypotheses.ensemble_lms' needs LMs over this run's tokens")
     knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn").items()}
-    docs = {s: split_documents(job, s) for s in SPLITS}
-    words = {s: int(docs[s][1].sum()) for s in SPLITS}
     lms = ["base"] + others
     mixes = {}  # name -> ({split: log p}, weights, members)
 

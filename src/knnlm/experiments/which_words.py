@@ -38,13 +38,14 @@ SLOPE = "slope of share(real) − share(FAISS) vs {}"  # the comparisons of find
 def _attributes(job: Job, vocab: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """({attribute: [vocab] float64}, train counts [vocab] int64, special [vocab] bool) of every word type: its
     length in characters, forward and backward bigram entropy in the datastore's training stream (input 'vals')."""
-    from ..analysis import bigram_entropy, token_counts
+    from ..analysis import bigram_entropy
 
     strings, special = token_strings(job, vocab)
     vocab = len(strings)
     vals = np.load(job.path("vals"), mmap_mode="r")
-    fwd, bwd, _ = bigram_entropy(vals, vocab)
-    train = token_counts(vals, vocab)
+    fwd, bwd, train = bigram_entropy(vals, vocab)  # train: each type's count as a bigram's first token
+    if len(vals):
+        train[int(vals[-1])] += 1  # ... plus the stream's last token: every occurrence
     return {"length": np.array([len(s) for s in strings], dtype=np.float64), "entropy_fwd": fwd,
             "entropy_bwd": bwd}, train, special
 
