@@ -28,6 +28,8 @@ def run_snakemake(*args, check=True):
 
 TINY_HF = "gpt2-tiny"
 TINY_SEED2 = "base-s2"  # the tiny LM with another seed (App. E.5)
+TINY_OVERFIT = "base-overfit"  # the tiny LM trained further without dropout (App. E.6.1)
+TINY_SOFT = "base-soft"  # a tiny LM on the tiny LM's soft labels, otherwise base-s2's twin (App. E.6.2)
 WIKITEXT2 = PROJECT_ROOT / "corpora" / "wikitext-2-v1.tar.xz"  # shipped with the pipeline (corpora/README.md)
 
 
@@ -49,9 +51,11 @@ def wikitext2_dir(tmp_path_factory) -> Path:
 
 
 def tiny_lms(results: Path) -> Path:
-    """A config overlay that adds two base LMs to the tiny run: a random 2-layer GPT-2 with its own byte-level BPE
-    tokenizer (tests/hf_tiny.py), made once under results/hf/, and the tiny LM trained with another seed, which App.
-    E.5 ensembles with the base LM (config 'hypotheses.ensemble_lms'). Returns the overlay's path."""
+    """A config overlay that adds base LMs to the tiny run: a random 2-layer GPT-2 with its own byte-level BPE
+    tokenizer (tests/hf_tiny.py), made once under results/hf/, the tiny LM trained with another seed, which App.
+    E.5 ensembles with the base LM (config 'hypotheses.ensemble_lms'), the base LM trained 20 updates further
+    without dropout (App. E.6.1, 'hypotheses.overfit_lms') and the seed-2 LM trained on the base LM's soft labels
+    (App. E.6.2, 'hypotheses.soft_label_lms'). Returns the overlay's path."""
     from hf_tiny import make_tiny_hf
 
     model = results / "hf" / TINY_HF
@@ -60,8 +64,13 @@ def tiny_lms(results: Path) -> Path:
     overlay = results / "lms.yaml"
     overlay.write_text(yaml.safe_dump({"lms": {"base": {"source": "train"},
                                                TINY_HF: {"source": "hf", "path": str(model)},
-                                               TINY_SEED2: {"source": "train", "lm": {"seed": 2}}},
-                                       "hypotheses": {"ensemble_lms": [TINY_SEED2]}}))
+                                               TINY_SEED2: {"source": "train", "lm": {"seed": 2}},
+                                               TINY_OVERFIT: {"source": "train", "init_from": "base", "checkpoint": "last",
+                                                              "lm": {"dropout": 0.0, "max_update": 20,
+                                                                     "warmup_updates": 5}},
+                                               TINY_SOFT: {"source": "train", "teacher": "base", "lm": {"seed": 2}}},
+                                       "hypotheses": {"ensemble_lms": [TINY_SEED2], "overfit_lms": [TINY_OVERFIT],
+                                                      "soft_label_lms": [TINY_SOFT]}}))
     return overlay
 
 

@@ -68,6 +68,17 @@ def test_defaults_filled(tmp_path):
      "variance.key_type", "dumps ['ffn']"),
     ({"datastore": {"key_types": ["ffn"]}, "retrieval": {"key_types": ["ffn"]}, "datastore_size": {"key_types": ["ffn"]},
       "parametric": {"key_types": ["ffn"]}}, "parametric.adaptive.key_types", "dumps ['ffn']"),
+    # App. E.6: LMs trained from another LM of the run
+    ({"lms": {"base": {"source": "train"}, "o": {"source": "train", "init_from": "nope"}}}, "lms.o.init_from", "'nope'"),
+    ({"lms": {"base": {"source": "train"}, "o": {"source": "train", "init_from": "base",
+                                                   "lm": {"decoder_layers": 1}}}}, "lms.o.init_from", "decoder_layers"),
+    ({"lms": {"base": {"source": "train", "init_from": "o"}, "o": {"source": "train", "init_from": "base"}}},
+     "lms.base.init_from", "cycle"),
+    ({"lms": {"base": {"source": "train"}, "s": {"source": "train", "teacher": "s"}}}, "lms.s.teacher", "another LM"),
+    ({"lms": {"base": {"source": "train"}, "s2": {"source": "train"}}, "hypotheses": {"overfit_lms": ["s2"]}},
+     "hypotheses.overfit_lms", "'s2'"),
+    ({"lms": {"base": {"source": "train"}, "s2": {"source": "train"}, "s": {"source": "train", "teacher": "s2"}},
+      "hypotheses": {"soft_label_lms": ["s"]}}, "hypotheses.soft_label_lms", "primary LM 'base'"),
 ])
 def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
     cfg = base_cfg(tmp_path)

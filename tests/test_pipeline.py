@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import PROJECT_ROOT, TINY_HF, TINY_SEED2, run_snakemake
+from conftest import PROJECT_ROOT, TINY_HF, TINY_OVERFIT, TINY_SEED2, TINY_SOFT, run_snakemake
 from knnlm.config import load_config, temperatures
 from knnlm.dump import load_lm, open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
@@ -703,3 +703,43 @@ def test_ensembling_table8_and_figure8(tiny_run):
     assert row["PPL (word)"] == pytest.approx(ppl, rel=1e-4)
     assert art(tiny_run, "figure", figure="fig8_ensembling", ext="png").stat().st_size > 0
     assert "| 1 LM + kNN vs 2 LMs " in art(tiny_run, "findings").read_text()
+
+
+def test_overfitting_table9_and_soft_labels(tiny_run):
+    """App. E.6.1 and E.6.2: the overfitted LM continued the base LM's weights (fairseq loaded the base checkpoint, no
+    dropout, its last checkpoint kept at its max_update); the soft-label LM trained on the soft-label criterion from
+    the base LM; Table 9's and the soft-label table's 'base + X' rows equal direct mixtures of the two LMs' log-probs
+    at the EM weights tuned on valid, the oracle the per-token better LM; their findings rows have verdicts."""
+    import torch
+
+    from knnlm.analysis import mixture_log_prob, mixture_weights
+    from knnlm.scoring import oracle_log_prob, summarize
+
+    log = (Path(tiny_run["root"]) / "logs" / f"train_lm_{TINY_OVERFIT}.fairseq.log").read_text()
+    base_ckpt = art(tiny_run, "checkpoint", lm="base")
+    assert f"loading pretrained model from {Path(base_ckpt).resolve()}" in log
+    ckpt = torch.load(art(tiny_run, "checkpoint", lm=TINY_OVERFIT), map_location="cpu", weights_only=False)
+    assert ckpt["cfg"]["model"].dropout == 0.0 and ckpt["optimizer_history"][-1]["num_updates"] == 20
+    soft_log = (Path(tiny_run["root"]) / "logs" / f"train_lm_{TINY_SOFT}.fairseq.log").read_text()
+    assert "soft_label_cross_entropy" in soft_log and '"objective"' in soft_log
+    words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]
+    lp = {lm: {s: np.load(art(tiny_run, "lm_logprobs", split=s, lm=lm)).astype(float) for s in ("valid", "test")}
+          for lm in ("base", TINY_OVERFIT, TINY_SOFT, TINY_SEED2)}
+    for table, other, label in (("table9", TINY_OVERFIT, TINY_OVERFIT), ("soft_labels", TINY_SOFT, TINY_SOFT),
+                                ("soft_labels", TINY_SEED2, f"{TINY_SEED2} (one-hot)")):
+        df = pd.read_csv(art(tiny_run, "table", table=table, ext="csv")).set_index(["split", "model"])
+        w = mixture_weights([lp["base"]["valid"], lp[other]["valid"]])
+        row = df.loc[("test", f"base + {label}")]
+        assert row["PPL (word)"] == pytest.approx(summarize(mixture_log_prob([lp["base"]["test"], lp[other]["test"]], w),
+                                                            words)["ppl_word"], rel=1e-4)
+        assert row["oracle PPL (word)"] == pytest.approx(
+            summarize(oracle_log_prob(lp["base"]["test"], lp[other]["test"]), words)["ppl_word"], rel=1e-4)
+        assert df.loc[("test", f"{label} alone"), "PPL (word)"] == pytest.approx(
+            summarize(lp[other]["test"], words)["ppl_word"], rel=1e-4)
+    t9 = pd.read_csv(art(tiny_run, "table", table="table9", ext="csv")).set_index(["split", "model"])
+    assert int(t9.loc[("test", f"{TINY_OVERFIT} alone"), "updates"]) == 20
+    findings = art(tiny_run, "findings").read_text()
+    e6 = [r for r in findings.splitlines() if r.startswith("| Sec. 6, E.6.1") or r.startswith("| Sec. 6, E.6.2")]
+    assert len(e6) == 5 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported"))
+                                for r in e6)
+    assert f"base + {TINY_SEED2} (one-hot)" in [r for r in e6 if "one-hot labels" in r][0]

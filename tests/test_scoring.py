@@ -276,3 +276,37 @@ def test_tied_temperatures_give_the_smallest_tau():
     assert first_minimum([5.0, 4.0, 3.0, 3.0 * (1 + 1e-12), 3.0 * (1 - 1e-12)]) == 2
     assert first_minimum([5.0, 3.0 * (1 + 1e-6), 3.0]) == 2  # a real difference still counts
     assert first_minimum([float("nan"), 2.0, 1.0]) == 2
+
+
+def test_soft_label_loss_matches_a_dense_computation():
+    """App. E.6.2's objective (knnlm.soft_labels.soft_label_loss) equals the cross-entropy of the student against the
+    label (1 − w)·one-hot + w·teacher, computed token by token in float64 numpy, with padding skipped; w = 0 is the
+    plain NLL, and torch's gradient of the objective is softmax(student) − label per kept token."""
+    import torch
+
+    from knnlm.soft_labels import soft_label_loss
+
+    rng = np.random.default_rng(0)
+    T, V, pad = 13, 7, 1
+    logits = torch.tensor(rng.normal(size=(T, V)) * 2, requires_grad=True)
+    teacher = torch.softmax(torch.tensor(rng.normal(size=(T, V))), -1)
+    target = torch.tensor(rng.integers(0, V, size=T))
+    target[[2, 9]] = pad
+    for w in (0.0, 0.3, 1.0):
+        lp = torch.log_softmax(logits, -1)
+        obj, nll = soft_label_loss(lp, teacher, target, w, pad)
+        lpn, q, y = lp.detach().numpy(), teacher.numpy(), target.numpy()
+        want_obj = want_nll = 0.0
+        grad = np.zeros((T, V))
+        for t in range(T):
+            if y[t] == pad:
+                continue
+            label = w * q[t] + (1 - w) * np.eye(V)[y[t]]
+            want_obj -= float(label @ lpn[t])
+            want_nll -= float(lpn[t, y[t]])
+            grad[t] = np.exp(lpn[t]) - label
+        assert obj.item() == pytest.approx(want_obj, rel=1e-12) and nll.item() == pytest.approx(want_nll, rel=1e-12)
+        if w == 0.0:
+            assert obj.item() == pytest.approx(nll.item(), rel=1e-12)
+        (g,) = torch.autograd.grad(obj, logits)
+        np.testing.assert_allclose(g.numpy(), grad, atol=1e-12)

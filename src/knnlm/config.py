@@ -112,6 +112,62 @@ def _check_lms(cfg: dict, schema: dict, source: str) -> None:
             raise ConfigError(
                 f"{source}: config key '{where}.decoder_attention_heads' must divide '{where}.decoder_embed_dim' "
                 f"({sec['decoder_embed_dim']}), found {sec['decoder_attention_heads']}")
+    _check_derived_lms(cfg, source)
+
+
+ARCHITECTURE = ("decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads")
+
+
+def derived_lm(cfg: dict, name: str) -> bool:
+    """Whether base LM `name` is trained from another LM of the run ('init_from' or 'teacher', App. E.6): such an LM
+    is an object of the hypotheses, not a base LM of Table 4."""
+    lm = cfg["lms"][name]
+    return bool(lm.get("init_from") or lm.get("teacher"))
+
+
+def _check_derived_lms(cfg: dict, source: str) -> None:
+    """ConfigError for an 'init_from' or 'teacher' that is not another LM of 'lms' of the right source (init_from:
+    'train' with the same architecture; teacher: 'train' or 'fairseq'), for a cycle of 'init_from', and for
+    'hypotheses.overfit_lms' / 'soft_label_lms' entries that are not such LMs of the primary LM."""
+    lms = cfg["lms"]
+    primary = next(iter(lms))
+    for name, lm in lms.items():
+        for key, sources in (("init_from", ("train",)), ("teacher", ("train", "fairseq"))):
+            other = lm.get(key)
+            if other is None:
+                continue
+            if lm["source"] != "train":
+                raise ConfigError(f"{source}: config key 'lms.{name}.{key}': only a 'train' LM is trained from another "
+                                  f"LM, found it on a {lm['source']!r} LM")
+            if other == name or other not in lms or lms[other]["source"] not in sources:
+                raise ConfigError(f"{source}: config key 'lms.{name}.{key}': expected the name of another LM of 'lms' "
+                                  f"with source {' or '.join(map(repr, sources))}, found {other!r}")
+        if lm.get("init_from"):
+            mine, theirs = lm_section(cfg, name), lm_section(cfg, lm["init_from"])
+            diff = [k for k in ARCHITECTURE if mine[k] != theirs[k]]
+            if diff:
+                raise ConfigError(f"{source}: config key 'lms.{name}.init_from': LM {lm['init_from']!r} has another "
+                                  f"architecture ({', '.join(f'{k} {theirs[k]} vs {mine[k]}' for k in diff)})")
+            seen, cur = {name}, lm["init_from"]
+            while cur is not None:
+                if cur in seen:
+                    raise ConfigError(f"{source}: config key 'lms.{name}.init_from': the chain of 'init_from' is a "
+                                      f"cycle through {sorted(seen)}")
+                seen.add(cur)
+                cur = lms[cur].get("init_from")
+    hyp = cfg["hypotheses"]
+    for key, field, what in (("overfit_lms", "init_from", "continues training"), ("soft_label_lms", "teacher",
+                                                                                 "is taught by")):
+        for name in hyp.get(key, []):
+            chain, cur = [], name
+            while cur in lms and lms[cur].get(field) and cur not in chain:
+                chain.append(cur)
+                cur = lms[cur][field]
+                if field == "teacher":
+                    break
+            if name not in lms or not chain or cur != primary:
+                raise ConfigError(f"{source}: config key 'hypotheses.{key}': expected LMs of 'lms' whose '{field}' "
+                                  f"{what} the primary LM {primary!r}, found {name!r}")
 
 
 def lm_section(cfg: dict, name: str) -> dict:

@@ -42,11 +42,17 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads: int) -> list[str]:
-    """The fairseq-train command for config section 'lm' (pre-norm transformer_lm, plain softmax)."""
+def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads: int, init_from: str | Path | None = None,
+                  teacher: str | Path | None = None, soft_label_weight: float = 0.5) -> list[str]:
+    """The fairseq-train command for config section 'lm' (pre-norm transformer_lm, plain softmax).
+
+    init_from: a checkpoint of the same architecture to continue training from (--finetune-from-model: weights
+    loaded, optimizer, schedule and data order restarted, 'max_update' counts the updates from there; App. E.6.1).
+    teacher: a checkpoint over the same dictionary whose distribution is the soft label (knnlm.soft_labels, App. E.6.2)
+    with weight soft_label_weight."""
     d = lm["decoder_embed_dim"]
     cmd = [
-        sys.executable, "-m", "fairseq_cli.train", str(data_bin),
+        sys.executable, "-m", "knnlm.soft_labels" if teacher else "fairseq_cli.train", str(data_bin),
         "--task", "language_modeling", "--arch", "transformer_lm",
         "--decoder-normalize-before", "--share-decoder-input-output-embed",
         "--decoder-layers", str(lm["decoder_layers"]), "--decoder-embed-dim", str(d),
@@ -66,6 +72,11 @@ def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads:
         cmd.append("--cpu")
     if lm.get("validate_interval_updates"):
         cmd += ["--validate-interval-updates", str(lm["validate_interval_updates"])]
+    if init_from:
+        cmd += ["--finetune-from-model", str(Path(init_from).resolve())]
+    if teacher:
+        cmd += ["--criterion", "soft_label_cross_entropy", "--teacher-checkpoint", str(Path(teacher).resolve()),
+                "--soft-label-weight", str(soft_label_weight)]
     return cmd
 
 
@@ -112,7 +123,8 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
     'still_falling' is True when the last evaluation is the best so far and improved valid perplexity by at least
     `tolerance` (relative) over the one before it: more updates would very likely lower it further, so the LM is
     under-trained. Returns {'updates' (last logged update), 'max_update', 'evaluations', 'valid' [(update,
-    perplexity)], 'best_update', 'last_gain' (relative perplexity change of the last evaluation, negative = better;
+    perplexity)], 'best_update', 'train_loss_last' (the last logged training loss, bits per token; None without one),
+    'last_gain' (relative perplexity change of the last evaluation, negative = better;
     None with one evaluation), 'still_falling', 'converged': 'yes' | 'no (valid loss still falling)' | 'unknown (one
     evaluation)'}. Raises ValueError when the curve has no valid evaluation."""
     valid = sorted({u: loss for u, loss in curves.get("valid_loss", [])}.items())  # a resumed log repeats updates
@@ -124,7 +136,9 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
     gain = ppl[-1][1] / ppl[-2][1] - 1 if len(ppl) > 1 else None
     falling = gain is not None and best_update == ppl[-1][0] and gain <= -tolerance
     converged = ("unknown (one evaluation)" if gain is None else "no (valid loss still falling)" if falling else "yes")
+    train = curves.get("train_loss", [])
     return {"updates": int(updates), "max_update": int(max_update), "evaluations": len(ppl), "valid": ppl,
+            "train_loss_last": float(train[-1][1]) if train else None,
             "best_update": int(best_update), "last_gain": gain, "still_falling": bool(falling), "converged": converged,
             "tolerance": tolerance}
 
@@ -171,19 +185,28 @@ def fairseq_log_seconds(lines) -> tuple[float, float, int]:
 
 
 def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: str | Path, threads: int,
-          log_file: str | Path, on_log=None) -> dict[str, list[tuple[int, float]]]:
-    """Run fairseq-train; copy the best checkpoint (lowest valid loss) to out_checkpoint atomically.
+          log_file: str | Path, on_log=None, init_from: str | Path | None = None, teacher: str | Path | None = None,
+          soft_label_weight: float = 0.5, keep: str = "best") -> dict[str, list[tuple[int, float]]]:
+    """Run fairseq-train; copy the best checkpoint (lowest valid loss; keep='last': the last one, as an overfitted
+    LM of App. E.6.1 is taken where its training stopped) to out_checkpoint atomically.
 
     Resumable: fairseq restarts from checkpoint_last.pt if a previous run was killed. The fairseq save dir
-    is work_dir/<hash of the 'lm' config>, so a changed architecture never resumes from an incompatible
-    checkpoint. Returns the training curve (see parse_fairseq_json_log). Raises ArtifactError if no best
-    checkpoint was written. on_log(step, {name: value}) is called for every fairseq log record as it is printed
-    (live curves: knnlm.cli.Job.curve).
+    is work_dir/<hash of the 'lm' config, the init_from and teacher checkpoints' contents and the weight>, so a
+    changed architecture or starting point never resumes from an incompatible checkpoint. init_from, teacher,
+    soft_label_weight: see train_command. Returns the training curve (see parse_fairseq_json_log). Raises
+    ArtifactError if the checkpoint to keep was not written. on_log(step, {name: value}) is called for every fairseq
+    log record as it is printed (live curves: knnlm.cli.Job.curve).
     """
-    digest = hashlib.sha256(json.dumps(lm, sort_keys=True).encode()).hexdigest()[:12]
+    from .io import sha256_file
+
+    if keep not in ("best", "last"):
+        raise ValueError(f"keep must be 'best' or 'last', found {keep!r}")
+    ident = {"lm": lm, **({"init_from": sha256_file(init_from)} if init_from else {}),
+             **({"teacher": sha256_file(teacher), "soft_label_weight": soft_label_weight} if teacher else {})}
+    digest = hashlib.sha256(json.dumps(ident if len(ident) > 1 else lm, sort_keys=True).encode()).hexdigest()[:12]
     work_dir = Path(work_dir) / f"lm-{digest}"
     work_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(lm, data_bin, work_dir, threads)
+    cmd = train_command(lm, data_bin, work_dir, threads, init_from, teacher, soft_label_weight)
     log.info("running %s", " ".join(cmd))
     with open(log_file, "a") as lf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(threads))
@@ -198,7 +221,7 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
                         on_log(step, {name: value})
         if proc.wait() != 0:
             raise RuntimeError(f"fairseq-train failed with exit code {proc.returncode}; log: {log_file}")
-    best = work_dir / "checkpoint_best.pt"
+    best = work_dir / f"checkpoint_{keep}.pt"
     if not best.is_file():
         raise ArtifactError(f"fairseq-train finished without {best}")
     with atomic_path(out_checkpoint) as tmp:

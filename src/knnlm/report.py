@@ -65,7 +65,8 @@ STAGES = {
                                             "write_pca", "write_variance", "write_findings", "write_table4"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
     "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
-                                                         "write_interpolated_loss", "write_ensembling"],
+                                                         "write_interpolated_loss", "write_ensembling",
+                                                         "write_overfitting", "write_soft_labels"],
 }
 
 
@@ -97,7 +98,7 @@ def stage_shares(df: pd.DataFrame) -> pd.DataFrame:
 # Budgets: the paper's main tables on the primary LM (Tables 1-3, Figures 2-5, the parametric tables,
 # the findings) are timed against the run-time target; what goes beyond them is budgeted separately.
 MAIN_BUDGET = "main tables (primary LM)"
-EXTRA_BUDGETS = {"lm": "extra LMs (Table 4, App. A; App. E.5)", "pca": "PCA-reduced stores (He et al. 2021)",
+EXTRA_BUDGETS = {"lm": "extra LMs (Table 4, App. A; App. E.5, E.6.1, E.6.2)", "pca": "PCA-reduced stores (He et al. 2021)",
                  "variance": "our randomness (IVFPQ seeds, subset draws)"}
 
 
@@ -106,11 +107,11 @@ def budget_of(job: str, primary: str, lms: set[str]) -> str:
 
     job: a benchmark file stem '<rule>_<wildcards>' ('<rule>_<lm>_<store>_...' for per-store rules); primary: the
     LM the findings report is about; lms: every LM of the run (their train_lm/register_hf jobs). A job of another
-    LM, or Table 4 or App. E.5's Table 8 itself, is an extra LM's; a job of a PCA store ('pca<d>') or of the 'variance' table, an IVFPQ
+    LM, or Table 4, App. E.5's Table 8, E.6.1's Table 9 or E.6.2's table itself, is an extra LM's; a job of a PCA store ('pca<d>') or of the 'variance' table, an IVFPQ
     seed ('-ivf<k>') or a subset draw ('-draw<k>'; knnlm.stores) is an extra of its kind."""
     rule = rule_of(job)
     parts = job[len(rule) + 1:].split("_") if job.startswith(rule + "_") else []
-    if rule in ("write_table4", "write_ensembling") or (parts and parts[0] in lms - {primary}):
+    if rule in ("write_table4", "write_ensembling", "write_overfitting", "write_soft_labels") or (parts and parts[0] in lms - {primary}):
         return EXTRA_BUDGETS["lm"]
     if any(p.startswith("pca") for p in parts):
         return EXTRA_BUDGETS["pca"]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
-from knnlm.config import (ConfigError, check_data, data_inputs, interpolated_loss_variants, lm_section,
+from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
                           lm_tokens_per_sample, parametric_tables, parametric_variants, split_files, temperatures,
                           validate_config)
 from knnlm.paths import WILDCARDS, Layout
@@ -56,6 +56,11 @@ for _name in ENSEMBLE:
     if _name not in CFG["lms"] or _name == PRIMARY or SOURCE[_name] == "hf":
         raise ConfigError(f"config key 'hypotheses.ensemble_lms': expected names of config 'lms' other than the primary "
                           f"LM {PRIMARY!r} whose source is 'train' or 'fairseq' (this run's tokens), found {_name!r}")
+# App. E.6.1 / E.6.2 (extras): LMs trained from the primary LM (config 'lms.<name>.init_from' / 'teacher', validated
+# by knnlm.config), each alone and interpolated with it (rules/hypotheses.smk); they get no row of Table 4
+OVERFIT = CFG["hypotheses"]["overfit_lms"]
+SOFT_LABEL = CFG["hypotheses"]["soft_label_lms"]
+BASE_LMS = [n for n in LMS if not derived_lm(CFG, n)]  # Table 4's base LMs
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:
@@ -168,6 +173,38 @@ def hf_local_files(wc):
         if d.is_dir() else []
 
 
+def lm_sources(wc):
+    """Input function of train_lm: the checkpoints a derived LM is trained from ('init' for 'lms.<lm>.init_from',
+    'teacher' for 'lms.<lm>.teacher'); nothing for an LM trained from scratch on one-hot labels."""
+    lm = CFG["lms"][wc.lm]
+    return {**({"init": artifact("checkpoint", lm=lm["init_from"])} if lm["init_from"] else {}),
+            **({"teacher": lm_weights(lm["teacher"])} if lm["teacher"] else {})}
+
+
+def with_base_inputs(names):
+    """Named inputs of an App. E table of other LMs over the primary LM's tokens (E.5, E.6): every trained LM's
+    training.json, the base LM's and each of `names`' per-split log-probs and targets ('lm_<name>', 'targets_<name>'),
+    the kNN component of Table 1 (full store, Table 3's pair) and the documents."""
+    return dict(
+        lm_training=[artifact("lm_training", lm=n) for n in [PRIMARY] + names if SOURCE[n] == "train"],
+        lm_logprobs=per_split("lm_logprobs"),
+        targets=per_split("targets"),
+        **{f"lm_{n}": per_split("lm_logprobs", lm=n) for n in names},
+        **{f"targets_{n}": per_split("targets", lm=n) for n in names},
+        knn=per_split("knn_logprobs", store="full", **TABLE3_KEY),
+        documents=per_split("documents"),
+    )
+
+
+def train_options(name):
+    """{'train': {'checkpoint', 'soft_label_weight'}} of a 'train' LM that keeps its last checkpoint or has a teacher
+    (App. E.6), else {} (so an LM trained from scratch keeps the params, and the outputs, it always had)."""
+    lm = CFG["lms"][name]
+    if lm["checkpoint"] == "best" and not lm["teacher"]:
+        return {}
+    return {"train": {"checkpoint": lm["checkpoint"], "soft_label_weight": lm["soft_label_weight"]}}
+
+
 def lm_weights(name):
     """What holds base LM `name`'s weights: its checkpoint (trained, or config 'lms.<name>.path'), or the model
     card of a Hugging Face LM."""
@@ -189,8 +226,9 @@ def token_source(wc):
 
 
 def per_lm(name, **fixed):
-    """Pattern of artifact `name` for every base LM of the run, in config order."""
-    return [artifact(name, lm=lm, **fixed) for lm in LMS]
+    """Pattern of artifact `name` for every base LM of Table 4 (BASE_LMS: config 'lms' less the LMs trained from
+    another one), in config order."""
+    return [artifact(name, lm=lm, **fixed) for lm in BASE_LMS]
 
 
 def datastore(key=None, lm="{lm}"):

@@ -27,6 +27,8 @@ rule write_findings:
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)
         interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS else [],
         ensembling=artifact("table", table="ensembling_comparisons", ext="csv") if ENSEMBLE else [],  # App. E.5
+        overfitting=artifact("table", table="overfitting_comparisons", ext="csv") if OVERFIT else [],  # App. E.6.1
+        soft_labels=artifact("table", table="soft_labels_comparisons", ext="csv") if SOFT_LABEL else [],  # App. E.6.2
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),

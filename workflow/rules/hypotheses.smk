@@ -77,13 +77,7 @@ if ILOSS:
 # kNN component of Table 1 (full store, Table 3's key type and metric).
 rule write_ensembling:
     input:
-        lm_training=[artifact("lm_training", lm=n) for n in [PRIMARY] + ENSEMBLE if SOURCE[n] == "train"],
-        lm_logprobs=per_split("lm_logprobs"),
-        targets=per_split("targets"),
-        **{f"lm_{n}": per_split("lm_logprobs", lm=n) for n in ENSEMBLE},
-        **{f"targets_{n}": per_split("targets", lm=n) for n in ENSEMBLE},
-        knn=per_split("knn_logprobs", store="full", **TABLE3_KEY),
-        documents=per_split("documents"),
+        **with_base_inputs(ENSEMBLE),
     output:
         csv=artifact("table", table="table8", ext="csv"),
         md=report(artifact("table", table="table8", ext="md"), caption=report_caption("hypotheses"), category="App. E"),
@@ -107,3 +101,58 @@ rule write_ensembling:
 
 if ENSEMBLE:
     TARGETS["ensembling"] = tables("table8")
+
+
+
+# E.6.1 and E.6.2 (extras, like Table 4): LMs trained from the primary LM, each interpolated with it, against the kNN-LM
+# of Table 1 (full store, Table 3's pair): 'hypotheses.overfit_lms' trained it further to overfit (Table 9);
+# 'hypotheses.soft_label_lms' are fresh LMs on its soft labels, next to the one-hot LMs of 'hypotheses.ensemble_lms'.
+rule write_overfitting:
+    input:
+        **with_base_inputs(OVERFIT),
+    output:
+        csv=artifact("table", table="table9", ext="csv"),
+        md=report(artifact("table", table="table9", ext="md"), caption=report_caption("hypotheses"), category="App. E"),
+        cmp_csv=artifact("table", table="overfitting_comparisons", ext="csv"),
+    wildcard_constraints:
+        lm=lm_constraint([PRIMARY]),
+    params:
+        cfg=cfg_with_keys("hypotheses", ("overfit_lms",), "knn", "stats", "profile"),
+        io=io(),
+    log:
+        log_of("write_overfitting", "lm"),
+    benchmark:
+        bench_of("write_overfitting", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("hypotheses.overfitting")
+
+
+rule write_soft_labels:
+    input:
+        **with_base_inputs(SOFT_LABEL + ENSEMBLE),
+    output:
+        csv=artifact("table", table="soft_labels", ext="csv"),
+        md=report(artifact("table", table="soft_labels", ext="md"), caption=report_caption("hypotheses"),
+                  category="App. E"),
+        cmp_csv=artifact("table", table="soft_labels_comparisons", ext="csv"),
+    wildcard_constraints:
+        lm=lm_constraint([PRIMARY]),
+    params:
+        cfg=cfg_with_keys("hypotheses", ("soft_label_lms",), "lms", "knn", "stats", "profile"),
+        io=io(),
+    log:
+        log_of("write_soft_labels", "lm"),
+    benchmark:
+        bench_of("write_soft_labels", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("hypotheses.soft_labels")
+
+
+if OVERFIT:
+    TARGETS["overfitting"] = tables("table9")
+if SOFT_LABEL:
+    TARGETS["soft_labels"] = tables("soft_labels")

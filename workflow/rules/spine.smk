@@ -128,6 +128,7 @@ rule documents:
 
 rule train_lm:
     input:
+        unpack(lm_sources),  # App. E.6: the checkpoint an LM continues ('init') or learns soft labels from ('teacher')
         data_bin=artifact("data_bin"),
     output:
         checkpoint=artifact("checkpoint"),
@@ -135,7 +136,7 @@ rule train_lm:
     wildcard_constraints:
         lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
     params:
-        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm)),
+        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
         io=io(work_dir=artifact("fairseq_dir"), fairseq_log=artifact("log", job="train_lm_{lm}.fairseq")),
     threads: THREADS
     resources:

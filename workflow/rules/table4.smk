@@ -7,8 +7,8 @@ T4_SCORE = dict(store="full", key=T4["key_type"], metric=T4["metric"])
 
 rule write_table4:
     input:
-        lm_training=[artifact("lm_training", lm=n) for n in LMS if SOURCE[n] == "train"],  # each LM's convergence
-        models=[lm_weights(lm) for lm in LMS],
+        lm_training=[artifact("lm_training", lm=n) for n in BASE_LMS if SOURCE[n] == "train"],  # each LM's convergence
+        models=[lm_weights(lm) for lm in BASE_LMS],
         scores=per_lm("score", **T4_SCORE),
         **{f"knn_{s}": per_lm("knn_logprobs", split=s, **T4_SCORE) for s in EVAL_SPLITS},
         **{f"tuned_{s}": per_lm("knn_logprobs_tuned", split=s, **T4_SCORE) for s in EVAL_SPLITS},

@@ -23,9 +23,10 @@ trained again on the subset the others saw when it trained on all rows).
 App. D's slopes over word types and E.3's correlations are statistics, not relative differences: their rows give the
 value in its unit with its CI (delete-one-document jackknife, docs/statistics.md); "no correlation" is tested as
 an equivalence (the CI inside a stated margin of r). E.4's count of un-argmaxable words is a property of W_sm, exact
-rather than estimated. E.5 (ensembling) is tested when config 'hypotheses.ensemble_lms' names other LMs of the run
-(then the findings wait for them); E.6.1 (overfitting) and E.6.2 (soft labels) need LMs this pipeline does not train
-yet and are listed as 'not run'.
+rather than estimated. E.5 (ensembling), E.6.1 (overfitting) and E.6.2 (soft labels) are tested when config
+'hypotheses.ensemble_lms', 'overfit_lms' and 'soft_label_lms' name LMs of the run (then the findings wait for them),
+else listed as 'not run'. An overfitted LM is compared as trained: how far it overfitted (its last training
+perplexity) is in Table 9.
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
@@ -191,10 +192,19 @@ CLAIMS = [
     _claim("Sec. 6, E.5", "the base LM ensembled with another LM vs the kNN-LM (reported: Table 8, where the paper's "
            "second LM beats the kNN-LM)", "ensembling", r"base \+ \S+ vs kNN-LM", regex=True, reported=True,
            kind="ours", paper_text="Table 8: 18.941 vs 19.095"),
-    _claim("Sec. 6, E.6.1", "an LM overfitted to the training set does not help when interpolated", "overfitting",
-           "overfitted LM interpolated vs base", within=MARGIN),
-    _claim("Sec. 6, E.6.2", "an LM distilled from the base LM's soft labels does not help when interpolated",
-           "soft_labels", "soft-label LM interpolated vs base", within=MARGIN),
+    _claim("Sec. 6, E.6.1", f"an LM overfitted to the training set helps little when interpolated with the base LM "
+           f"(gain under {100 * MARGIN:.0f} %)", "overfitting", r"base \+ \S+ vs base alone", regex=True,
+           within=MARGIN, paper_text="Table 9: 21.732 / 21.733 vs 21.750"),
+    _claim("Sec. 6, E.6.1", "the kNN-LM beats the base LM interpolated with an overfitted LM", "overfitting",
+           r"base \+ \S+ vs kNN-LM", regex=True, sign=+1, paper_text="Table 9: 21.732 vs 19.174"),
+    _claim("Sec. 6, E.6.2", f"an LM trained on the base LM's soft labels helps little when interpolated with it (gain "
+           f"under {100 * MARGIN:.0f} %)", "soft_labels", r"base \+ \S+ vs base alone", regex=True, within=MARGIN,
+           paper_text="does not help at all"),
+    _claim("Sec. 6, E.6.2", "the kNN-LM beats the base LM interpolated with a soft-label LM", "soft_labels",
+           r"base \+ \S+ vs kNN-LM", regex=True, sign=+1, paper_text="not stated"),
+    _claim("Sec. 6, E.6.2", "a soft-label LM vs an LM trained on one-hot labels, each interpolated with the base LM "
+           "(reported: soft labels without the kNN's guidance)", "soft_labels", r"base \+ \S+ vs base \+ \S+ \(one-hot\)",
+           regex=True, reported=True, kind="ours", paper_text="not stated"),
     _claim("Sec. 6, E.6.3", f"training W_ds on the interpolated loss (Eq. 12) does not beat the plain loss (gain under "
            f"{100 * MARGIN:.0f} %)", "interpolated_loss", r"W_ds interpolated loss (\S+) vs W_ds \1", regex=True,
            within=MARGIN, paper_text="no gain"),
@@ -246,7 +256,8 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{every}" if len(t3) else "")}
-    for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling"):  # App. D, E (comparisons CSVs)
+    for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
+                 "soft_labels"):  # App. D, E (comparisons CSVs)
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")
     if job.input.get("table3_settings"):  # the Table 3 store's settings: the gain of tuning τ, setting vs setting

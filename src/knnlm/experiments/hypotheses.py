@@ -299,6 +299,145 @@ def interpolated_loss(job: Job) -> dict:
             "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}
 
 
+def _other_lms(job: Job) -> list[str]:
+    """The names of the LMs other than the base LM among the job's inputs ('lm_<name>'), in input order."""
+    return [k[len("lm_"):] for k in job.input if k.startswith("lm_") and k not in ("lm_logprobs", "lm_training")]
+
+
+def _load_lms(job: Job, others: list[str], key: str) -> tuple[dict, dict, dict, dict]:
+    """(lp {'base' and each of `others`: {split: [T] float64 log p(target)}}, docs, words (as _base_lm), knn {split:
+    [T] float64 log p_kNN}) from inputs 'lm_logprobs', 'targets', 'lm_<name>', 'targets_<name>', 'knn', 'documents'.
+    Raises ArtifactError when an LM's targets differ from the base LM's (another tokenisation; `key` is the config
+    key that named the LM)."""
+    lp_base, docs, words = _base_lm(job)
+    lp = {"base": lp_base}
+    tg = {s: np.load(p) for s, p in by_split(job, "targets").items()}
+    for n in others:
+        lp[n] = {s: np.load(p).astype(np.float64) for s, p in by_split(job, f"lm_{n}").items()}
+        for s, p in by_split(job, f"targets_{n}").items():
+            if not np.array_equal(np.load(p), tg[s]):
+                raise ArtifactError(f"{p}: LM {n!r} scores other tokens than the base LM on {s} (another tokenisation "
+                                    f"or data); config key '{key}' needs LMs over this run's tokens")
+    knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn").items()}
+    return lp, docs, words, knn
+
+
+def _trainings(job: Job) -> dict[str, dict]:
+    """{LM name: its training.json (knnlm.lm.convergence)} of the job's input 'lm_training' files (lms/<name>/)."""
+    files = job.paths("lm_training") if job.input.get("lm_training") else []
+    return {p.parent.name: read_json(p) for p in files}
+
+
+def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str) -> dict:
+    """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
+    interpolated with the base LM (weights tuned on valid by EM, knnlm.analysis.mixture_weights), with its oracle
+    (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1, tuned
+    the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv' (comparisons
+    'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and reference
+    'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over documents. Raises ArtifactError as _load_lms (config key `key`)."""
+    from ..analysis import mixture_log_prob, mixture_weights
+    from ..scoring import oracle_log_prob, summarize
+
+    st = options(job.cfg["stats"])
+    lp, docs, words, knn = _load_lms(job, members + refs, key)
+    lp["kNN"] = knn
+    trained = _trainings(job)
+    mixes = {}  # name -> ({split: log p}, weights, members)
+    label = {**{n: n for n in members}, **{r: f"{r} (one-hot)" for r in refs}}
+
+    def mix(name, comps):
+        per = {s: [lp[m][s] for m in comps] for s in SPLITS}
+        w = mixture_weights(per["valid"])
+        mixes[name] = ({s: mixture_log_prob(per[s], w) for s in SPLITS}, w, comps)
+
+    mix("base alone", ["base"])
+    mix("kNN-LM", ["base", "kNN"])
+    for n in members + refs:
+        mix(f"{label[n]} alone", [n])
+        mix(f"base + {label[n]}", ["base", n])
+    names = list(mixes)
+    pairs = [("kNN-LM", "base alone")] + [(f"base + {label[n]}", "base alone") for n in members + refs]
+    pairs += [(f"base + {label[n]}", "kNN-LM") for n in members + refs]
+    pairs += [(f"base + {m}", f"base + {label[r]}") for m in members for r in refs]
+    ci, rows, cmp_rows = {}, [], []
+    for split in SPLITS:
+        doc, doc_words = docs[split]
+        ci[split] = compare(per_document(-np.stack([mixes[n][0][split] for n in names]), doc, len(doc_words)),
+                            doc_words, names, pairs, st)
+        cmp_rows += comparison_rows(ci[split], split=split)
+    for split in ("test", "valid"):
+        c = ci[split]
+        for n in names:
+            lps, w, comps = mixes[n]
+            lm = comps[-1]
+            t = trained.get(lm, {})
+            rows.append({"split": split, "model": n, "components": " + ".join(comps),
+                         "weights (valid)": " / ".join(f"{x:.2f}" for x in w),
+                         "updates": t.get("updates", "-") if lm not in ("base", "kNN") else "-",
+                         "train PPL (token, last logged)": (round(2.0 ** t["train_loss_last"], 3)
+                                                            if t.get("train_loss_last") is not None else "-"),
+                         "PPL (word)": summarize(lps[split], words[split])["ppl_word"],
+                         "oracle PPL (word)": (summarize(oracle_log_prob(lp["base"][split], lp[lm][split]),
+                                                         words[split])["ppl_word"] if len(comps) == 2 else None),
+                         "95% CI (word)": fmt_ci(c["ppl"][n]),
+                         "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base alone"], pct=True)
+                         if f"{n} vs base alone" in c["diff"] else "-",
+                         "vs kNN-LM (95% CI)": fmt_ci(c["diff"][f"{n} vs kNN-LM"], pct=True)
+                         if f"{n} vs kNN-LM" in c["diff"] else "-",
+                         "documents": str(c["documents"])})
+    cap = f"{cap} {ci_caption(st, documents_label(job))}. {job.cfg.get('profile', {}).get('caption', '')}"
+    write_table(pd.DataFrame(rows), job.path("csv"), job.path("md"), title, cap, note=lm_training_label(job))
+    write_csv(pd.DataFrame(cmp_rows), job.path("cmp_csv"))
+    return {"metrics": {f"test_ppl_{n.replace(' ', '_').replace('+', 'plus')}": summarize(mixes[n][0]["test"],
+                                                                                        words["test"])["ppl_word"]
+                        for n in names},
+            "artifacts": [str(job.path(n)) for n in ("csv", "md", "cmp_csv")]}
+
+
+def overfitting(job: Job) -> dict:
+    """E.6.1 (Xu et al. 2023, App. E.6.1, Table 9): is the kNN-LM a memory of the training set that an overfitted LM
+    would give too? The LMs of config 'hypotheses.overfit_lms' continue training the base LM ('lms.<name>.init_from',
+    typically dropout 0 and the last checkpoint, chained entries as checkpoints along the way); each alone,
+    interpolated with the base LM and its oracle, against the kNN-LM (Table 1's kNN component: full store, Table 3's
+    key type and metric, config τ). Inputs as ensembling, plus each LM's 'lm_training' (updates and last training
+    perplexity, how far the overfitting went)."""
+    cfg = job.cfg
+    members = list(cfg["hypotheses"]["overfit_lms"])
+    trained = _trainings(job)
+    reach = "; ".join(f"{n}: {trained[n]['updates']:,} updates, last training perplexity "
+                      f"{2.0 ** trained[n]['train_loss_last']:.2f}" for n in members
+                      if n in trained and trained[n].get("train_loss_last") is not None)
+    cap = (f"Is the kNN-LM just memorisation? ({cfg['name']}; Xu et al. 2023, App. E.6.1, Table 9): the base LM trained "
+           f"further on the training set to overfit it ({', '.join(members)}: config 'hypotheses.overfit_lms', entries of "
+           f"'lms' with 'init_from'; {reach or 'training not recorded'}; 'train PPL' is fairseq's last logged training "
+           f"perplexity per token, which the paper drives near 1), each alone, interpolated with the base LM and its "
+           f"oracle (per token the better of the two), against the kNN-LM (base LM + the kNN component of Table 1, "
+           f"full store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM. The paper: "
+           f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2).")
+    return _with_base(job, members, [], "hypotheses.overfit_lms", "Table 9: overfitted LMs vs the kNN-LM", cap)
+
+
+def soft_labels(job: Job) -> dict:
+    """E.6.2 (Xu et al. 2023, App. E.6.2): is the kNN-LM's gain the soft labels of a distillation? The LMs of config
+    'hypotheses.soft_label_lms' are fresh LMs trained on the base LM's distribution mixed with the one-hot label
+    ('lms.<name>.teacher', knnlm.soft_labels); each alone and interpolated with the base LM, against the kNN-LM and
+    against the LMs of 'hypotheses.ensemble_lms' (trained on one-hot labels: the same second-LM ensemble without soft
+    labels). Inputs as ensembling, 'lm_<name>' for both kinds."""
+    cfg, hyp = job.cfg, job.cfg["hypotheses"]
+    members = list(hyp["soft_label_lms"])
+    refs = [n for n in _other_lms(job) if n not in members]
+    weights = ", ".join(f"{n}: w = {cfg['lms'][n]['soft_label_weight']:g}" for n in members)
+    cap = (f"Are soft labels the key? ({cfg['name']}; Xu et al. 2023, App. E.6.2): fresh LMs trained on the label "
+           f"(1 − w)·one-hot + w·p_base (the base LM's distribution; {weights}: config 'hypotheses.soft_label_lms', "
+           f"entries of 'lms' with 'teacher'), each alone and interpolated with the base LM"
+           + (f", against LMs trained on one-hot labels ({', '.join(refs)}: 'hypotheses.ensemble_lms')" if refs else "")
+           + f" and against the kNN-LM (base LM + the kNN component of Table 1, full store, τ = "
+           f"{cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM; 'oracle' = per token the better "
+           f"of the base LM and the other component. The paper: soft labels from the base LM do not help the "
+           f"interpolated perplexity at all (no numbers given).")
+    return _with_base(job, members, refs, "hypotheses.soft_label_lms", "App. E.6.2: soft-label LMs vs the kNN-LM", cap)
+
+
 def ensembling(job: Job) -> dict:
     """E.5 (Xu et al. 2023, App. E.5, Table 8, Figure 8): is the kNN-LM just an ensemble? Other LMs of config
     'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
@@ -312,17 +451,8 @@ def ensembling(job: Job) -> dict:
     from ..scoring import oracle_log_prob, summarize
 
     cfg, st = job.cfg, options(job.cfg["stats"])
-    others = [k[len("lm_"):] for k in job.input if k.startswith("lm_") and k != "lm_logprobs" and k != "lm_training"]
-    lp_base, docs, words = _base_lm(job)
-    lp = {"base": lp_base}
-    tg = {s: np.load(p) for s, p in by_split(job, "targets").items()}
-    for n in others:
-        lp[n] = {s: np.load(p).astype(np.float64) for s, p in by_split(job, f"lm_{n}").items()}
-        for s, p in by_split(job, f"targets_{n}").items():
-            if not np.array_equal(np.load(p), tg[s]):
-                raise ArtifactError(f"{p}: LM {n!r} scores other tokens than the base LM on {s} (another tokenisation "
-                                    f"or data); config key 'hypotheses.ensemble_lms' needs LMs over this run's tokens")
-    knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn").items()}
+    others = _other_lms(job)
+    lp, docs, words, knn = _load_lms(job, others, "hypotheses.ensemble_lms")
     lms = ["base"] + others
     mixes = {}  # name -> ({split: log p}, weights, members)
 

@@ -56,12 +56,18 @@ def preprocess(job: Job) -> dict:
 
 
 def train_lm(job: Job) -> dict:
-    """fairseq-train of the base LM (resumable from its work dir); the valid curve is logged per update."""
+    """fairseq-train of a base LM (resumable from its work dir); the valid curve is logged per update. Inputs 'init'
+    (continue that checkpoint, App. E.6.1) and 'teacher' (soft labels, App. E.6.2) when the 'lms' entry names them;
+    cfg 'train': {'checkpoint': 'best' | 'last', 'soft_label_weight'}."""
     from ..io import write_json
     from ..lm import convergence, train
 
+    opts = job.cfg.get("train", {})
     curves = train(job.cfg["lm"], job.path("data_bin"), job.extra["work_dir"], job.path("checkpoint"), job.threads,
-                   job.extra["fairseq_log"], on_log=job.curve)
+                   job.extra["fairseq_log"], on_log=job.curve,
+                   init_from=job.path("init") if "init" in job.input else None,
+                   teacher=job.path("teacher") if "teacher" in job.input else None,
+                   soft_label_weight=opts.get("soft_label_weight", 0.5), keep=opts.get("checkpoint", "best"))
     best = min(curves.get("valid_loss", [(0, float("nan"))]), key=lambda x: x[1])
     training = convergence(curves, job.cfg["lm"]["max_update"])
     write_json(job.path("training"), training)

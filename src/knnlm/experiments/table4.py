@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import Job
+from ..config import derived_lm
 from ..io import read_json
 from ..results import METRIC_NAME
 from ..scoring import interpolate
@@ -72,7 +73,7 @@ def table4(job: Job) -> dict:
     from ..tables import write_table
 
     cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
-    names = list(cfg["lms"])
+    names = [n for n in cfg["lms"] if not derived_lm(cfg, n)]  # the LMs trained from another one are App. E.6's
     scores = [read_json(p) for p in job.paths("scores")]
     summaries = [lm_summary(p) for p in job.paths("models")]
     rows, m, cross = [], {}, []
