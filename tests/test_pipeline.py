@@ -97,9 +97,7 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 3 for App. E.6.3: W_ds on the interpolated loss (iloss25 att and ffn) and its table
     # + 14 for App. E.5: the tiny LM with another seed (training, 3 dumps, 2 token lines, 2 documents; its Table 4
     #   store, index, 2 searches, score) and Table 8
-    # + 28 for the real mask in 2 shards (retrieval.exact_shards): each of the 10 exact searches becomes 2 shard jobs
-    #   and a merge (+20), the 2 nested scans 3 shard jobs each (r0.2's segment, 2 of the rest) and 4 merges (+8)
-    assert jobs == 172
+    assert jobs == 144
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -302,39 +300,37 @@ def test_table3_exact_neighbours_are_closest(tiny_run):
             assert (exact[:, 0] >= real.max(axis=1) - 1e-3).all()
 
 
-def test_sharded_real_mask_equals_one_scan(tiny_run):
-    """The tiny config cuts each exact search into 2 shards (retrieval.exact_shards) and merges them: the merged real
-    mask of the full store (rule exact_merge) and of the 20 % store (the nested scan's shards, exact_merge_nested)
-    equal one unsharded scan over the store's keys for the same queries, and each merged meta lists its shards,
-    whose spans cover the store's keys."""
-    from knnlm.exact import exact_topk
-    from knnlm.stores import nested_scan
+def test_sharded_real_mask_equals_one_scan(tiny_run, tmp_path):
+    """The tiny run's real masks again in 2 shards (retrieval.exact_shards: 2), through the DAG's own rules on a copy
+    of its datastore, queries and stores: the full store's IP search (exact_search shards + exact_merge) and the
+    nested scan's 20 % and full L2 stores (exact_search_nested shards + exact_merge_nested) equal the run's one-scan
+    real masks bit for bit (ids up to which of the keys tied at the k-th distance is kept); each merged meta lists
+    shards whose spans cover the store's keys; the shards' files are gone once merged (temp)."""
+    import shutil
 
-    assert TINY["retrieval"]["exact_shards"] == 2
-    man = read_json(art(tiny_run, "datastore_manifest"))
-    keys = np.load(art(tiny_run, "keys", key="ffn"), mmap_mode="r")
-    r, k = TINY["retrieval"], TINY["knn"]["k"]
-    for store, metric in (("full", "ip"), ("r0.2", "l2"), ("full", "l2")):
-        where = {"store": store, "key": "ffn", "metric": metric, "split": "valid"}
-        meta = read_json(art(tiny_run, "exact_meta", **where))
-        rows = None if store == "full" else np.load(art(tiny_run, "store_prep", store=store, key="ffn") / "rows.npy")
-        size = man["N"] if rows is None else len(rows)
-        spans = [s["span"] for s in meta["shards"]]
-        assert len(spans) >= 1 and sum(b - a for a, b in spans) == size, spans
-        if store == "full":
-            assert len(spans) >= 2 and all(b > a for a, b in spans)  # 46k keys in 32k-key chunks: 2 real shards
-        q = np.load(art(tiny_run, "queries", key="ffn", split="valid"), mmap_mode="r")
-        sc = np.load(art(tiny_run, "scope", split="valid"))
-        scan, stops = None, None  # L2 of the datastore sizes: one nested scan (its key chunks, so the same sums)
-        if metric == "l2":
-            scan, stops = nested_scan(man["N"], TINY["datastore_size"]["ratios"], TINY["datastore_size"]["seed"])
-        want = exact_topk(keys, np.asarray(q[sc], np.float32), k, metric, r["exact_key_chunk"], r["exact_query_chunk"],
-                          rows=scan, stops=stops, progress=False)
-        want_i, want_d = want if stops is None else want[stops.index(size)]
-        got_i, got_d = np.load(art(tiny_run, "exact_ids", **where)), np.load(art(tiny_run, "exact_dists", **where))
+    root = tmp_path / "results" / "tiny"
+    for part in ("lms/base/datastore", "lms/base/queries", "lms/base/stores/full/prep_ffn", "lms/base/stores/r0.2/prep_ffn"):
+        shutil.copytree(tiny_run["root"] / part, root / part, symlinks=True)
+    overlay = tmp_path / "sharded.yaml"
+    overlay.write_text("retrieval: {exact_shards: 2}\n")
+    wheres = [{"store": s, "key": "ffn", "metric": m, "split": "valid"} for s, m in (("full", "ip"), ("r0.2", "l2"),
+                                                                                    ("full", "l2"))]
+    targets = [str(root / Path(art(tiny_run, "exact_ids", **w)).relative_to(tiny_run["root"])) for w in wheres]
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/local", "--configfile",
+                        *tiny_run["configfiles"], str(overlay), "--config", f"results_dir={tmp_path / 'results'}",
+                        "--cores", "2", *targets, "--allowed-rules", "exact_search", "exact_merge",
+                        "exact_search_nested", "exact_merge_nested"], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    for w, target in zip(wheres, targets):
+        got_i, got_d = np.load(target), np.load(target.replace("_ids.npy", "_dists.npy"))
+        want_i, want_d = np.load(art(tiny_run, "exact_ids", **w)), np.load(art(tiny_run, "exact_dists", **w))
         np.testing.assert_array_equal(got_d, want_d)
-        tied = want_d == want_d[:, -1:]  # which of the keys tied at the k-th distance is kept may differ
+        tied = want_d == want_d[:, -1:]
         np.testing.assert_array_equal(got_i[~tied], want_i[~tied])
+        meta = read_json(target.replace("_ids.npy", ".json"))
+        spans = [s["span"] for s in meta["shards"]]
+        assert len(spans) >= 2 if w["store"] == "full" else len(spans) >= 1
+    assert not list(root.rglob("shards/*")) and not list((root / "lms/base/nested_scan").glob("*"))
 
 
 def test_datastore_subset_searches_only_its_rows(tiny_run):

@@ -75,12 +75,10 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
         src, dst = tiny_run["root"] / part, results / "tiny" / part
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
-    unsharded = tmp_path / "unsharded.yaml"  # one exact search per split: its tables must equal the sharded local run's
-    unsharded.write_text("retrieval: {exact_shards: 1}\n")
     before = {j["JobId"] for j in _jobs_of(PROJECT_ROOT)}
     # the profile as users get it; on this 2-core machine: rules' own threads (2) instead of the cluster's
     # set-threads, 2 jobs at a time, no account, and job status from squeue (no slurmdbd here)
-    cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", tiny_run["data_overlay"], str(unsharded),
+    cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", tiny_run["data_overlay"],
                        "--config", f"results_dir={results}", "--jobs", "2", "--set-threads", "bpe=2", "--slurm-no-account",
                        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
                        "--latency-wait", "10", "table1",
@@ -112,8 +110,7 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     assert {"dump_datastore", "dump_queries", "exact_search", "real_score", "train_parametric"} <= set(rules)
     # the grouped small jobs run several Snakemake jobs per SLURM job: SLURM jobs <= Snakemake jobs
     assert len(jobs) <= len(benchmarks)
-    # the tables equal the local run's (same LM; there the real mask came from 2 shards and a merge, here from one
-    # scan: knnlm.exact.merge_topk is exact)
+    # the tables equal the local run's (same LM)
     ours, ref = results / "tiny" / "lms" / "base" / "tables", tiny_run["root"] / "lms" / "base" / "tables"
     names = sorted(p.name for p in ours.glob("*.csv"))
     assert {"table1.csv", "table3.csv"} <= set(names) <= {p.name for p in ref.glob("*.csv")}

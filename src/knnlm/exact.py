@@ -298,8 +298,8 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     out: one (ids [T, k] integer, dists [T, k] float32) pair per stop to fill instead of new arrays, e.g. writable
     memmaps of the outputs (then the results are never whole in RAM); returned as above.
     span: (start, stop) positions of the scan (of all keys, or of rows) to search, one shard of it
-    (knnlm.stores.shard_spans, nested_shards): the top-k of those keys, ids still datastore row ids; k ≤ stop − start. With
-    stops, they count from start. merge_topk combines the shards' results into the exact top-k of all of them.
+    (knnlm.stores.shard_spans, nested_shards): the top-k of those keys, ids still datastore row ids;
+    k ≤ stop − start. With stops, they count from start. merge_topk combines the shards' results into the exact top-k of all of them.
     """
     if metric not in ("l2", "ip"):
         raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")

@@ -173,9 +173,9 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
 
 
 def _write_exact_meta(path, shape: tuple[int, int], n: int, secs: float, flop: float, man: dict, **extra) -> dict:
-    """Write the meta of an exact search (queries T and k of `shape`, keys N = `n`, its seconds and GFLOP/s, the
+    """Write the meta of an exact search (queries T and k of `shape`, keys N = `n`, its seconds, flops and GFLOP/s, the
     datastore's checkpoint) to `path`; the meta."""
-    meta = {"T": int(shape[0]), "k": int(shape[1]), "N": n, "seconds": secs, "gflops": flop / secs / 1e9,
+    meta = {"T": int(shape[0]), "k": int(shape[1]), "N": n, "seconds": secs, "flop": flop, "gflops": flop / secs / 1e9,
             "checkpoint_sha256": man["checkpoint_sha256"], **extra}
     write_json(path, meta)
     return meta
@@ -288,8 +288,8 @@ def exact_search_nested(job: Job) -> dict:
 
 
 def exact_merge(job: Job) -> dict:
-    """The store's exact top-k (the real mask) from the top-k of its shards (inputs 'shard_ids', 'shard_dists', 'shard_meta': lists,
-    one per shard of config 'retrieval.exact_shards', from exact_search or exact_search_nested) by
+    """The store's exact top-k (the real mask) from the top-k of its shards (inputs 'shard_ids', 'shard_dists',
+    'shard_meta': lists, one per shard of config 'retrieval.exact_shards', from exact_search or exact_search_nested) by
     knnlm.exact.merge_topk: the same ids and distances as one scan. The meta adds up the shards' scan time and lists
     each shard's span and seconds. Raises ArtifactError when the shards disagree on queries, keys or checkpoint."""
     from ..exact import merge_topk
@@ -311,7 +311,7 @@ def exact_merge(job: Job) -> dict:
         merge_topk(parts, k, metric, (ids, d))
     merge_secs = time.time() - t0
     secs = sum(m["seconds"] for m in metas)
-    flop = sum(m["gflops"] * m["seconds"] * 1e9 for m in metas)
+    flop = sum(m["flop"] for m in metas)
     extra = {}
     if "nested_scan" in metas[0]:
         stops = metas[0]["nested_scan"]["stops"]
