@@ -4,8 +4,6 @@
 Run as `python -m knnlm.soft_labels <fairseq-train arguments> --criterion soft_label_cross_entropy
 --teacher-checkpoint T --soft-label-weight w` (knnlm.lm.train_command builds it for an 'lms' entry with a 'teacher').
 """
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass, field
 
