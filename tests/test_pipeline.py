@@ -97,7 +97,9 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 3 for App. E.6.3: W_ds on the interpolated loss (iloss25 att and ffn) and its table
     # + 14 for App. E.5: the tiny LM with another seed (training, 3 dumps, 2 token lines, 2 documents; its Table 4
     #   store, index, 2 searches, score) and Table 8
-    assert jobs == 144
+    # + 8 for App. E.6.1 and E.6.2: the base LM continued without dropout and an LM trained on its soft labels
+    #   (2 trainings, each LM's valid and test dumps), Table 9 and the soft-label table
+    assert jobs == 152
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -566,16 +568,17 @@ def test_findings_report(tiny_run):
     # R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 49 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 52 and len(family) == 2 * 9 and len(equal_rows) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (paper's and ours) and E.2's
     # retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k, two per E.3
     # claim (the base LM's NLL and the kNN-LM's gain), two for E.6.3 (att, ffn): 10 more rows than claims; E.5 has
-    # one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1 and E.6.2 are 'not run'
+    # one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1 and E.6.2 one per claim (one overfitted LM, one
+    # soft-label LM)
     assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 10
-    assert sum("| the paper's " in r for r in rows) == 33 + 22 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 3
+    assert sum("| the paper's " in r for r in rows) == 33 + 24 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 4
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 2 and sum(bool(m) for m in on) == 9 + 6 + 2
+    assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 9 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
     assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 9
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
@@ -584,8 +587,8 @@ def test_findings_report(tiny_run):
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
                if "not run" not in r)
     # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twin vs base, E.5's base +
-    # another LM vs the kNN-LM: numbers only
-    assert sum("| reported " in r for r in rows) == 3 + 2 + 1
+    # another LM vs the kNN-LM, E.6.2's soft vs one-hot labels: numbers only
+    assert sum("| reported " in r for r in rows) == 3 + 2 + 1 + 1
     # App. D's slopes and E.3's correlations say what they rest on; E.4 is a property of W_sm
     assert all(re.search(r"\| ffn/L2, store full-alltokens, all tokens +\| +\d+ ", r) for r in rows if "App. D" in r)
     assert all("| the output matrix W_sm " in r for r in rows if "E.4" in r)
@@ -715,7 +718,7 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
     base_ckpt = art(tiny_run, "checkpoint", lm="base")
     assert f"loading pretrained model from {Path(base_ckpt).resolve()}" in log
     ckpt = torch.load(art(tiny_run, "checkpoint", lm=TINY_OVERFIT), map_location="cpu", weights_only=False)
-    assert ckpt["cfg"]["model"].dropout == 0.0 and ckpt["optimizer_history"][-1]["num_updates"] == 20
+    assert ckpt["cfg"]["model"]["dropout"] == 0.0 and ckpt["optimizer_history"][-1]["num_updates"] == 20
     soft_log = (Path(tiny_run["root"]) / "logs" / f"train_lm_{TINY_SOFT}.fairseq.log").read_text()
     assert "soft_label_cross_entropy" in soft_log and '"objective"' in soft_log
     words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]
@@ -734,6 +737,8 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
             summarize(lp[other]["test"], words)["ppl_word"], rel=1e-4)
     t9 = pd.read_csv(art(tiny_run, "table", table="table9", ext="csv")).set_index(["split", "model"])
     assert int(t9.loc[("test", f"{TINY_OVERFIT} alone"), "updates"]) == 20
+    assert float(t9.loc[("test", f"{TINY_OVERFIT} alone"), "train PPL (token, last logged)"]) > 1  # the epoch's average
+    assert f"LM {TINY_OVERFIT}: 20 of 20 updates" in art(tiny_run, "table", table="table9", ext="md").read_text()
     findings = art(tiny_run, "findings").read_text()
     e6 = [r for r in findings.splitlines() if r.startswith("| Sec. 6, E.6.1") or r.startswith("| Sec. 6, E.6.2")]
     assert len(e6) == 5 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported"))

@@ -87,3 +87,21 @@ def test_base_lm_convergence_from_its_valid_curve():
     with pytest.raises(ValueError, match="no valid evaluation"):
         convergence({"train_loss": [(1, 9.0)]}, 1)
     assert "not trained by this run" in convergence_label(None)
+    assert convergence_label(t, who="LM overfit").startswith("LM overfit: 2,010 of 2,010 updates")
+
+
+def test_fairseq_log_epoch_average_is_the_last_training_loss():
+    """A run shorter than one log interval logs its training loss only in the epoch's average ('train_loss' with
+    'train_num_updates' at the epoch's end): the curve keeps it apart from the interval records and
+    convergence's 'train_loss_last' and 'updates' read it."""
+    from knnlm.lm import convergence, parse_fairseq_json_log
+
+    lines = ['2026-01-01 00:00:00 | INFO | train_inner | {"epoch": 1, "loss": "8.729", "num_updates": "25", "wps": "9"}',
+             '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "7.785", "valid_num_updates": "40"}',
+             '2026-01-01 00:00:01 | INFO | train | {"epoch": 1, "train_loss": "8.416", "train_num_updates": "40"}']
+    curves = parse_fairseq_json_log(lines)
+    assert curves["train_loss"] == [(25, 8.729)] and curves["train_loss_epoch"] == [(40, 8.416)]
+    t = convergence(curves, 40)
+    assert t["train_loss_last"] == 8.416 and t["updates"] == 40
+    only_epoch = convergence(parse_fairseq_json_log(lines[1:]), 40)
+    assert only_epoch["train_loss_last"] == 8.416

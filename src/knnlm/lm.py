@@ -95,8 +95,8 @@ def _fairseq_records(lines):
 
 
 def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
-    """Training curve from fairseq's --log-format json output: {'train_loss': [(update, loss base 2)],
-    'valid_loss': ...}."""
+    """Training curve from fairseq's --log-format json output: {'train_loss': [(update, loss base 2)] (every
+    log interval), 'train_loss_epoch' (each epoch's average), 'valid_loss': ...}."""
     curves: dict[str, list[tuple[int, float]]] = {}
     for rec in _fairseq_records(lines):
         if "valid_loss" in rec and "valid_num_updates" in rec:
@@ -109,6 +109,9 @@ def parse_fairseq_json_log(lines) -> dict[str, list[tuple[int, float]]]:
             curves.setdefault("train_loss", []).append((step, float(rec["loss"])))
             if "wps" in rec:
                 curves.setdefault("train_wps", []).append((step, float(rec["wps"])))
+        elif "train_loss" in rec and "train_num_updates" in rec:  # an epoch's average, logged at its end
+            step = int(float(rec["train_num_updates"]))
+            curves.setdefault("train_loss_epoch", []).append((step, float(rec["train_loss"])))
     return curves
 
 
@@ -123,7 +126,8 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
     'still_falling' is True when the last evaluation is the best so far and improved valid perplexity by at least
     `tolerance` (relative) over the one before it: more updates would very likely lower it further, so the LM is
     under-trained. Returns {'updates' (last logged update), 'max_update', 'evaluations', 'valid' [(update,
-    perplexity)], 'best_update', 'train_loss_last' (the last logged training loss, bits per token; None without one),
+    perplexity)], 'best_update', 'train_loss_last' (the last logged training loss, a log interval's or an epoch's
+    average, bits per token; None without one),
     'last_gain' (relative perplexity change of the last evaluation, negative = better;
     None with one evaluation), 'still_falling', 'converged': 'yes' | 'no (valid loss still falling)' | 'unknown (one
     evaluation)'}. Raises ValueError when the curve has no valid evaluation."""
@@ -132,28 +136,28 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
         raise ValueError("the training log has no valid evaluation ('valid_loss'): cannot say whether the LM converged")
     ppl = [(u, 2.0 ** loss) for u, loss in valid]
     best_update = min(ppl, key=lambda x: x[1])[0]
-    updates = max([u for u, _ in curves.get("train_loss", [])] + [valid[-1][0]])
+    train = sorted(curves.get("train_loss", []) + curves.get("train_loss_epoch", []), key=lambda x: x[0])
+    updates = max([u for u, _ in train] + [valid[-1][0]])
     gain = ppl[-1][1] / ppl[-2][1] - 1 if len(ppl) > 1 else None
     falling = gain is not None and best_update == ppl[-1][0] and gain <= -tolerance
     converged = ("unknown (one evaluation)" if gain is None else "no (valid loss still falling)" if falling else "yes")
-    train = curves.get("train_loss", [])
     return {"updates": int(updates), "max_update": int(max_update), "evaluations": len(ppl), "valid": ppl,
             "train_loss_last": float(train[-1][1]) if train else None,
             "best_update": int(best_update), "last_gain": gain, "still_falling": bool(falling), "converged": converged,
             "tolerance": tolerance}
 
 
-def convergence_label(training: dict | None) -> str:
-    """One sentence for a table caption: how long the base LM trained and whether it converged (convergence); for
+def convergence_label(training: dict | None, who: str = "Base LM") -> str:
+    """One sentence for a table caption: how long the LM `who` trained and whether it converged (convergence); for
     an LM this run did not train (training None), says so."""
     if training is None:
-        return "Base LM: not trained by this run (config 'lms'); its convergence is not recorded here."
+        return f"{who}: not trained by this run (config 'lms'); its convergence is not recorded here."
     gain = training["last_gain"]
     last = (f"; the last of {training['evaluations']} valid evaluations changed perplexity by {100 * gain:+.1f} %"
             if gain is not None else "")
     verdict = {"yes": "converged", "no (valid loss still falling)": "under-trained (valid loss still falling)"}.get(
         training["converged"], training["converged"])
-    return (f"Base LM: {training['updates']:,} of {training['max_update']:,} updates, best valid perplexity "
+    return (f"{who}: {training['updates']:,} of {training['max_update']:,} updates, best valid perplexity "
             f"{min(p for _, p in training['valid']):.2f} at update {training['best_update']:,}{last}: {verdict} "
             f"(converged = the last evaluation gained less than {100 * training['tolerance']:.0f} %).")
 
@@ -206,7 +210,37 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
     digest = hashlib.sha256(json.dumps(ident if len(ident) > 1 else lm, sort_keys=True).encode()).hexdigest()[:12]
     work_dir = Path(work_dir) / f"lm-{digest}"
     work_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(lm, data_bin, work_dir, threads, init_from, teacher, soft_label_weight)
+    done = trained_updates(work_dir / "checkpoint_last.pt")
+    if done is not None and done >= int(lm["max_update"]):
+        # fairseq resumed from a finished run's checkpoint_last still takes one more update before it stops
+        log.info("%s already holds a run of %d updates (max_update %d): fairseq-train not rerun", work_dir, done,
+                 int(lm["max_update"]))
+    else:
+        _run_fairseq(train_command(lm, data_bin, work_dir, threads, init_from, teacher, soft_label_weight), threads,
+                     log_file, on_log)
+    best = work_dir / f"checkpoint_{keep}.pt"
+    if not best.is_file():
+        raise ArtifactError(f"fairseq-train finished without {best}")
+    with atomic_path(out_checkpoint) as tmp:
+        shutil.copyfile(best, tmp)
+    with open(log_file) as lf:
+        return parse_fairseq_json_log(lf)
+
+
+def trained_updates(checkpoint: str | Path) -> int | None:
+    """The number of updates a fairseq checkpoint was saved at ('optimizer_history'[-1]['num_updates']); None when
+    the file does not exist. The checkpoint is memory-mapped, not read whole."""
+    import torch
+
+    if not Path(checkpoint).is_file():
+        return None
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
+def _run_fairseq(cmd: list[str], threads: int, log_file: str | Path, on_log) -> None:
+    """Run a fairseq-train command line, appending its output to log_file (and stderr), calling on_log(step,
+    {name: value}) for every log record. Raises RuntimeError when it fails."""
     log.info("running %s", " ".join(cmd))
     with open(log_file, "a") as lf:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(threads))
@@ -221,10 +255,3 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
                         on_log(step, {name: value})
         if proc.wait() != 0:
             raise RuntimeError(f"fairseq-train failed with exit code {proc.returncode}; log: {log_file}")
-    best = work_dir / f"checkpoint_{keep}.pt"
-    if not best.is_file():
-        raise ArtifactError(f"fairseq-train finished without {best}")
-    with atomic_path(out_checkpoint) as tmp:
-        shutil.copyfile(best, tmp)
-    with open(log_file) as lf:
-        return parse_fairseq_json_log(lf)

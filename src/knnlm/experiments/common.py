@@ -100,7 +100,7 @@ def lm_training_label(job: Job) -> str:
         return convergence_label(None)
     if len(files) == 1:
         return convergence_label(read_json(files[0]))
-    return " ".join(f"{p.parent.name}: {convergence_label(read_json(p))}" for p in files)
+    return " ".join(convergence_label(read_json(p), who=f"LM {p.parent.name}") for p in files)
 
 
 def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:

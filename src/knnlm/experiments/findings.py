@@ -186,7 +186,7 @@ CLAIMS = [
            regex=True, equivalent=CORRELATION_MARGIN, unit=(1, "(Pearson r)"), paper_text="no correlation"),
     _claim("Sec. 6, E.4", "no word of W_sm is un-argmaxable (stolen probabilities)", "hypotheses",
            "un-argmaxable words of W_sm", count_zero=True, unit=(1, "words"), paper_text="none, in both models"),
-    # App. E.5-E.6.2: extra LMs (E.5 when 'hypotheses.ensemble_lms' names some; E.6.1-E.6.2 are not built yet)
+    # App. E.5-E.6.2: extra LMs, tested when hypotheses.ensemble_lms, overfit_lms and soft_label_lms name some
     _claim("Sec. 6, E.5", "the kNN-LM's gain is orthogonal to ensembling LMs: K−1 LMs + kNN beat K LMs", "ensembling",
            r"\d+ LMs? \+ kNN vs \d+ LMs", regex=True, sign=-1, paper_text="Figure 8: up to K = 4"),
     _claim("Sec. 6, E.5", "the base LM ensembled with another LM vs the kNN-LM (reported: Table 8, where the paper's "

@@ -373,7 +373,7 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
             t = trained.get(lm, {})
             rows.append({"split": split, "model": n, "components": " + ".join(comps),
                          "weights (valid)": " / ".join(f"{x:.2f}" for x in w),
-                         "updates": t.get("updates", "-") if lm not in ("base", "kNN") else "-",
+                         "updates": f"{t['updates']:,}" if "updates" in t and lm not in ("base", "kNN") else "-",
                          "train PPL (token, last logged)": (round(2.0 ** t["train_loss_last"], 3)
                                                             if t.get("train_loss_last") is not None else "-"),
                          "PPL (word)": summarize(lps[split], words[split])["ppl_word"],
