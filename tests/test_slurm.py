@@ -1,22 +1,29 @@
 """profiles/slurm against a real SLURM: a single-node slurmctld + slurmd on localhost with a fake GPU
 (scripts/local_slurm.sh), the tiny config submitted through the pinned snakemake-executor-plugin-slurm. Every job
 is a SLURM job; GPU rules ask for a GPU in partition gpu and CPU rules do not; each job asks for the CPUs it uses;
-the tables equal the local run's; MLflow holds one run per job. The run is the slice of the DAG that holds every
-kind of job (Table 1, Table 3 and one parametric model: GPU and CPU rules, both job groups), not all of it. Skipped, with the reason, where SLURM cannot be
+its outputs equal the local run's; MLflow holds one run per job. The run is a slice of the DAG that holds every
+kind of job (dumps, store, index, searches, real score, exact search, one parametric model: GPU and CPU rules, a job
+group), not all of it. Skipped, with the reason, where SLURM cannot be
 started (no root, or slurm-wlm/munge not installed)."""
 import re
 import shutil
 import subprocess
 
 import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
 from conftest import PROJECT_ROOT, SNAKEMAKE
+from knnlm.io import read_json
+from knnlm.paths import Layout
 
 PROFILE = yaml.safe_load((PROJECT_ROOT / "profiles" / "slurm" / "config.yaml").read_text())
 GPU_RULES = {r for r, res in PROFILE["set-resources"].items() if res.get("gpu")}
+# The slice of the tiny DAG submitted to SLURM (12 jobs, every kind: the datastore and query dumps, store, IVFPQ index
+# and FAISS search, the real score, the exact search (a GPU rule), W_ds (nv1) training, and the small jobs' group)
+_FULL_IP = {"lm": "base", "store": "full", "key": "ffn", "metric": "ip", "split": "valid"}
+TARGETS = [("exact_dists", _FULL_IP), ("real_dists", _FULL_IP),
+           ("parametric_result", {"lm": "base", "variant": "nv1", "key": "att"})]
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +78,18 @@ def _threads_by_slurm_id(log: str) -> dict[str, int]:
 
 def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     results = tmp_path / "results"
+    ours, ref = Layout(results, "tiny"), Layout(tiny_run["results_dir"], "tiny")
     for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/training.json", "lms/base/fairseq"):  # the local run's LM
         src, dst = tiny_run["root"] / part, results / "tiny" / part
         dst.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
     before = {j["JobId"] for j in _jobs_of(PROJECT_ROOT)}
-    # the profile as users get it; on this 2-core machine: rules' own threads (2) instead of the cluster's
+    # the profile as users get it; on this 2-core machine: the config's threads instead of the cluster's
     # set-threads, 2 jobs at a time, no account, and job status from squeue (no slurmdbd here)
     cmd = SNAKEMAKE + ["--profile", "profiles/slurm", "--configfile", "configs/tiny.yaml", tiny_run["data_overlay"],
                        "--config", f"results_dir={results}", "--jobs", "2", "--set-threads", "bpe=2", "--slurm-no-account",
                        "--slurm-status-command", "squeue", "--slurm-init-seconds-before-status-checks", "5",
-                       "--latency-wait", "10", "table1",
-                       *(str(results / "tiny" / "lms" / "base" / p) for p in ("tables/table3.md",
-                                                                           "parametric/nv1_att/result.json"))]
+                       "--latency-wait", "10", *(str(ours.path(n, **w)) for n, w in TARGETS)]
     r = _run(cmd, timeout=3000)
     assert r.returncode == 0, r.stdout[-6000:]
     jobs = [j for j in _jobs_of(PROJECT_ROOT) if j["JobId"] not in before]
@@ -110,16 +116,14 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     assert {"dump_datastore", "dump_queries", "exact_search", "real_score", "train_parametric"} <= set(rules)
     # the grouped small jobs run several Snakemake jobs per SLURM job: SLURM jobs <= Snakemake jobs
     assert len(jobs) <= len(benchmarks)
-    # the tables equal the local run's (same LM)
-    ours, ref = results / "tiny" / "lms" / "base" / "tables", tiny_run["root"] / "lms" / "base" / "tables"
-    names = sorted(p.name for p in ours.glob("*.csv"))
-    assert {"table1.csv", "table3.csv"} <= set(names) <= {p.name for p in ref.glob("*.csv")}
-    for name in names:
-        a, b = pd.read_csv(ours / name), pd.read_csv(ref / name)
-        for col in b.columns:
-            if pd.api.types.is_numeric_dtype(b[col]):
-                np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), rtol=1e-6, atol=1e-9,
-                                           err_msg=f"{name}: {col}")
+    # the outputs equal the local run's (same LM): the exact and the FAISS neighbours' real distances, W_ds's NLL
+    for name, w in TARGETS[:2]:
+        a, b = np.load(ours.path(name, **w)), np.load(ref.path(name, **w))
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=name)
+    got, want = (read_json(lay.path("parametric_result", lm="base", variant="nv1", key="att")) for lay in (ours, ref))
+    assert got["history"]["steps"] == want["history"]["steps"]
+    assert got["stages"]["trained"]["test"]["interp"]["ppl_word"] == pytest.approx(
+        want["stages"]["trained"]["test"]["interp"]["ppl_word"], rel=1e-4)
     # MLflow: one run per Snakemake job, plus the invocation's parent run
     from knnlm.tracking import count_runs
 
