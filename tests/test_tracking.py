@@ -67,6 +67,16 @@ def test_live_curves_survive_a_kill_in_one_run(tmp_path, monkeypatch):
     cli.run_job("m.other", cli.Job(cfg=cfg, rule="m.other"))
     runs = _runs(tmp_path)
     assert len(runs) == 2 and runs["m.other"].info.status == "FINISHED" and runs["m.other"].data.tags["resumed"] == "true"
+    # a job that runs again after its run ended (killed after logging, before Snakemake recorded it; or changed)
+    # gets a new run, and the earlier one is tagged superseded_by it
+    first = runs["m.other"].info.run_id
+    cli.run_job("m.other", cli.Job(cfg=cfg, rule="m.other"))
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    again = client.search_runs([client.get_experiment_by_name("t").experiment_id],
+                               filter_string="attributes.run_name = 'm.other'")
+    newest = [r for r in again if "superseded_by" not in r.data.tags]
+    assert len(again) == 2 and len(newest) == 1 and newest[0].info.run_id != first
+    assert client.get_run(first).data.tags["superseded_by"] == newest[0].info.run_id
 
 
 def test_unreachable_store_keeps_the_job_and_its_run(tmp_path, monkeypatch, caplog):

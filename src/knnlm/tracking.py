@@ -174,7 +174,11 @@ def open_job_run(cfg: dict, rule: str, wildcards: dict | None = None) -> str | N
             client = MlflowClient(uri)
             exp_id = _experiment(client, cfg, uri, results_dir)
             left = _left_running(client, exp_id, name)
-            return left or client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
+            if left:
+                return left
+            rid = client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
+            _supersede(client, exp_id, name, rid)
+            return rid
     try:
         return _retrying(open_run, f"opening the run of {name}", retries=1)
     except Exception as e:  # noqa: BLE001
@@ -190,6 +194,16 @@ def _left_running(client, exp_id: str, name: str) -> str | None:
         return None
     client.set_tag(left[0].info.run_id, "resumed", "true")
     return left[0].info.run_id
+
+
+def _supersede(client, exp_id: str, name: str, run_id: str) -> None:
+    """Tag every earlier ended run of job `name` 'superseded_by' = run_id: the job ran again (its config or code
+    changed, or Snakemake found its outputs incomplete after a kill that came between the run's end and Snakemake's
+    record of it), so the newest run holds the job's current numbers and the UI can filter the older ones out
+    (tags.superseded_by IS NULL)."""
+    for r in client.search_runs([exp_id], filter_string=f"attributes.run_name = '{name}'", max_results=1000):
+        if r.info.run_id != run_id and r.info.status != "RUNNING" and "superseded_by" not in r.data.tags:
+            client.set_tag(r.info.run_id, "superseded_by", run_id)
 
 
 def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> None:
@@ -297,6 +311,7 @@ def _log_run_once(
         if run_id is None:
             rid = client.create_run(exp_id, run_name=name, tags=tags,
                                     start_time=int((start_time or time.time()) * 1000)).info.run_id
+            _supersede(client, exp_id, name, rid)
         else:
             rid = run_id
             for k, v in tags.items():
