@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,24 +130,66 @@ def test_killed_dag_resumes_to_the_same_tables(tiny_run, tmp_path):
 
 
 def test_killed_lm_training_resumes_from_its_last_checkpoint(tmp_path):
-    """SIGKILL during fairseq-train once checkpoint_last.pt exists; the same command then resumes from it (fairseq
-    logs "Loaded checkpoint") and writes the LM."""
+    """SIGKILL during fairseq-train once checkpoint_last.pt exists (end of the first epoch); the same command then
+    resumes from it (fairseq logs "Loaded checkpoint"), stops at max_update exactly, and writes the LM with the
+    whole validation curve. The LM trains 3 epochs here (about 3 s) so that the kill lands inside the run."""
+    from knnlm.lm import parse_fairseq_json_log, trained_updates
+
     results = tmp_path / "results"
     ckpt = results / "tiny" / "lms" / "base" / "checkpoint.pt"
-    cmd = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", "configs/tiny.yaml", "--config",
+    max_update = 120
+    longer = tmp_path / "longer.yaml"  # a second config file: Snakemake merges it into tiny.yaml's 'lm' section
+    longer.write_text(f"lm:\n  max_update: {max_update}\n")
+    cmd = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", "configs/tiny.yaml", str(longer), "--config",
                        f"results_dir={results}", "--cores", "2", str(ckpt)]
     with open(tmp_path / "attempt0.log", "w") as f:
         proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     fairseq = results / "tiny" / "lms" / "base" / "fairseq"
     t0 = time.time()
     while proc.poll() is None and time.time() - t0 < 600 and not list(fairseq.glob("*/checkpoint_last.pt")):
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert proc.poll() is None, "training ended before its first checkpoint: nothing to resume"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not ckpt.exists()
+    (last,) = fairseq.glob("*/checkpoint_last.pt")
+    assert trained_updates(last) < max_update, "killed after the last update: nothing left to resume"
     subprocess.run(cmd + ["--unlock"], cwd=PROJECT_ROOT, capture_output=True, check=True)
     r = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0, r.stdout[-3000:]
     log = (results / "tiny" / "logs" / "train_lm_base.log").read_text()
     assert "Loaded checkpoint" in log and ckpt.exists()
+    assert trained_updates(last) == max_update  # fairseq resumed and stopped at max_update, not one update later
+    training = json.loads((results / "tiny" / "lms" / "base" / "training.json").read_text())
+    with open(results / "tiny" / "logs" / "train_lm_base.fairseq.log") as lf:
+        valid = [u for u, _ in parse_fairseq_json_log(lf)["valid_loss"]]
+    assert valid[-1] == max_update and training["updates"] == max_update
+
+
+def test_fairseq_log_survives_a_kill_of_the_job_that_follows_it(tmp_path):
+    """knnlm.lm._run_fairseq: every line fairseq wrote before a SIGKILL of the whole job is in its log file, even
+    when the job was still behind in following it (here: a slow on_log), because the operating system, not the job,
+    writes fairseq's output to the file. A finished run whose last records were lost could never be completed."""
+    n = 200
+    done = tmp_path / "printed"
+    child = ("import json, pathlib, time\n"
+             f"for i in range({n}):\n"
+             "    print('| INFO | valid | ' + json.dumps({'valid_loss': '5.0', 'valid_num_updates': str(i)}), flush=True)\n"
+             f"pathlib.Path({str(done)!r}).touch()\n"
+             "time.sleep(120)\n")
+    parent = ("import sys, time\n"
+              "from knnlm.lm import _run_fairseq\n"
+              f"_run_fairseq([sys.executable, '-c', {child!r}], 1, {str(tmp_path / 'fairseq.log')!r},\n"
+              "             on_log=lambda step, values: time.sleep(0.05), poll_s=0.05)\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=PROJECT_ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not done.exists() and proc.poll() is None and time.time() - t0 < 60:
+        time.sleep(0.02)
+    assert done.exists(), "the fake fairseq did not run"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    from knnlm.lm import parse_fairseq_json_log
+
+    with open(tmp_path / "fairseq.log") as lf:
+        assert [u for u, _ in parse_fairseq_json_log(lf)["valid_loss"]] == list(range(n))

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .io import ArtifactError, atomic_path
@@ -238,20 +239,41 @@ def trained_updates(checkpoint: str | Path) -> int | None:
     return int(state["optimizer_history"][-1]["num_updates"])
 
 
-def _run_fairseq(cmd: list[str], threads: int, log_file: str | Path, on_log) -> None:
-    """Run a fairseq-train command line, appending its output to log_file (and stderr), calling on_log(step,
-    {name: value}) for every log record. Raises RuntimeError when it fails."""
+def _run_fairseq(cmd: list[str], threads: int, log_file: str | Path, on_log, poll_s: float = 0.5) -> None:
+    """Run a fairseq-train command line with its output appended to log_file by the operating system (fairseq's
+    stdout and stderr are the file itself), and follow the file: each new line is copied to stderr and every log
+    record passed to on_log(step, {name: value}).
+
+    fairseq logs a validation before it saves the checkpoint that follows it, and flushes every record, so a log
+    written this way holds every record up to the last checkpoint even when the job is killed (SIGKILL, a lost node)
+    while it is still copying lines: a finished run that is not rerun (see train) still has its whole curve. Raises
+    RuntimeError when fairseq fails."""
     log.info("running %s", " ".join(cmd))
-    with open(log_file, "a") as lf:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(threads))
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lf.write(line)
-            lf.flush()
-            sys.stderr.write(line)
-            if on_log is not None:
-                for name, points in parse_fairseq_json_log([line]).items():
-                    for step, value in points:
-                        on_log(step, {name: value})
-        if proc.wait() != 0:
+    log_file = Path(log_file)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out, open(log_file, "rb") as follow:
+        follow.seek(0, os.SEEK_END)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(threads))
+        pending = b""
+
+        def drain() -> None:
+            nonlocal pending
+            pending += follow.read()
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                line = raw.decode("utf-8", errors="replace") + "\n"
+                sys.stderr.write(line)
+                if on_log is not None:
+                    for name, points in parse_fairseq_json_log([line]).items():
+                        for step, value in points:
+                            on_log(step, {name: value})
+
+        while proc.poll() is None:
+            time.sleep(poll_s)
+            drain()
+        drain()
+        if pending:
+            pending += b"\n"
+            drain()
+        if proc.returncode != 0:
             raise RuntimeError(f"fairseq-train failed with exit code {proc.returncode}; log: {log_file}")
