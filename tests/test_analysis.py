@@ -169,3 +169,43 @@ def test_mixture_weights_maximise_the_likelihood():
     two = [lps[0], lps[1]]
     best = grid[np.argmin([-an.mixture_log_prob(two, [1 - g, g]).mean() for g in grid])]
     assert an.mixture_weights(two)[1] == pytest.approx(best, abs=2e-4)
+
+
+def test_quarter_difference_against_a_loop_and_its_jackknife():
+    """E.3's effect: mean y over the last quarter of positions minus the first, per document or over the window."""
+    rng = np.random.default_rng(3)
+    doc = np.repeat(np.arange(6), [7, 12, 4, 30, 9, 16])
+    pos = an.document_positions(doc)
+    frac = an.position_fraction(pos, doc)
+    y = rng.normal(size=len(doc)) + 0.1 * frac
+    first, last = [], []
+    for d in range(6):  # brute force: each document's own quarters
+        idx = np.flatnonzero(doc == d)
+        n = len(idx)
+        first += [y[i] for j, i in enumerate(idx) if j / n < 0.25]
+        last += [y[i] for j, i in enumerate(idx) if j / n >= 0.75]
+    qs = an.quarter_sums(frac, y, doc, 6)
+    want = np.mean(last) - np.mean(first)
+    assert an.quarter_difference(qs.sum(0))[0] == pytest.approx(want)
+    v, lo, hi = jackknife_sums(an.quarter_difference, qs, qs[:, 1] + qs[:, 3])
+    loo = [np.mean([y[i] for i in np.flatnonzero((doc != d) & (frac >= 0.75))])
+           - np.mean([y[i] for i in np.flatnonzero((doc != d) & (frac < 0.25))]) for d in range(6)]
+    se = np.sqrt(5 / 6 * ((np.array(loo) - np.mean(loo)) ** 2).sum())
+    assert v[0] == pytest.approx(want) and lo[0] < want < hi[0] and hi[0] - want == pytest.approx(want - lo[0])
+    assert (hi[0] - lo[0]) / 2 / se > 2  # a t quantile on few effective documents times the jackknife SE
+    # window positions: quarters of the range of positions over all tokens
+    w = np.array([0, 1, 2, 3, 4, 5, 6, 7])
+    f = an.position_fraction(w)
+    assert np.array_equal(f < 0.25, w < 2) and np.array_equal(f >= 0.75, w >= 6)
+
+
+def test_memorisation_check_of_an_overfitted_lm():
+    from knnlm.experiments.hypotheses import memorisation
+
+    tr = {"train_loss_last": np.log2(5.0), "valid": [(100, 80.0), (200, 60.0)], "updates": 200}
+    row = memorisation("overfit", tr)
+    assert row["verdict"] == "memorised" and row["relative difference"] == pytest.approx(5 / 60)
+    assert "train PPL 5.00, valid PPL 60.00" in row["on"]
+    row = memorisation("overfit", {**tr, "train_loss_last": np.log2(40.0)})
+    assert row["verdict"] == "not memorised"
+    assert memorisation("overfit", None)["verdict"] == "unknown"

@@ -60,6 +60,17 @@ def test_search_measures_keys_scanned_and_never_returns_fewer_than_k(tmp_path):
     d = np.load(tmp_path / "dists.npy")
     assert (np.diff(d, axis=1) >= -1e-5).all()
     assert math.isfinite(st["keys_scanned_per_query"])
+    # counted from the probed lists' sizes (any device) it equals faiss's own count of PQ distances (CPU only)
+    assert st["keys_scanned_per_query"] == pytest.approx(st["keys_scanned_faiss"])
+    # brute force: the lists the coarse quantizer picks for each query, their sizes summed (nprobe 1, no requery)
+    import faiss
+
+    index = faiss.read_index(str(tmp_path / "index"))
+    ivf = faiss.extract_index_ivf(index)
+    sizes = np.array([ivf.invlists.list_size(i) for i in range(ivf.nlist)])
+    _, lists = ivf.quantizer.search(queries, 1)
+    st1 = search(tmp_path / "index", queries, 1, 1, tmp_path / "i1.npy", tmp_path / "d1.npy", chunk=16, threads=1)
+    assert st1["requeried_for_k"] == 0 and st1["keys_scanned_per_query"] == pytest.approx(sizes[lists].sum() / len(queries))
 
 
 def test_tau_grid_is_extended_while_its_optimum_is_on_the_edge():

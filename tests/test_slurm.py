@@ -5,9 +5,11 @@ its outputs equal the local run's; MLflow holds one run per job. The run is a sl
 kind of job (dumps, store, index, searches, real score, exact search, one parametric model: GPU and CPU rules, a job
 group), not all of it. Skipped, with the reason, where SLURM cannot be
 started (no root, or slurm-wlm/munge not installed)."""
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -30,10 +32,18 @@ TARGETS = [("exact_dists", _FULL_IP), ("real_dists", _FULL_IP),
 def slurm():
     if not shutil.which("slurmctld"):
         pytest.skip("SLURM not installed (apt-get install slurm-wlm munge; .ci/run does this where it can)")
-    r = subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "local_slurm.sh"), "start"], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"local SLURM could not be started: {r.stderr.strip()[-500:]}")
-    return r.stdout
+    script = str(PROJECT_ROOT / "scripts" / "local_slurm.sh")
+    state = Path(os.environ.get("LOCAL_SLURM_STATE", "/run/knnlm-local-slurm.pids"))
+    ours = not state.exists()  # a SLURM someone else started (and its state file) is left as it was
+    r = subprocess.run(["bash", script, "start"], capture_output=True, text=True)
+    started = state.read_text().split() if ours and state.exists() else []
+    try:
+        if r.returncode != 0:
+            pytest.skip(f"local SLURM could not be started: {r.stderr.strip()[-500:]}")
+        yield r.stdout
+    finally:
+        if ours and started:  # the daemons this fixture's start launched, ended by their pid
+            subprocess.run(["bash", script, "stop"], capture_output=True, text=True)
 
 
 def _jobs_of(workdir) -> list[dict]:

@@ -156,6 +156,35 @@ def document_positions(doc: np.ndarray) -> np.ndarray:
     return t - np.maximum.accumulate(np.where(start, t, 0))
 
 
+def position_fraction(pos: np.ndarray, doc: np.ndarray | None = None) -> np.ndarray:
+    """Where each token lies in its range of positions, in [0, 1): pos / its document's length when doc [T] is given
+    (document_positions), else (pos − min) / (max − min + 1) over all tokens (window_positions). [T] float64."""
+    pos = np.asarray(pos, dtype=np.float64)
+    if doc is not None:
+        doc = np.asarray(doc)
+        return pos / np.bincount(doc)[doc]
+    lo, hi = (pos.min(), pos.max()) if len(pos) else (0.0, 0.0)
+    return (pos - lo) / (hi - lo + 1)
+
+
+def quarter_sums(frac: np.ndarray, y: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:
+    """Per-document sums for the difference of mean y between the last and the first quarter of positions (App. E.3
+    as an effect in y's unit, e.g. nats of per-token NLL): [n_docs, 4] float64 = (Σ y, count) over tokens with
+    frac < 0.25, then over tokens with frac ≥ 0.75 (frac: position_fraction). Statistic: quarter_difference."""
+    frac, y = np.asarray(frac, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    first, last = frac < 0.25, frac >= 0.75
+    cols = [y * first, first.astype(np.float64), y * last, last.astype(np.float64)]
+    return np.stack([np.bincount(doc, weights=c, minlength=n_docs) for c in cols], axis=1)
+
+
+def quarter_difference(sums: np.ndarray) -> np.ndarray:
+    """Mean y over the last quarter of positions minus mean y over the first, from totals [..., 4] of quarter_sums:
+    [..., 1]. nan where a quarter holds no token."""
+    s = np.asarray(sums, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (s[..., 2] / s[..., 3] - s[..., 0] / s[..., 1])[..., None]
+
+
 # --- stolen probabilities (E.4) ------------------------------------------------------------------------------------
 
 

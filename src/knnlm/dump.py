@@ -107,9 +107,16 @@ class LMPass:
         self.n, self.d, self.states, self.identity, self.tokens = n, d, states, identity, tokens
 
 
-def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int) -> LMPass:
-    """A fairseq transformer_lm checkpoint over the run's binarised data (dict.txt must be the model's)."""
-    model, cfg = load_lm(checkpoint, data_bin)
+def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int, key: str | None = None) -> LMPass:
+    """A fairseq transformer_lm checkpoint over the run's binarised data (dict.txt must be the model's). key: the
+    config key that names the checkpoint (e.g. 'lms.base.path'): the checkpoint is then checked first and any failure
+    to load it raises ArtifactError naming that key and the file (knnlm.pretrained.load_fairseq_lm)."""
+    if key:
+        from .pretrained import load_fairseq_lm
+
+        model, cfg = load_fairseq_lm(checkpoint, data_bin, key)
+    else:
+        model, cfg = load_lm(checkpoint, data_bin)
     d = model.decoder.embed_dim if not hasattr(model.decoder, "output_embed_dim") else model.decoder.output_embed_dim
     d_att = model.decoder.layers[-1].fc1.in_features
     if d_att != d:

@@ -177,14 +177,23 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     neighbours (or every list is probed), so the FAISS mask has k neighbours unless the store has fewer keys.
     out_ids: [T, k] int32 datastore row ids (−1 only where fewer than k exist); out_dists: [T, k] float32 faiss
     distances (squared L2 for 'l2', inner product for 'ip'), both .npy, atomic. Returns stats: 'missing_neighbours'
-    (−1 ids left), 'requeried_for_k' (queries searched again), 'keys_scanned_per_query' (PQ distances computed
-    per query, measured by faiss; None on GPU), 'nprobe', 'T', 'k', 'ntotal', 'device'.
+    (−1 ids left), 'requeried_for_k' (queries searched again), 'keys_scanned_per_query' (keys in the inverted lists
+    each query probed, the searches again for k included: from the coarse quantizer's probes and the lists' sizes,
+    on CPU and GPU alike), 'keys_scanned_faiss' (PQ distances faiss counted; None on GPU), 'nprobe', 'T', 'k',
+    'ntotal', 'device'.
     """
     import faiss
 
     faiss.omp_set_num_threads(threads)
     index = faiss.read_index(str(index_path))
     faiss.extract_index_ivf(index).nprobe = nprobe
+    cpu_ivf = faiss.extract_index_ivf(index)  # the coarse quantizer and list sizes: keys scanned on any device
+    list_sizes = np.array([cpu_ivf.invlists.list_size(i) for i in range(cpu_ivf.nlist)], dtype=np.int64)
+
+    def probed_keys(q: np.ndarray, n: int) -> int:
+        _, lists = cpu_ivf.quantizer.search(q, n)
+        return int(list_sizes[lists[lists >= 0]].sum())
+
     if index.ntotal >= 2**31:
         raise ValueError(f"{index_path}: {index.ntotal} keys do not fit int32 ids")
     res = gpu_resources()
@@ -196,28 +205,31 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     ivf = faiss.extract_index_ivf(index) if gpu is None else None
     nlist = ivf.nlist if ivf is not None else nprobe
     missing = refilled = 0
-    scanned = 0.0
+    scanned = from_lists = 0.0
     with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
         for s, e in tqdm(iter_chunks(t, chunk, ids, dists, queries), total=-(-t // chunk),  # RSS flat in T
                          desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
             q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
             faiss.cvar.indexIVF_stats.reset()
             dd, ii = index.search(q, k)
-            scanned += faiss.cvar.indexIVF_stats.ndis
+            from_lists += probed_keys(q, nprobe)
             short = np.flatnonzero((ii < 0).any(1))  # fewer than k neighbours in the probed lists
             wider = nprobe
             while len(short) and ivf is not None and wider < nlist:  # probe more lists for those queries only
                 wider = min(nlist, 2 * wider)
                 ivf.nprobe = wider
                 d2, i2 = index.search(q[short], k)
+                from_lists += probed_keys(q[short], wider)
                 dd[short], ii[short] = d2, i2
                 refilled += len(short)
                 short = short[(i2 < 0).any(1)]
             if ivf is not None:
                 ivf.nprobe = nprobe
+            scanned += faiss.cvar.indexIVF_stats.ndis
             ids[s:e] = ii
             dists[s:e] = dd
             missing += int((ii < 0).sum())
     return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "requeried_for_k": refilled,
-            "keys_scanned_per_query": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
+            "keys_scanned_per_query": from_lists / t if t else None,
+            "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}

@@ -62,8 +62,8 @@ def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads:
         "--decoder-attention-heads", str(lm["decoder_attention_heads"]),
         "--dropout", str(lm["dropout"]),
         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.01", "--clip-norm", "0.0",
-        "--lr", str(lm["lr"]), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(lm["warmup_updates"]),
-        "--warmup-init-lr", "1e-07",
+        "--lr", str(lm["lr"]), "--lr-scheduler", lm.get("lr_scheduler", "inverse_sqrt"),
+        "--warmup-updates", str(lm["warmup_updates"]), "--warmup-init-lr", "1e-07",
         "--tokens-per-sample", str(lm["tokens_per_sample"]), "--sample-break-mode", "none",
         "--max-tokens", str(lm["max_tokens"]), "--max-update", str(lm["max_update"]),
         "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--seed", str(lm["seed"]),
@@ -71,6 +71,8 @@ def train_command(lm: dict, data_bin: str | Path, save_dir: str | Path, threads:
     ]
     if not _cuda_available():
         cmd.append("--cpu")
+    if lm.get("lr_scheduler") == "cosine":  # one half-cosine from lr down to 0 at max_update (a fixed budget)
+        cmd += ["--min-lr", "0"]
     if lm.get("validate_interval_updates"):
         cmd += ["--validate-interval-updates", str(lm["validate_interval_updates"])]
     if init_from:
@@ -158,7 +160,7 @@ def convergence_label(training: dict | None, who: str = "Base LM") -> str:
             if gain is not None else "")
     verdict = {"yes": "converged", "no (valid loss still falling)": "under-trained (valid loss still falling)"}.get(
         training["converged"], training["converged"])
-    return (f"{who}: {training['updates']:,} of {training['max_update']:,} updates, best valid perplexity "
+    return (f"{who}: {training['updates']:,} of {training['max_update']:,} updates, best valid perplexity (per token) "
             f"{min(p for _, p in training['valid']):.2f} at update {training['best_update']:,}{last}: {verdict} "
             f"(converged = the last evaluation gained less than {100 * training['tolerance']:.0f} %).")
 

@@ -12,14 +12,18 @@ estimator) with a t quantile on n_eff − 1 degrees of freedom, n_eff = Kish's e
 'percentile' = percentile bootstrap. Their coverage under WikiText-like documents is measured by
 knnlm.coverage (docs/statistics.md); the percentile bootstrap under-covers with few documents.
 
-Evidence (config 'stats.min_documents'): a comparison over fewer documents is 'inconclusive (N documents)'
-whatever its interval; a split with one document is an error.
+Evidence (config 'stats.min_documents'): a comparison whose documents count fewer than this as the interval
+counts them (Kish's effective number, effective_documents) is 'inconclusive (N articles, n_eff E)' whatever its
+interval; a split with one document is an error.
 
 Documents (config 'stats.documents'): 'wikitext' = each top-level heading line ` = Title = ` starts a
 document (lines before the first heading join the first document; ` = = Section = = ` does not split);
 'blank_lines' = a blank line ends a document; 'blocks' = fixed blocks of 'stats.block_tokens' tokens;
-'auto' (default) = 'wikitext' when it gives the split at least 'stats.target_documents' documents, else
-'blank_lines' when that does, else blocks of ⌊T / target_documents⌋ tokens (at least target_documents blocks).
+'auto' (default) = 'wikitext' whenever the split has article structure (at least two title lines), whatever the
+number of articles: paragraphs of one article share its topic and its effect, so they are not independent units
+(a paragraph-level interval over 9 articles covered 50 %, docs/coverage.md). Text without article structure:
+'blank_lines' when that gives at least 'stats.target_documents' paragraphs, else blocks of ⌊T / target_documents⌋
+tokens; every caption and row then names that unit.
 """
 from __future__ import annotations
 
@@ -37,6 +41,16 @@ INTERVALS = ("jackknife_t", "bca", "percentile")
 STATS_DEFAULTS = {"documents": "auto", "target_documents": 40, "block_tokens": 2048, "min_documents": 20,
                   "interval": "jackknife_t", "resamples": 1000, "level": 0.95, "seed": 1}
 SCHEME_NAMES = {"wikitext": "WikiText articles", "blank_lines": "blank-line paragraphs", "blocks": "token blocks"}
+# the resampling unit of each scheme, as every row names it ("37 articles", "412 token blocks")
+UNITS = {"wikitext": ("article", "articles"), "blank_lines": ("paragraph", "paragraphs"),
+         "blocks": ("token block", "token blocks")}
+
+
+def unit_count(n: int | float, scheme: str) -> str:
+    """'37 articles', '1 paragraph', '412 token blocks': n units of documents scheme `scheme` (SCHEMES; an unknown
+    scheme counts 'documents')."""
+    one, many = UNITS.get(scheme, ("document", "documents"))
+    return f"{n:,} {one if n == 1 else many}" if isinstance(n, (int, np.integer)) else f"{n:,.1f} {many}"
 
 
 def line_documents(lines: list[str], scheme: str) -> np.ndarray:
@@ -103,7 +117,9 @@ def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, 
             lines = f.readlines()
         if len(line) and (line.max() >= len(lines) or line.min() < 0):
             raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
-        for s in (("wikitext", "blank_lines") if scheme == "auto" else (scheme,)):
+        if scheme == "auto" and sum(1 for ln in lines if WIKITEXT_TITLE.match(ln.rstrip("\n"))) >= 2:
+            scheme = "wikitext"  # article structure: the article is the unit, however few
+        for s in (("blank_lines",) if scheme == "auto" else (scheme,)):
             ids = line_documents(lines, s)[line].astype(np.int32)
             if scheme != "auto" or len(np.unique(ids)) >= target_documents:
                 return _renumber(ids), s, 0
@@ -243,33 +259,43 @@ def ppl_intervals(doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None
     return lo, hi
 
 
-def verdict(lo: float, hi: float, documents: int | None = None, min_documents: int = 0) -> str:
-    """'lower' / 'higher' when the interval of a difference excludes 0, else 'inconclusive'; 'inconclusive (N
-    documents)' whatever the interval when fewer than `min_documents` documents (config 'stats.min_documents')
-    back it."""
-    if documents is not None and documents < min_documents:
-        return f"inconclusive ({documents} documents)"
+def verdict(lo: float, hi: float, documents: int | None = None, min_documents: int = 0,
+            effective: float | None = None, scheme: str = "") -> str:
+    """'lower' / 'higher' when the interval of a difference excludes 0, else 'inconclusive'; whatever the interval,
+    'inconclusive (N articles, n_eff E)' when the documents back it with fewer than `min_documents` (config
+    'stats.min_documents') as the interval counts them: `effective` (Kish's effective number, effective_documents)
+    when given, else `documents`. scheme: the documents scheme, naming the unit (unit_count)."""
+    n = effective if effective is not None else documents
+    if n is not None and n < min_documents:
+        what = unit_count(int(documents), scheme) if documents is not None else unit_count(float(n), scheme)
+        return f"inconclusive ({what}" + (f", n_eff {effective:.1f})" if effective is not None else ")")
     return "lower" if hi < 0 else "higher" if lo > 0 else "inconclusive"
 
 
 def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs: list[tuple[str, str]],
-            stats: dict | None = None, shares: list[tuple[str, str]] = (), base: str = "base") -> dict:
+            stats: dict | None = None, shares: list[tuple[str, str]] = (), base: str = "base",
+            scheme: str = "") -> dict:
     """Perplexities with CIs and paired relative differences with CIs and verdicts, on the same documents.
 
     doc_nll: [S, D] per-document NLL of the S settings `names` (same documents); doc_words [D]; pairs: (a, b)
     to compare as ppl_a / ppl_b − 1; shares: (a, b) whose share of b's gain over `base` a recovers, (ppl_base −
     ppl_a) / (ppl_base − ppl_b) (Xu et al. 2023, Sec. 4: "W_ds recovers 55 % of the kNN-LM's gain"); stats:
-    config 'stats' (interval method, level, minimum documents for a verdict). Returns {'ppl': {name: {'value',
-    'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi', 'verdict', 'documents'}}, 'share': {'a of b':
-    {'value', 'lo', 'hi', 'documents'}}, 'documents': D, 'interval', 'resamples', 'level'}. Raises ValueError
-    for fewer than 2 documents.
+    config 'stats' (interval method, level, minimum documents for a verdict, counted as Kish's effective number
+    of documents as the interval counts them); scheme: the documents scheme naming the unit in a verdict (default:
+    stats['scheme'] when given).
+    Returns {'ppl': {name: {'value', 'lo', 'hi'}}, 'diff': {'a vs b': {'value', 'lo', 'hi', 'verdict',
+    'documents', 'effective'}}, 'share': {'a of b': {'value', 'lo', 'hi', 'documents', 'effective'}}, 'documents':
+    D, 'effective': Kish's effective D, 'interval', 'resamples', 'level'}. Raises ValueError for fewer than 2
+    documents.
     """
     st = options(stats)
+    scheme = scheme or st.get("scheme", "")  # set by knnlm.experiments.common.stats_options
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
     n_docs = int(doc_nll.shape[1])
+    n_eff = effective_documents(doc_words) if n_docs >= 2 else float(n_docs)
     idx = {n: i for i, n in enumerate(names)}
     counts = resample_counts(n_docs, st["resamples"], st["seed"]) if st["interval"] != "jackknife_t" else None
-    out = {"ppl": {}, "diff": {}, "share": {}, "documents": n_docs, "interval": st["interval"],
+    out = {"ppl": {}, "diff": {}, "share": {}, "documents": n_docs, "effective": n_eff, "interval": st["interval"],
            "resamples": st["resamples"], "level": st["level"]}
     v, lo, hi = estimate(lambda p: p, doc_nll, doc_words, st, "log", counts)
     for n, i in idx.items():
@@ -280,8 +306,9 @@ def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs:
         v, lo, hi = estimate(lambda p: p[..., a_i] / p[..., b_i], doc_nll, doc_words, st, "log", counts)
         for k, (a, b) in enumerate(pairs):
             out["diff"][f"{a} vs {b}"] = {"value": float(v[k] - 1), "lo": float(lo[k] - 1), "hi": float(hi[k] - 1),
-                                          "verdict": verdict(lo[k] - 1, hi[k] - 1, n_docs, st["min_documents"]),
-                                          "documents": n_docs}
+                                          "verdict": verdict(lo[k] - 1, hi[k] - 1, n_docs, st["min_documents"],
+                                                             n_eff, scheme),
+                                          "documents": n_docs, "effective": n_eff}
     if shares:
         z = idx[base]
         a_i = [idx[a] for a, _ in shares]
@@ -290,7 +317,7 @@ def compare(doc_nll: np.ndarray, doc_words: np.ndarray, names: list[str], pairs:
                              st, "linear", counts)
         for k, (a, b) in enumerate(shares):
             out["share"][f"{a} of {b}"] = {"value": float(v[k]), "lo": float(lo[k]), "hi": float(hi[k]),
-                                           "documents": n_docs}
+                                           "documents": n_docs, "effective": n_eff}
     return out
 
 
@@ -303,21 +330,26 @@ def ci_caption(stats: dict | None, documents: str = "") -> str:
            "bca": f"BCa bootstrap over documents, {st['resamples']} resamples, seed {st['seed']}",
            "percentile": f"percentile bootstrap over documents, {st['resamples']} resamples, seed {st['seed']}"}
     docs = f"; documents: {documents}" if documents else ""
-    return (f"{100 * st['level']:g}% CI, paired over documents ({how[st['interval']]}{docs}); a comparison on fewer "
-            f"than {st['min_documents']} documents is inconclusive whatever its CI")
+    return (f"{100 * st['level']:g}% CI, paired over documents ({how[st['interval']]}{docs}); a comparison whose "
+            f"documents count fewer than {st['min_documents']} as the interval counts them (Kish's effective number, "
+            f"n_eff) is inconclusive whatever its CI")
 
 
 def documents_label(scheme: str, counts: dict[str, int], block_tokens: int = 0) -> str:
     """'WikiText articles: 60 test, 61 valid' (or 'token blocks of 1,234 tokens: ...'; 'token blocks: ...' when the
     splits' block sizes differ, block_tokens 0) for captions and rows."""
     name = SCHEME_NAMES.get(scheme, scheme) + (f" of {block_tokens:,} tokens" if scheme == "blocks" and block_tokens else "")
+    if scheme in ("blank_lines", "blocks"):
+        name += " (the text has no article structure)"
     return f"{name}: " + ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
 def comparison_rows(result: dict, **labels) -> list[dict]:
-    """Rows (labels, comparison, relative difference, CI low, CI high, verdict, documents) of a compare() result."""
+    """Rows (labels, comparison, relative difference, CI low, CI high, verdict, documents, effective documents) of a
+    compare() result."""
     return [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
-             "verdict": v["verdict"], "documents": v.get("documents", result.get("documents"))}
+             "verdict": v["verdict"], "documents": v.get("documents", result.get("documents")),
+             "effective documents": v.get("effective", result.get("effective"))}
             for k, v in result["diff"].items()]
 
 
@@ -357,8 +389,11 @@ def jackknife_sums(stat, doc_sums: np.ndarray, doc_weights: np.ndarray, stats: d
         return point, inv(fwd(point) - q * se), inv(fwd(point) + q * se)
 
 
-def statistic_row(name: str, value: float, lo: float, hi: float, documents: int, min_documents: int, **labels) -> dict:
+def statistic_row(name: str, value: float, lo: float, hi: float, documents: int, min_documents: int,
+                  effective: float | None = None, scheme: str = "", **labels) -> dict:
     """A comparison row (the columns of comparison_rows) for a statistic that is not a relative difference (a slope,
-    a correlation): 'relative difference' holds the statistic, its verdict says whether the CI excludes 0."""
+    a correlation): 'relative difference' holds the statistic, its verdict says whether the CI excludes 0 (with at
+    least `min_documents` effective documents, see verdict)."""
     return {**labels, "comparison": name, "relative difference": float(value), "CI low": float(lo),
-            "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents), "documents": int(documents)}
+            "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents, effective, scheme),
+            "documents": int(documents), "effective documents": effective}

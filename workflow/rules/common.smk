@@ -32,6 +32,11 @@ LMS = list(CFG["lms"])  # the base LMs of this run (config 'lms'); the first is 
 PRIMARY = LMS[0]  # every experiment runs on it; the others add their row to Table 4
 SOURCE = {name: lm["source"] for name, lm in CFG["lms"].items()}
 HF_LMS = [n for n in LMS if SOURCE[n] == "hf"]
+# config 'pretrained': the shipped LMs (knnlm.pretrained) that replace the training of 'train' LMs of the same name
+PRETRAINED_DIR = Path(CFG["pretrained"]) if CFG["pretrained"] else None
+PRETRAINED = {n: PRETRAINED_DIR / n for n in LMS if PRETRAINED_DIR and SOURCE[n] == "train"
+              and (PRETRAINED_DIR / n / "checkpoint.pt").is_file()}
+PRETRAINED_BPE = PRETRAINED_DIR / "bpe" if PRETRAINED_DIR and (PRETRAINED_DIR / "bpe" / "spm.model").is_file() else None
 FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 METRICS = CFG["index"]["metrics"]

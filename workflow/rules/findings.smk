@@ -15,6 +15,7 @@ SMALL_SETTINGS = (
 rule write_findings:
     input:
         lm_training=lm_training(),  # the base LM's convergence, in the caption
+        documents=per_split("documents"),  # the resampling unit each row names
         table1=artifact("table", table="table1_comparisons", ext="csv"),
         # Table 3's claims on every token when 'retrieval.table3_all_tokens' (table3_all), else on the scope
         table3=artifact("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),

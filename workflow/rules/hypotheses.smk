@@ -13,6 +13,8 @@ rule write_hypotheses:
         **{f"nb_ids_{k}": per_split("nb_ids", store="full", key=k, metric=HYP_METRIC) for k in KEYS},
         **{f"nb_meta_{k}": per_split("nb_meta", store="full", key=k, metric=HYP_METRIC) for k in KEYS},
         **{f"knn_{k}": per_split("knn_logprobs", store="full", key=k, metric=HYP_METRIC) for k in KEYS},
+        # the kNN-LM at its τ tuned on valid: E.1 and E.2's twins, tuned on the same valid tokens, are compared with it
+        **{f"knn_tuned_{k}": per_split("knn_logprobs_tuned", store="full", key=k, metric=HYP_METRIC) for k in KEYS},
         scores=[artifact("score", store="full", key=k, metric=HYP_METRIC) for k in KEYS],
         documents=per_split("documents"),
     output:

@@ -44,6 +44,8 @@ rule prepare_data:
 rule bpe:
     input:
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
+        # config 'pretrained': the BPE model the shipped LMs were trained with, used instead of training one
+        given=[str(PRETRAINED_BPE / f) for f in ("spm.model", "spm.vocab")] if PRETRAINED_BPE else [],
     output:
         model=artifact("bpe_model"),
         vocab=artifact("bpe_vocab"),
@@ -134,7 +136,7 @@ rule train_lm:
         checkpoint=artifact("checkpoint"),
         training=artifact("lm_training"),  # the valid curve and whether it converged (knnlm.lm.convergence)
     wildcard_constraints:
-        lm=lm_constraint([n for n in LMS if SOURCE[n] == "train"]),
+        lm=lm_constraint([n for n in LMS if SOURCE[n] == "train" and n not in PRETRAINED]),
     params:
         cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
         io=io(work_dir=artifact("fairseq_dir"), fairseq_log=artifact("log", job="train_lm_{lm}.fairseq")),
@@ -149,6 +151,32 @@ rule train_lm:
         ENV
     shell:
         knnlm("spine.train_lm")
+
+
+# config 'pretrained': a shipped LM (knnlm.pretrained) instead of training it: checked against its model card (the
+# sha256, the 'lm' config this run would train it with, the run's dictionary) and copied with its training record.
+rule pretrained_lm:
+    input:
+        checkpoint=lambda wc: str(PRETRAINED[wc.lm] / "checkpoint.pt"),
+        card=lambda wc: str(PRETRAINED[wc.lm] / "model_card.json"),
+        training=lambda wc: str(PRETRAINED[wc.lm] / "training.json"),
+        data_bin=artifact("data_bin"),
+    output:
+        checkpoint=artifact("checkpoint"),
+        training=artifact("lm_training"),
+    wildcard_constraints:
+        lm=lm_constraint(list(PRETRAINED)),
+    params:
+        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
+        io=io(),
+    log:
+        log_of("pretrained_lm", "lm"),
+    benchmark:
+        bench_of("pretrained_lm", "lm")
+    conda:
+        ENV
+    shell:
+        knnlm("spine.pretrained_lm")
 
 
 rule register_hf:

@@ -73,6 +73,18 @@ def documents_scheme(job: Job) -> dict:
             "split_documents": {s: len(f["tokens"]) for s, f in files.items()}}
 
 
+def stats_options(job: Job) -> dict:
+    """Config section 'stats' with its defaults (knnlm.stats.options) and 'scheme': the documents scheme of the
+    job's per-split input list 'documents' (documents_scheme), which names the unit in every verdict
+    ('inconclusive (9 articles, n_eff 7.3)')."""
+    from ..stats import options
+
+    st = options(job.cfg.get("stats"))
+    if job.input.get("documents"):
+        st["scheme"] = documents_scheme(job)["scheme"]
+    return st
+
+
 def scheme_label(scheme: dict, counts: dict[str, int]) -> str:
     """knnlm.stats.documents_label of a documents_scheme() for `counts` ({split: documents}); the block size only
     when every split shares it."""

@@ -6,13 +6,17 @@ artifacts of Table 1 (the full store's FAISS neighbours of every valid and test 
   E.2 sparsification   -- (a) the LM's distribution kept to its top k tokens, renormalised at a temperature chosen
                           on valid, interpolated with the LM; (b) the LM's distribution restricted to the tokens the
                           kNN search retrieved (their distances ignored), with and without removing duplicates
-  E.3 location         -- correlation of the base LM's per-token NLL and of the kNN-LM's gain with the token's
-                          position in its context window and in its document
+  E.3 location         -- the change of the base LM's per-token NLL and of the kNN-LM's gain (nats) between the first
+                          and the last quarter of positions in the context window and in the document, tested
+                          against a stated margin (QUARTER_MARGIN); Pearson's r reported beside it
   E.4 stolen probabilities -- the words of W_sm that can never be the argmax (inside the convex hull of the others)
 
-Every interpolation is compared with the base LM and with the kNN-LM of Table 1 (same key type, Table 3's metric,
-config τ) on the same tokens, paired over documents (knnlm.stats); correlations get the jackknife-t interval of
-knnlm.stats.jackknife_sums (coverage: docs/statistics.md).
+Every interpolation is compared with the base LM and, like for like, with the kNN-LM of Table 1 at its τ tuned on
+the same valid tokens (same key type, Table 3's metric; 'kNN-LM <key> τ*'), since each twin gets its τ or T tuned
+on valid; the kNN-LM at the config τ is in the table beside it. A τ* or T* on its grid's edge is flagged in the
+comparison row ('flag') and in the findings. Comparisons are on the same tokens, paired over documents
+(knnlm.stats); E.3's effects get the jackknife-t interval of knnlm.stats.jackknife_sums (coverage:
+docs/statistics.md).
 """
 from __future__ import annotations
 
@@ -26,13 +30,17 @@ from ..cli import Job
 from ..io import ArtifactError, iter_chunks, open_npy, read_json
 from ..results import METRIC_NAME, SPLITS, evaluate
 from ..scoring import interpolate
-from ..stats import ci_caption, compare, comparison_rows, fmt_ci, jackknife_sums, options, per_document, statistic_row
+from ..stats import (ci_caption, compare, comparison_rows, effective_documents, fmt_ci, jackknife_sums, options,
+                     per_document, statistic_row)
 from ..tables import write_csv, write_table
-from .common import by_split, documents_label, lm_training_label, split_documents
+from .common import by_split, documents_label, lm_training_label, split_documents, stats_options
 
 log = logging.getLogger(__name__)
 CHUNK = 4096  # tokens per chunk: [CHUNK, V] logits in RAM
-CORRELATION_MARGIN = 0.05  # E.3: "no correlation" is reproduced when the CI of Pearson's r lies inside ± this
+CORRELATION_MARGIN = 0.05  # E.3: Pearson's r, reported beside the effect (a tiny r can hide a large trend)
+# E.3: "no effect of the position" is reproduced when the CI of the last-quarter minus first-quarter mean (nats per
+# token) lies inside ± this: 0.02 nats = a 2 % change of per-token perplexity
+QUARTER_MARGIN = 0.02
 
 
 def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
@@ -118,13 +126,13 @@ def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
 def hypotheses(job: Job) -> dict:
     """E.1-E.4 (Xu et al. 2023, App. E): table 'hypotheses' (every variant's perplexity and comparisons with CIs)
     and its comparisons CSV (read by findings)."""
-    from ..analysis import (argmaxable, correlation_of, document_positions, regression_leverage, regression_sums,
-                            window_positions)
+    from ..analysis import (argmaxable, correlation_of, document_positions, position_fraction, quarter_difference,
+                            quarter_sums, regression_leverage, regression_sums, window_positions)
     from ..config import temperatures
     from .parametric import output_matrix
 
     t0 = time.time()
-    cfg, hyp, st = job.cfg, job.cfg["hypotheses"], options(job.cfg["stats"])
+    cfg, hyp, st = job.cfg, job.cfg["hypotheses"], stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
     scores = {sc["key_type"]: sc for sc in map(read_json, job.paths("scores"))}
     keys = sorted(scores, key=["att", "ffn"].index)
@@ -143,43 +151,66 @@ def hypotheses(job: Job) -> dict:
         ev = evaluate(lp_lm, lp_alt, words, steps)
         variants[name] = (labels, {s: interpolate(lp_lm[s], lp_alt[s], ev["lambda"]) for s in SPLITS}, ev)
 
-    for key in keys:  # the kNN-LM of Table 1 (config τ): the reference
+    edges = {}  # variant -> "τ* on the grid edge" and the like: flagged in its comparison rows
+
+    def edge_of(i: int, grid: list, what: str) -> str:
+        return f"{what} on the grid edge ({grid[i]:g} of {grid[0]:g} … {grid[-1]:g})" if len(grid) > 1 and i in (
+            0, len(grid) - 1) else ""
+
+    for key in keys:  # the kNN-LM of Table 1: at the config τ (for reference) and at τ* tuned on valid (like for like)
+        sc = scores[key]
         add(f"kNN-LM {key}", {"section": "Table 1", "variant": f"kNN-LM {key}/{METRIC_NAME[metric]}",
                               "τ / T": f"{cfg['knn']['temperature']:g}"},
             {s: np.load(by_split(job, f"knn_{key}")[s]).astype(np.float64) for s in SPLITS})
+        tau = sc["tuned"]["temperature"]
+        add(f"kNN-LM {key} τ*", {"section": "Table 1", "variant": f"kNN-LM {key}/{METRIC_NAME[metric]}, τ tuned",
+                                 "τ / T": f"{tau:g}" + (" (grid edge)" if sc["tuned"].get("tau_edge") else "")},
+            {s: np.load(by_split(job, f"knn_tuned_{key}")[s]).astype(np.float64) for s in SPLITS})
+        if sc["tuned"].get("tau_edge"):
+            edges[f"kNN-LM {key} τ*"] = f"the kNN-LM's τ* = {tau:g} on its grid's edge"
     for key in keys:
         i, _ = _tune(lp_lm, {s: per[s]["e1"][key] for s in SPLITS}, words, steps)
-        edge = " (grid edge)" if i == len(taus) - 1 else ""
+        edges[f"W_sm distance {key}"] = edge_of(i, taus, "the twin's τ*")
         add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
-                                     "τ / T": f"{taus[i]:g}{edge}"}, {s: per[s]["e1"][key][i] for s in SPLITS})
+                                     "τ / T": f"{taus[i]:g}" + (" (grid edge)" if edges[f"W_sm distance {key}"] else "")},
+            {s: per[s]["e1"][key][i] for s in SPLITS})
+    temps = list(hyp["sparsify_temperatures"])
     for i, k in enumerate(drift["ks"]):
         j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
+        edges[f"LM top-{k}"] = edge_of(j, temps, "T*")
         add(f"LM top-{k}", {"section": "E.2", "variant": f"LM's top {k} tokens, renormalised",
-                            "τ / T": f"{hyp['sparsify_temperatures'][j]:g}"}, {s: per[s]["topk"][i, j] for s in SPLITS})
+                            "τ / T": f"{temps[j]:g}"}, {s: per[s]["topk"][i, j] for s in SPLITS})
     for key in keys:
         for dd in (False, True):
             name = f"retrieved set {key}" + (" (dedup)" if dd else "")
             j, _ = _tune(lp_lm, {s: per[s]["subset"][(key, dd)] for s in SPLITS}, words, steps)
+            edges[name] = edge_of(j, temps, "T*")
             add(name, {"section": "E.2", "variant": f"LM restricted to the tokens retrieved with {key} keys"
                        + (", duplicates removed" if dd else ", weighted by count"),
-                       "τ / T": f"{hyp['sparsify_temperatures'][j]:g}"}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})
+                       "τ / T": f"{temps[j]:g}"}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})
     names = ["base"] + list(variants)
     pairs = [(n, "base") for n in variants]
-    for key in keys:
-        pairs += [(f"kNN-LM {key}", n) for n in variants if not n.startswith("kNN-LM") and n.split(" (")[0].endswith(key)]
+    for key in keys:  # each twin (tuned on valid) against the kNN-LM tuned on the same valid tokens, and at config τ
+        twins = [n for n in variants if not n.startswith("kNN-LM") and n.split(" (")[0].endswith(key)]
+        pairs += [(f"kNN-LM {key} τ*", n) for n in twins] + [(f"kNN-LM {key}", n) for n in twins]
     ci, cmp_rows = {}, []
     for split in SPLITS:
         doc, doc_words = docs[split]
         lps = [lp_lm[split]] + [v[1][split] for v in variants.values()]
         ci[split] = compare(per_document(-np.stack(lps), doc, len(doc_words)), doc_words, names, pairs, st)
-        cmp_rows += comparison_rows(ci[split], split=split)
+        for r in comparison_rows(ci[split], split=split):
+            a, b = r["comparison"].split(" vs ", 1)
+            r["flag"] = "; ".join(f for f in (edges.get(a, ""), edges.get(b, "")) if f)
+            if a.startswith("kNN-LM ") and not a.endswith("τ*") and b != "base":
+                r["flag"] = "; ".join(f for f in (r["flag"], "the kNN-LM at the config τ, the twin tuned") if f)
+            cmp_rows.append(r)
     rows = []
     for split in ("test", "valid"):
         c = ci[split]
         for name, (labels, _, ev) in variants.items():
             row = {"split": split, **labels, "λ": ev["lambda"], "interp PPL (word)": ev[split]["interp"]["ppl_word"],
                    "95% CI (word)": fmt_ci(c["ppl"][name]), "vs base (95% CI)": fmt_ci(c["diff"][f"{name} vs base"], pct=True)}
-            ref = next((f"kNN-LM {k} vs {name}" for k in keys if f"kNN-LM {k} vs {name}" in c["diff"]), None)
+            ref = next((f"kNN-LM {k} τ* vs {name}" for k in keys if f"kNN-LM {k} τ* vs {name}" in c["diff"]), None)
             row["kNN-LM vs this (95% CI)"] = fmt_ci(c["diff"][ref], pct=True) if ref else "-"
             row["documents"] = str(c["documents"])
             rows.append(row)
@@ -190,15 +221,27 @@ def hypotheses(job: Job) -> dict:
     t = len(lp_lm[split])
     key0 = "att" if "att" in keys else keys[0]
     gain = variants[f"kNN-LM {key0}"][1][split] - lp_lm[split]
-    for pos_name, pos in (("context window", window_positions(t, man["tokens_per_sample"], man["context_window"])),
-                          ("document", document_positions(doc))):
+    for pos_name, pos, frac in (
+            ("context window", *(lambda p: (p, position_fraction(p)))(
+                window_positions(t, man["tokens_per_sample"], man["context_window"]))),
+            ("document", *(lambda p: (p, position_fraction(p, doc)))(document_positions(doc)))):
         lev = regression_leverage(pos, doc, len(doc_words))
         for y_name, y in (("base-LM NLL", -lp_lm[split]), (f"kNN-LM ({key0}) gain in log p", gain)):
+            qs = quarter_sums(frac, y, doc, len(doc_words))
+            v, lo, hi = jackknife_sums(quarter_difference, qs, qs[:, 1] + qs[:, 3], st)
+            name = f"{y_name}: last minus first quarter of positions in the {pos_name}"
+            cmp_rows.append(statistic_row(name, v[0], lo[0], hi[0], len(doc_words), st["min_documents"],
+                                          effective_documents(qs[:, 1] + qs[:, 3]), st.get("scheme", ""),
+                                          split=split))
+            rows.append({"split": split, "section": "E.3", "variant": name + " (nats per token)", "τ / T": "-",
+                         "λ": "-", "interp PPL (word)": "-", "95% CI (word)": f"{v[0]:+.4f} [{lo[0]:+.4f}, {hi[0]:+.4f}]",
+                         "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": str(len(doc_words))})
             sums = regression_sums(pos, y, doc, len(doc_words))
             v, lo, hi = jackknife_sums(correlation_of, sums, lev, st)
             name = f"correlation of {y_name} with position in the {pos_name}"
-            cmp_rows.append(statistic_row(name, v[0], lo[0], hi[0], len(doc_words), st["min_documents"], split=split))
-            rows.append({"split": split, "section": "E.3", "variant": name, "τ / T": "-", "λ": "-",
+            cmp_rows.append(statistic_row(name, v[0], lo[0], hi[0], len(doc_words), st["min_documents"],
+                                          effective_documents(lev), st.get("scheme", ""), split=split))
+            rows.append({"split": split, "section": "E.3", "variant": name + " (Pearson r)", "τ / T": "-", "λ": "-",
                          "interp PPL (word)": "-", "95% CI (word)": f"{v[0]:+.3f} [{lo[0]:+.3f}, {hi[0]:+.3f}]",
                          "vs base (95% CI)": "-", "kNN-LM vs this (95% CI)": "-", "documents": str(len(doc_words))})
     # E.4: stolen probabilities
@@ -215,15 +258,17 @@ def hypotheses(job: Job) -> dict:
     df = pd.DataFrame(rows)
     cap = (f"Rejected hypotheses without new training ({cfg['name']}; Xu et al. 2023, Sec. 6, App. E.1-E.4), on every "
            f"valid and test token; the kNN-LM rows are Table 1's ({'/'.join(keys)} keys, {METRIC_NAME[metric]}, τ = "
-           f"{cfg['knn']['temperature']:g}). E.1: the kNN scores of the full store's FAISS neighbours replaced by "
+           f"{cfg['knn']['temperature']:g}, and at τ* tuned on valid: 'kNN-LM vs this' compares each row with it, "
+           f"both sides tuned on the same valid tokens). E.1: the kNN scores of the full store's FAISS neighbours replaced by "
            f"−‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i, τ tuned on valid over {taus[0]:g} … {taus[-1]:g} "
            f"('τ / T'). E.2: the LM's own distribution sparsified, (a) to its top k tokens, (b) to the tokens the kNN "
            f"search retrieved (their distances ignored; 'weighted by count' keeps duplicates), renormalised at a "
            f"temperature T chosen on valid from {hyp['sparsify_temperatures']}; λ tuned on valid for every row. E.3: "
-           f"Pearson correlation over test tokens of the base LM's NLL and of the kNN-LM's gain (log p interpolated − "
-           f"log p_LM) with the token's position in its context window (tokens of context it was scored with) and "
-           f"in its document; the paper finds none (reproduced here when the CI lies inside ±"
-           f"{CORRELATION_MARGIN:g}). E.4: words of W_sm that cannot be the argmax of W_sm·h for any h (a quick "
+           f"how the base LM's per-token NLL and the kNN-LM's gain (log p interpolated − log p_LM, nats) change with "
+           f"the token's position in its context window (tokens of context it was scored with) and in its document: "
+           f"the mean over the last quarter of positions minus the mean over the first (test tokens; the paper finds "
+           f"no correlation: reproduced here when the CI lies inside ±{QUARTER_MARGIN:g} nats, a 2 % change of "
+           f"per-token perplexity), with Pearson's r beside it. E.4: words of W_sm that cannot be the argmax of W_sm·h for any h (a quick "
            f"witness search, then an LP per remaining word, scipy/HiGHS, at most {hyp['max_lp_words']} LPs; Grivas "
            f"et al. 2022): {arg['witness']:,} proven argmaxable by a witness, {arg['lp_checked']} by LP. "
            f"log softmax(W_sm h_ffn) matches the dumped log p_LM to {max(drift['valid'], drift['test']):.1e} nats. "
@@ -242,7 +287,7 @@ def interpolated_loss(job: Job) -> dict:
     """E.6.3 (Xu et al. 2023, App. E.6.3, Eq. 12): W_ds trained on the interpolated loss (parametric variant
     'iloss<100 λ>') against W_ds on the plain loss (nv1), same key type, rows and training schedule; each
     interpolated with the base LM at its own λ tuned on valid. Table 'interpolated_loss' and its comparisons CSV."""
-    cfg, st = job.cfg, options(job.cfg["stats"])
+    cfg, st = job.cfg, stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
     keys = [k for k in ("att", "ffn") if job.input.get(f"iloss_result_{k}")]
     lp_lm, docs, words = _base_lm(job)
@@ -328,17 +373,40 @@ def _trainings(job: Job) -> dict[str, dict]:
     return {p.parent.name: read_json(p) for p in files}
 
 
-def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str) -> dict:
+MEMORISED = 0.5  # E.6.1: an LM memorised its training set when its training perplexity is under half its valid one
+
+
+def memorisation(name: str, training: dict | None) -> dict:
+    """E.6.1's check that an 'overfitted' LM overfitted: the comparison row 'memorisation of <name>' with its last
+    training perplexity (token; fairseq's last logged training loss, dropout as trained) over its valid perplexity
+    at its last evaluation, and verdict 'memorised' when the ratio is under MEMORISED (the paper trained until the
+    training loss was near zero), 'not memorised' otherwise, 'unknown' without a training record."""
+    row = {"split": "test", "comparison": f"memorisation of {name}: train / valid perplexity (token)",
+           "documents": None, "on": "its training log"}
+    if not training or training.get("train_loss_last") is None or not training.get("valid"):
+        return {**row, "relative difference": float("nan"), "CI low": float("nan"), "CI high": float("nan"),
+                "verdict": "unknown"}
+    train, valid = 2.0 ** training["train_loss_last"], training["valid"][-1][1]
+    ratio = train / valid
+    return {**row, "relative difference": ratio, "CI low": ratio, "CI high": ratio,
+            "verdict": "memorised" if ratio < MEMORISED else "not memorised",
+            "on": f"train PPL {train:.2f}, valid PPL {valid:.2f} (token) after {training['updates']:,} updates"}
+
+
+def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str,
+               extra_rows: list[dict] = (), flags: dict[str, str] | None = None) -> dict:
     """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
     interpolated with the base LM (weights tuned on valid by EM, knnlm.analysis.mixture_weights), with its oracle
     (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1, tuned
     the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv' (comparisons
     'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and reference
-    'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over documents. Raises ArtifactError as _load_lms (config key `key`)."""
+    'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over documents;
+    then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that LM.
+    Raises ArtifactError as _load_lms (config key `key`)."""
     from ..analysis import mixture_log_prob, mixture_weights
     from ..scoring import oracle_log_prob, summarize
 
-    st = options(job.cfg["stats"])
+    st = stats_options(job)
     lp, docs, words, knn = _load_lms(job, members + refs, key)
     lp["kNN"] = knn
     trained = _trainings(job)
@@ -364,7 +432,10 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
         doc, doc_words = docs[split]
         ci[split] = compare(per_document(-np.stack([mixes[n][0][split] for n in names]), doc, len(doc_words)),
                             doc_words, names, pairs, st)
-        cmp_rows += comparison_rows(ci[split], split=split)
+        for r in comparison_rows(ci[split], split=split):
+            r["flag"] = "; ".join(f for n, f in (flags or {}).items() if f and f" {n} " in f" {r['comparison']} ")
+            cmp_rows.append(r)
+    cmp_rows += list(extra_rows)
     for split in ("test", "valid"):
         c = ci[split]
         for n in names:
@@ -413,8 +484,13 @@ def overfitting(job: Job) -> dict:
            f"perplexity per token, which the paper drives near 1), each alone, interpolated with the base LM and its "
            f"oracle (per token the better of the two), against the kNN-LM (base LM + the kNN component of Table 1, "
            f"full store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM. The paper: "
-           f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2).")
-    return _with_base(job, members, [], "hypotheses.overfit_lms", "Table 9: overfitted LMs vs the kNN-LM", cap)
+           f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2). "
+           f"An LM memorised its training set when its training perplexity is under {MEMORISED:g}× its valid "
+           f"perplexity; the verdicts on an LM that did not are marked so (it tests another regime than the paper's).")
+    mem = [memorisation(n, trained.get(n)) for n in members]
+    flags = {n: f"{n} did not memorise ({m['on']})" for n, m in zip(members, mem) if m["verdict"] != "memorised"}
+    return _with_base(job, members, [], "hypotheses.overfit_lms", "Table 9: overfitted LMs vs the kNN-LM", cap,
+                      extra_rows=mem, flags=flags)
 
 
 def soft_labels(job: Job) -> dict:
@@ -450,7 +526,7 @@ def ensembling(job: Job) -> dict:
     from ..figures import pyplot, save_figure
     from ..scoring import oracle_log_prob, summarize
 
-    cfg, st = job.cfg, options(job.cfg["stats"])
+    cfg, st = job.cfg, stats_options(job)
     others = _other_lms(job)
     lp, docs, words, knn = _load_lms(job, others, "hypotheses.ensemble_lms")
     lms = ["base"] + others

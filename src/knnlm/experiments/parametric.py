@@ -288,7 +288,9 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     from ..stats import ci_caption, compare, comparison_rows
     from ..tables import write_comparisons
 
-    st = job.cfg["stats"]
+    from .common import stats_options
+
+    st = stats_options(job)
     lp_lm = lm_log_probs(job)
     knn_files, par_files = job.paths("knn_logprobs"), job.paths("par_logprobs")
     tuned_files = job.paths("knn_tuned")

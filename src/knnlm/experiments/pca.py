@@ -20,7 +20,9 @@ def table(job: Job) -> dict:
     df = pd.DataFrame(rows).sort_values(["split", "h_ds", "⊗", "mask", "score", "dim"], kind="stable")
     cap = (f"PCA-reduced keys ({cfg['name']}; He et al. 2021): keys and queries projected to d dims by a PCA trained on "
            f"a seeded sample of keys, then IVFPQ with the full keys' code size (D/16 bytes when 'index.code_size' is auto, the same for every PCA dimension, so dimension and code size are not confounded), exact search and "
-           f"real score in the reduced space; τ = {cfg['knn']['temperature']}, λ tuned on valid; scope: "
+           f"real score in the reduced space; τ = {cfg['knn']['temperature']}, λ tuned on valid; 'vs full': the paired "
+           f"relative difference to the full store's same setting, 'verdict' 'lower' / 'higher' when its CI lies below "
+           f"/ above 0 (the full store's own rows: '-'); scope: "
            f"{scope_caption(cfg)}. {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "PCA: interpolated perplexity vs key dimension", cap, note=lm_training_label(job))
     return {"artifacts": [job.path("csv"), job.path("md")]}

@@ -418,7 +418,9 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
     from ..stats import compare, per_document
     from ..stores import scores_every_token
 
-    st, steps = job.cfg["stats"], job.cfg["knn"]["lambda_steps"]
+    from .common import stats_options
+
+    st, steps = stats_options(job), job.cfg["knn"]["lambda_steps"]
     meta = read_json(job.path("store") / "store.json")
     ev = {name: evaluate(lp_lm, by, words, steps) for name, by in lp_knn.items()}
     tuned, lp_tuned = {}, {}
@@ -502,8 +504,9 @@ def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> d
 
     if a["doc_ids"][split] != b["doc_ids"][split]:
         raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
+    scheme = a.get("documents_scheme", {}).get("scheme", "")
     return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
-                   [("a", "b")], stats)["diff"]["a vs b"]
+                   [("a", "b")], stats, scheme=scheme)["diff"]["a vs b"]
 
 
 def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
@@ -511,8 +514,9 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
     """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
     base PPL (word), CI low, CI high, documents, recall@k, keys scanned / query) of every mask/score setting in settings JSONs: the tables that compare
     stores. With `reference` (a store, e.g. 'full'): also each row's paired relative difference to the same
-    setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`), from the
-    per-document NLL of both stores on the same scope.
+    setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`: 'lower' /
+    'higher' when the CI of this store / reference − 1 lies below / above 0), from the per-document NLL of both
+    stores on the same scope; the reference's own rows say '-'.
     """
     from ..stats import fmt_ci
 
@@ -529,8 +533,11 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
                 row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
                        "CI low": ci["lo"], "CI high": ci["hi"], "documents": len(s["doc_ids"][split]),
                        "recall@k": s["recall"][split],
-                       "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query")}
-                if reference:
+                       "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query"),
+                       "missing neighbours": s.get("scan", {}).get(split, {}).get("missing_neighbours")}
+                if reference and s["store"] == reference:  # the reference itself: nothing to compare
+                    row.update({f"vs {reference} (95% CI)": "-", "verdict": "-"})
+                elif reference:
                     d = store_vs_store(s, ref[(s["key_type"], s["metric"])], split, setting, stats)
                     row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
                 rows.append(row)
@@ -576,7 +583,8 @@ def table3(job: Job) -> dict:
         for split in ("test", "valid"):
             n = {"tokens": s["scope_tokens"][split], "words": s["words"][split], "documents": len(s["doc_ids"][split]),
                  f"FAISS recall@{cfg['knn']['k']}": s["recall"][split],
-                 "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query")}
+                 "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query"),
+                 "missing neighbours": s.get("scan", {}).get(split, {}).get("missing_neighbours")}
             c = s["ci"][split]
             base = result_row(split, {**labels, "mask": "-", "score": "-"}, base=s["base"])
             base.update({"interp PPL (word)": base["PPL (word)"], "interp PPL (token)": base["PPL (token)"]})

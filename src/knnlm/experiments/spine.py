@@ -6,6 +6,7 @@ Jobs (knnlm.cli.JOBS): download, prepare_data, bpe, preprocess, train_lm, dump_d
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import numpy as np
 
@@ -39,8 +40,17 @@ def bpe(job: Job) -> dict:
 
     b = job.cfg["bpe"]
     model = job.path("model")
-    train_bpe(dict(zip(SPLITS, job.paths("splits")))["train"], model.with_suffix(""), b["vocab_size"],
-              b["character_coverage"], b["seed"], job.threads)
+    if job.input.get("given"):  # config 'pretrained': the BPE model the shipped LMs were trained with
+        import shutil
+
+        from ..io import atomic_path
+
+        for src in job.paths("given"):
+            with atomic_path(model.with_suffix(Path(src).suffix)) as tmp:
+                shutil.copyfile(src, tmp)
+    else:
+        train_bpe(dict(zip(SPLITS, job.paths("splits")))["train"], model.with_suffix(""), b["vocab_size"],
+                  b["character_coverage"], b["seed"], job.threads)
     stats = {s: encode_bpe(model, src, dst) for s, src, dst in zip(SPLITS, job.paths("splits"), job.paths("bpe"))}
     write_json(job.path("stats"), stats)
     return {"metrics": {f"{s}_tokens": v["tokens"] for s, v in stats.items()}, "artifacts": [job.path("stats")]}
@@ -77,6 +87,40 @@ def train_lm(job: Job) -> dict:
             "artifacts": [job.extra["fairseq_log"], job.path("training")]}
 
 
+def pretrained_lm(job: Job) -> dict:
+    """A shipped LM (config 'pretrained', knnlm.pretrained) in place of training it: its checkpoint must match its
+    model card's sha256, the 'lm' section (and App. E.6 options) this config would train it with, and the run's
+    dictionary; then the checkpoint and its training record are copied to the LM's outputs. Raises ArtifactError
+    naming config key 'pretrained' and the file otherwise (retrain with --config pretrained=null)."""
+    import shutil
+
+    from ..io import ArtifactError, atomic_path, read_json
+    from ..pretrained import check_checkpoint, check_dictionary
+
+    lm = job.wildcards["lm"]
+    key = f"pretrained (LM {lm!r})"
+    card = check_checkpoint(job.input["checkpoint"], key)
+    if card is None:
+        raise ArtifactError(f"config key 'pretrained': {job.path('card')} is missing beside {job.input['checkpoint']}")
+    want = {"lm": job.cfg["lm"], "train": job.cfg.get("train", {})}
+    have = {"lm": card["lm"], "train": card.get("train", {})}
+    if want != have:
+        diff = sorted(k for k in set(want["lm"]) | set(have["lm"]) if want["lm"].get(k) != have["lm"].get(k))
+        raise ArtifactError(f"config key 'pretrained': {job.input['checkpoint']} was trained with another config than "
+                            f"this run's for LM {lm!r} (differs in {diff or 'train options'}: card "
+                            f"{ {k: have['lm'].get(k) for k in diff} }, config { {k: want['lm'].get(k) for k in diff} }); "
+                            f"retrain it with --config pretrained=null")
+    check_dictionary(job.input["checkpoint"], job.path("data_bin") / "dict.txt", key)
+    for name in ("checkpoint", "training"):
+        with atomic_path(job.output[name]) as tmp:
+            shutil.copyfile(job.input[name], tmp)
+    training = read_json(job.input["training"])
+    return {"metrics": {"updates": card["updates"], "valid_ppl_token": card["valid"]["ppl_token"],
+                        "test_ppl_token": card["test"]["ppl_token"]},
+            "params": {"converged": training["converged"], "checkpoint_sha256": card["sha256"],
+                       "pretrained": str(job.input["checkpoint"])}}
+
+
 def register_hf(job: Job) -> dict:
     """The model card of a Hugging Face base LM (knnlm.hf.model_card): what identifies its weights and tokenizer."""
     from ..hf import model_card
@@ -101,7 +145,9 @@ def lm_pass(job: Job, split: str):
         card = read_json(job.path("model_card"))
         return hf_pass(card, {split: job.path("text")}, ev["context_window"], ev["max_tokens"],
                        lm_tokens_per_sample(job.cfg, job.wildcards["lm"]))
-    return fairseq_pass(job.path("checkpoint"), job.path("data_bin"), ev["context_window"], ev["max_tokens"])
+    lm = job.wildcards.get("lm", "")
+    return fairseq_pass(job.path("checkpoint"), job.path("data_bin"), ev["context_window"], ev["max_tokens"],
+                        key=f"lms.{lm}")
 
 
 def dump_datastore(job: Job) -> dict:

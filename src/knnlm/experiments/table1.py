@@ -96,7 +96,9 @@ def table1(job: Job) -> dict:
     from ..stats import ci_caption, compare, comparison_rows, fmt_ci, per_document
     from ..tables import write_comparisons, write_table
 
-    cfg, st = job.cfg, job.cfg["stats"]
+    from .common import stats_options
+
+    cfg, st = job.cfg, stats_options(job)
     lp_lm = lm_log_probs(job)
     base = base_summary(lp_lm, words_per_split(job))
     scores = [read_json(p) for p in job.paths("scores")]

@@ -21,7 +21,7 @@ from ..config import derived_lm
 from ..io import read_json
 from ..results import METRIC_NAME
 from ..scoring import interpolate
-from ..stats import ci_caption, compare, estimate, fmt_ci, per_document, verdict
+from ..stats import ci_caption, compare, effective_documents, estimate, fmt_ci, per_document, verdict
 
 log = logging.getLogger(__name__)
 from .common import lm_training_label
@@ -146,7 +146,8 @@ def _cross_lm(names: list[str], boots: list[tuple[np.ndarray, np.ndarray]], spli
     for k, (i, j) in enumerate(pairs):
         out.append({"split": split, "a": names[i], "b": names[j], "gain a − gain b (pp)": 100 * point[k],
                     "CI low": 100 * lo[k], "CI high": 100 * hi[k], "documents": n_docs,
-                    "verdict": verdict(lo[k], hi[k], n_docs, st["min_documents"]).replace(
+                    "verdict": verdict(lo[k], hi[k], n_docs, st["min_documents"],
+                                       effective_documents(boots[0][1]), st.get("scheme", "")).replace(
                         "lower", "a gains more").replace("higher", "b gains more")})
     return out
 

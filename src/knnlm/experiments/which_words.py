@@ -24,9 +24,9 @@ from ..figures import pyplot, save_figure
 from ..io import write_json
 from ..results import METRIC_NAME, evaluate
 from ..scoring import interpolate
-from ..stats import ci_caption, jackknife_sums, options, statistic_row
+from ..stats import ci_caption, effective_documents, jackknife_sums, options, statistic_row
 from ..tables import write_csv, write_table
-from .common import lm_training_label, scheme_label, documents_scheme, token_strings
+from .common import lm_training_label, scheme_label, documents_scheme, stats_options, token_strings
 from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, load_settings, scoped_targets
 
 SPLIT = "test"
@@ -55,7 +55,7 @@ def which_words(job: Job) -> dict:
     (slopes with CIs), table 'which_words_frequency', their comparisons CSV, Figures 6 and 7 and a JSON of the
     per-type points."""
     cfg, hyp = job.cfg, job.cfg["hypotheses"]
-    st = options(cfg["stats"])
+    st = stats_options(job)
     tau = cfg["knn"]["temperature"]
     lp_lm, words, lp_knn, _, docs, _, _ = load_settings(job, [tau])
     target = scoped_targets(job, SPLIT)
@@ -83,7 +83,8 @@ def which_words(job: Job) -> dict:
         sub = counts.reshape(n_docs, len(types), 3)[:, ok].reshape(n_docs, -1)
         v, lo, hi = jackknife_sums(type_slope(xs[ok]), sub, doc_tokens, st) if ok.sum() > 2 else ([np.nan],) * 3
         rows.append(statistic_row(SLOPE.format(ATTRIBUTES[name]), v[0], lo[0], hi[0], n_docs, st["min_documents"],
-                                  split=SPLIT, types=int(ok.sum())))
+                                  effective_documents(doc_tokens), st.get("scheme", ""), split=SPLIT,
+                                  types=int(ok.sum())))
         points[name] = xs.tolist()
     freq = _frequency(job, lm, lp_lm, lp_knn, words, target, train, doc, doc_tokens, n_docs, st)
     _figures(job, points, rows)
