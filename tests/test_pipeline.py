@@ -563,32 +563,49 @@ def test_findings_report(tiny_run):
     assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "
                      r"half-width.* The 20% store's claims use every test token \(\d+ documents, [\d,]+ tokens\)", text)
 
-    # one row per claim, but each App. B-C family claim (against the paper's att/IP kNN-LM, and ours against the best
-    # one) gets one per alternative the tiny config trains: 2V att and ffn, adaptive by frequency and by loss, MoS
-    # R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at equal rows one per 2V (att, ffn)
+    # one row per claim, but each App. B-C family claim (against the paper's att/IP kNN-LM at τ = 1, against the best
+    # one at its τ*, and ours against the best one) gets one per alternative the tiny config trains: 2V att and ffn,
+    # adaptive by frequency and by loss, MoS R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at
+    # equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 52 and len(family) == 2 * 9 and len(equal_rows) == 2
-    # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (paper's and ours) and E.2's
-    # retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k, two per E.3
-    # claim (the base LM's NLL and the kNN-LM's gain), two for E.6.3 (att, ffn): 10 more rows than claims; E.5 has
-    # one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1 and E.6.2 one per claim (one overfitted LM, one
-    # soft-label LM)
-    assert len(rows) == len(CLAIMS) - 3 + len(family) + len(equal_rows) + 10
-    assert sum("| the paper's " in r for r in rows) == 33 + 24 and sum("| ours (beyond the paper) " in r for r in rows) == 18 + 4
+    assert len(CLAIMS) == 61 and len(family) == 3 * 9 and len(equal_rows) == 2
+    # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs
+    # base) and E.2's retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k,
+    # two per E.3 effect claim (the base LM's NLL and the kNN-LM's gain) and four for E.3's r (reported), two for
+    # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
+    # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
+    assert len(rows) == len(CLAIMS) - 4 + len(family) + len(equal_rows) + 13
+    # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
+    # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
+    kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")
+    assert [sum(k in r for r in rows) for k in kinds] == [36, 22, 18, 23] and sum(map(sum, [[k in r for r in rows]
+                                                                                          for k in kinds])) == len(rows)
+    # every row names its resampling unit (the tiny corpus has no headings: token blocks) with Kish's n_eff
+    assert all(re.search(r"\| \d+ token blocks( \(n_eff [\d.]+\))? +\|", r) for r in rows
+               if "E.4" not in r and "memorisation" not in r)
+    # E.1 and E.2 compare with the kNN-LM at its τ*; E.3 in nats; E.6.1 checks that the overfitted LM memorised
+    assert all(" τ* vs " in r for r in rows if "E.1" in r and "the paper's" in r)
+    assert sum("nats per token" in r for r in rows if "E.3" in r) == 4
+    assert any("memorisation of " in r for r in rows if "E.6.1" in r)
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
     on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 9 + 6 + 2
+    assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 10 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
-    assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 9
+    assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 10
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
     assert sum(bool(m and m.group(2) and m.group(3) and not m.group(4)) for m in on) == 6
     assert sum(bool(m and m.group(4) and not m.group(3)) for m in on) == 2  # vs the full one on the scope (Figure 2)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
                if "not run" not in r)
-    # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twin vs base, E.5's base +
-    # another LM vs the kNN-LM, E.6.2's soft vs one-hot labels: numbers only
-    assert sum("| reported " in r for r in rows) == 3 + 2 + 1 + 1
+    # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twins vs base, E.5's base +
+    # another LM vs the kNN-LM, E.6.2's base + soft vs base alone, E.3's r: numbers only; and every claim made at
+    # τ = 1 where a compared setting's τ* beats τ = 1 (its verdict is its τ* twin's)
+    from knnlm.experiments.findings import TAU1_OFF
+
+    off = sum(TAU1_OFF in r for r in rows)
+    assert sum("| reported " in r for r in rows) == 2 + 1 + 2 + 1 + 1 + 4 + off
+    assert all("τ* differs" in r for r in rows if TAU1_OFF in r)
     # App. D's slopes and E.3's correlations say what they rest on; E.4 is a property of W_sm
     assert all(re.search(r"\| ffn/L2, store full-alltokens, all tokens +\| +\d+ ", r) for r in rows if "App. D" in r)
     assert all("| the output matrix W_sm " in r for r in rows if "E.4" in r)
@@ -615,7 +632,7 @@ def test_report_stage_shares_and_results_page(tiny_run, tmp_path):
 def test_headingless_corpus_gets_documents_and_intervals_without_configuration(tiny_run):
     """The tiny DAG runs on WikiText without its headings and no 'stats' setting: 'auto' finds >= 20 documents per
     split (the minimum for a verdict), records its scheme, and no interval of a comparison has zero width; every
-    comparison row and findings row says how many documents it rests on."""
+    comparison row says how many documents it rests on, every findings row names the unit and its count."""
     assert "stats" not in TINY_RAW
     for split in ("valid", "test"):
         d = np.load(art(tiny_run, "documents", split=split))
@@ -629,7 +646,7 @@ def test_headingless_corpus_gets_documents_and_intervals_without_configuration(t
     assert "jackknife" in md and ("blank-line paragraphs:" in md or "token blocks" in md)
     findings = art(tiny_run, "findings").read_text()
     header = next(line for line in findings.splitlines() if line.startswith("| section"))
-    assert "documents" in [c.strip() for c in header.split("|")]
+    assert "units" in [c.strip() for c in header.split("|")]  # "41 token blocks (n_eff 40.1)"
     t3 = pd.read_csv(art(tiny_run, "table", table="table3_all", ext="csv"))
     full = len(np.load(art(tiny_run, "documents", split="test"))["tokens"])
     assert set(t3[t3["split"] == "test"]["documents"]) == {full}  # Table 3's pair on every test document
@@ -644,7 +661,8 @@ def test_report_front_page(tiny_run, tmp_path):
     html = out.read_text(errors="replace")
     assert "Why do nearest-neighbour language models work?" in html and "Tiny CI config" in html
     summary = next(line for line in art(tiny_run, "findings").read_text().splitlines() if line.startswith("Summary:"))
-    assert summary.split(".")[0].removeprefix("Summary: ") in html  # the verdict counts
+    counts = re.findall(r"(\d+ [a-z]+)", re.sub(r"\([^)]*\)", "", summary.split(". ")[0]))  # "10 contradicted", ...
+    assert counts and all(c in html for c in counts)  # the verdict counts
     assert "the kNN-LM (att, L2) beats the base LM" in html
 
 
@@ -741,6 +759,13 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
     assert f"LM {TINY_OVERFIT}: 20 of 20 updates" in art(tiny_run, "table", table="table9", ext="md").read_text()
     findings = art(tiny_run, "findings").read_text()
     e6 = [r for r in findings.splitlines() if r.startswith("| Sec. 6, E.6.1") or r.startswith("| Sec. 6, E.6.2")]
-    assert len(e6) == 5 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported"))
+    assert len(e6) == 6 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported"))
                                 for r in e6)
-    assert f"base + {TINY_SEED2} (one-hot)" in [r for r in e6 if "one-hot labels" in r][0]
+    # E.6.1 first checks that the overfitted LM memorised (train perplexity under half its valid one); the tiny LM's
+    # 20 updates do not, and its verdicts say so
+    mem = next(r for r in e6 if "memorisation of" in r)
+    t = read_json(art(tiny_run, "lm_training", lm=TINY_OVERFIT))
+    memorised = 2 ** t["train_loss_last"] < 0.5 * t["valid"][-1][1]
+    assert ("| reproduced " in mem) == memorised and ("| contradicted " in mem) == (not memorised)
+    assert all(("did not memorise" in r) == (not memorised) for r in e6 if "E.6.1" in r and "base + " in r)
+    assert f"base + {TINY_SEED2} (one-hot)" in [r for r in e6 if "one-hot twin" in r][0]

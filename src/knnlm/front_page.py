@@ -20,7 +20,7 @@ def _findings_rows(md: str) -> tuple[str, list[dict]]:
 
 def front_page(cfg: dict, layout: Layout, lm: str) -> str:
     """The findings part of the report's front page (workflow/report/workflow.rst), as reStructuredText: the
-    findings report's summary and, per claim the paper makes, its verdict and the documents it rests on; or a line
+    findings report's summary and, per claim the paper makes, its verdict and the units it rests on; or a line
     saying the findings report is not written yet."""
     findings = layout.path("findings", lm=lm)
     if not findings.exists():
@@ -34,7 +34,7 @@ def front_page(cfg: dict, layout: Layout, lm: str) -> str:
     out = [f"From ``{findings}`` (the whole report, with every interval, is under *Findings* below). {esc(summary)}", ""]
     for r in rows:
         if r.get("test", "").startswith("the paper"):
-            docs = r.get("documents", "-")
+            units = r.get("units", r.get("documents", "-"))
             out.append(f"- {esc(r['section'])}, {esc(r['claim'])} ({esc(r['comparison (a vs b)'])}): "
-                       f"**{esc(r['verdict'])}**" + (f", {docs} documents" if docs not in ("-", "") else ""))
+                       f"**{esc(r['verdict'])}**" + (f", {esc(units)}" if units not in ("-", "") else ""))
     return "\n".join(out)

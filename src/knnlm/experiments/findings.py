@@ -92,7 +92,7 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
 
 
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*"}
-TAU1_OFF = "reported (at τ = 1, off this run's τ*: the verdict is the τ* row's)"
+TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
 SHARE_MARGIN = 0.10  # "about 55 %": the paper's share ± 10 percentage points
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"

@@ -328,7 +328,8 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names])
         rows += comparison_rows(c, split=split)
         rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
-                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"]}
+                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"],
+                  "effective documents": v.get("effective")}
                  for k, v in c["share"].items()]
     history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
     paper_ref = "kNN-LM att/IP"  # Tables 2 and 5-7 of the paper: h_ds = att, ⊗ = IP, τ = 1
