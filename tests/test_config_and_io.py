@@ -431,3 +431,17 @@ def test_nothing_reads_outside_the_repository():
     files = [*(PROJECT_ROOT / "configs").glob("*.yaml"), *(PROJECT_ROOT / "tests").glob("*.py"), PROJECT_ROOT / "README.md"]
     offenders = [str(p.relative_to(PROJECT_ROOT)) for p in files if "../shared" in p.read_text() and p.name != Path(__file__).name]
     assert not offenders
+
+
+def test_lm_schedule_is_passed_to_fairseq():
+    """Config 'lm.lr_scheduler': 'cosine' (a half-cosine to 0 at max_update, how the shipped wikitext2 LMs reached
+    their plateau) or the default 'inverse_sqrt', as fairseq-train arguments."""
+    from knnlm.lm import train_command
+
+    cfg = load_config(PROJECT_ROOT / "configs" / "wikitext2.yaml")
+    cmd = train_command(cfg["lm"], "data-bin", "save", 2)
+    assert cmd[cmd.index("--lr-scheduler") + 1] == "cosine" and cmd[cmd.index("--min-lr") + 1] == "0"
+    assert cmd[cmd.index("--max-update") + 1] == str(cfg["lm"]["max_update"])
+    plain = train_command({**cfg["lm"], "lr_scheduler": "inverse_sqrt"}, "data-bin", "save", 2)
+    assert plain[plain.index("--lr-scheduler") + 1] == "inverse_sqrt" and "--min-lr" not in plain
+    assert load_config(PROJECT_ROOT / "configs" / "tiny.yaml")["lm"]["lr_scheduler"] == "inverse_sqrt"  # the default

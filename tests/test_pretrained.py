@@ -12,8 +12,10 @@ import torch
 from conftest import SNAKEMAKE
 from knnlm.config import PROJECT_ROOT
 from knnlm.io import ArtifactError, sha256_file
+from knnlm.paths import PretrainedLayout
 
-SHIPPED = sorted((PROJECT_ROOT / "pretrained").glob("*/*/model_card.json"))
+SHIPPED = sorted(PretrainedLayout(p.parent).path("model_card", lm=p.name)
+                 for p in (PROJECT_ROOT / "pretrained").glob("*/*/") if p.name != "bpe")
 
 
 @pytest.mark.parametrize("card_path", SHIPPED, ids=[f"{p.parent.parent.name}/{p.parent.name}" for p in SHIPPED])
@@ -21,13 +23,14 @@ def test_shipped_lm_loads_matches_its_card_and_reproduces_its_perplexity(card_pa
     from knnlm.pretrained import check_checkpoint, slice_perplexity
 
     card = json.loads(card_path.read_text())
-    ckpt = card_path.with_name("checkpoint.pt")
-    bpe = card_path.parent.parent / "bpe"
+    shipped = PretrainedLayout(card_path.parent.parent)
+    ckpt = shipped.path("checkpoint", lm=card_path.parent.name)
     assert check_checkpoint(ckpt, "test") == card and sha256_file(ckpt) == card["sha256"]
-    assert sha256_file(bpe / "dict.txt") == card["dict_sha256"] and sha256_file(bpe / "spm.model") == card["bpe_sha256"]
+    assert sha256_file(shipped.path("dictionary")) == card["dict_sha256"]
+    assert sha256_file(shipped.path("bpe_model")) == card["bpe_sha256"]
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
     assert state["last_optimizer_state"] is None and state["optimizer_history"][-1]["num_updates"] == card["updates"]
-    got = slice_perplexity(ckpt, bpe, PROJECT_ROOT / card["config"], card["valid_slice"]["lines"])
+    got = slice_perplexity(ckpt, shipped.root, PROJECT_ROOT / card["config"], card["valid_slice"]["lines"])
     assert got["tokens"] == card["valid_slice"]["tokens"]
     assert got["ppl_token"] == pytest.approx(card["valid_slice"]["ppl_token"], rel=1e-4)
     assert card["converged"] == "yes", f"{card_path}: shipped LMs are trained to a plateau"

@@ -89,6 +89,17 @@ PATTERNS: dict[str, str] = {
     "benchmark": "benchmarks/{job}.tsv",
 }
 
+# The LMs a config ships (config 'pretrained', knnlm.pretrained), relative to that folder (pretrained/<config>/).
+PRETRAINED_PATTERNS: dict[str, str] = {
+    "checkpoint": "{lm}/checkpoint.pt",  # weights (fp16 when that leaves valid perplexity unchanged), no optimizer
+    "lm_training": "{lm}/training.json",  # the training record (knnlm.lm.convergence)
+    "model_card": "{lm}/model_card.json",
+    "model_card_md": "{lm}/README.md",
+    "bpe_model": "bpe/spm.model",  # the sentencepiece model and fairseq dictionary the LMs were trained with
+    "bpe_vocab": "bpe/spm.vocab",
+    "dictionary": "bpe/dict.txt",
+}
+
 # Wildcard constraints (regexes) shared by every rule (workflow/rules/common.smk); {store} is constrained to
 # the registered store kinds (knnlm.stores.store_wildcard).
 WILDCARDS: dict[str, str] = {
@@ -139,3 +150,16 @@ class Layout:
         if missing:
             raise ValueError(f"artifact {name!r} ({rel}) needs wildcard(s) {missing}")
         return self.root / rel.format(**wildcards)
+
+
+class PretrainedLayout(Layout):
+    """The files of a folder of shipped LMs (PRETRAINED_PATTERNS), rooted at that folder (config 'pretrained')."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _rel(self, name: str) -> str:
+        try:
+            return PRETRAINED_PATTERNS[name]
+        except KeyError:
+            raise KeyError(f"unknown file {name!r} of a pretrained folder; known: {sorted(PRETRAINED_PATTERNS)}") from None

@@ -1,16 +1,13 @@
 """Pretrained base LMs shipped with the pipeline (pretrained/<config>/): the paper starts from a trained LM, and so
 does every run of configs/wikitext2.yaml, which loads them with 'source: fairseq'.
 
-Each LM is a folder pretrained/<config>/<lm>/ with
-  checkpoint.pt    the fairseq checkpoint's weights ('model', fp16 when that leaves the valid perplexity unchanged),
-                   its 'cfg' and its update count; no optimizer state
-  training.json    the training record (knnlm.lm.convergence: valid curve, converged or not), read by every caption
-  model_card.json  what identifies and reproduces it: the 'lm' config it was trained with, updates, epochs, valid
-                   curve, valid and test perplexity (per token and per word), sha256 of the checkpoint, of the
-                   dictionary and of the BPE model, and the one command that retrains it
-  README.md        the same card for people
-and pretrained/<config>/bpe/ holds the sentencepiece model (spm.model, config 'bpe.model') and the fairseq dictionary
-(dict.txt) the LMs were trained with. Written by `python -m knnlm.pretrained export ...` from a run's train_lm outputs.
+Each LM is a folder pretrained/<config>/<lm>/ (the file names: knnlm.paths.PRETRAINED_PATTERNS) with its checkpoint
+(the fairseq checkpoint's weights, fp16 when that leaves the valid perplexity unchanged, its 'cfg' and its update
+count; no optimizer state), its training record (knnlm.lm.convergence: valid curve, converged or not, read by every
+caption), and its model card (JSON and Markdown: the 'lm' config it was trained with, updates, epochs, valid curve,
+valid and test perplexity per token and per word, sha256 of the checkpoint, of the dictionary and of the BPE model,
+and the one command that retrains it); pretrained/<config>/bpe/ holds the sentencepiece model and the fairseq
+dictionary the LMs were trained with. Written by `python -m knnlm.pretrained export ...` from a run's outputs.
 """
 from __future__ import annotations
 
@@ -22,22 +19,22 @@ import zipfile
 from pathlib import Path
 
 from .io import ArtifactError, atomic_path, read_json, sha256_file, write_json
+from .paths import Layout, PretrainedLayout
 
 log = logging.getLogger(__name__)
-CARD, TRAINING = "model_card.json", "training.json"
 FP16_TOLERANCE = 0.001  # fp16 weights are shipped when they change valid perplexity by less than 0.1 %
 
 
+def _beside(checkpoint: str | Path, name: str) -> Path:
+    """File `name` (knnlm.paths.PRETRAINED_PATTERNS) of the shipped LM whose checkpoint is `checkpoint`."""
+    p = Path(checkpoint)
+    return PretrainedLayout(p.parent.parent).path(name, lm=p.parent.name)
+
+
 def card_of(checkpoint: str | Path) -> dict | None:
-    """The model card beside a shipped checkpoint (model_card.json in its folder), or None."""
-    p = Path(checkpoint).with_name(CARD)
+    """The model card beside a shipped checkpoint (in its folder), or None."""
+    p = _beside(checkpoint, "model_card")
     return read_json(p) if p.is_file() else None
-
-
-def training_of(checkpoint: str | Path) -> Path | None:
-    """The training record (training.json) beside a shipped checkpoint, or None."""
-    p = Path(checkpoint).with_name(TRAINING)
-    return p if p.is_file() else None
 
 
 def check_checkpoint(checkpoint: str | Path, key: str) -> dict | None:
@@ -60,7 +57,7 @@ def check_checkpoint(checkpoint: str | Path, key: str) -> dict | None:
     card = card_of(p)
     if card is not None and card.get("sha256") and sha256_file(p) != card["sha256"]:
         raise ArtifactError(f"config key '{key}': {p} does not match the sha256 of its model card "
-                            f"{p.with_name(CARD)} ({card['sha256'][:12]}…): the file was changed or corrupted")
+                            f"{_beside(p, 'model_card')} ({card['sha256'][:12]}…): the file was changed or corrupted")
     return card
 
 
@@ -75,7 +72,7 @@ def check_dictionary(checkpoint: str | Path, dict_txt: str | Path, key: str) -> 
     if got != card["dict_sha256"]:
         raise ArtifactError(f"config key '{key}': {checkpoint} was trained with another dictionary than this run's "
                             f"{dict_txt} (sha256 {got[:12]}…, its card {card['dict_sha256'][:12]}…): use the BPE "
-                            f"model it ships with (config 'bpe.model', {Path(checkpoint).parent.parent / 'bpe'})")
+                            f"model it ships with (config 'pretrained': {Path(checkpoint).parent.parent})")
 
 
 def load_fairseq_lm(checkpoint: str | Path, data_bin: str | Path, key: str):
@@ -133,12 +130,12 @@ def evaluate(checkpoint: str | Path, data_bin: str | Path, split: str, context_w
 SLICE_LINES = 400  # the valid slice whose perplexity every model card records and the tests reproduce
 
 
-def slice_perplexity(checkpoint: str | Path, bpe_dir: str | Path, config: str | Path, lines: int = SLICE_LINES,
+def slice_perplexity(checkpoint: str | Path, shipped: str | Path, config: str | Path, lines: int = SLICE_LINES,
                      work: str | Path | None = None) -> dict:
     """Per-token perplexity of a shipped LM on the first `lines` lines of the valid split of `config`'s corpus,
-    encoded with the shipped BPE model (bpe_dir/spm.model) and binarised with the shipped dictionary
-    (bpe_dir/dict.txt): {'lines', 'tokens', 'ppl_token'}. What a model card records and tests reproduce without a
-    run directory. work: a scratch folder (a temporary one by default)."""
+    encoded with the BPE model and binarised with the dictionary of the folder of shipped LMs `shipped`
+    (knnlm.paths.PRETRAINED_PATTERNS): {'lines', 'tokens', 'ppl_token'}. What a model card records and tests
+    reproduce without a run directory. work: a scratch folder (a temporary one by default)."""
     import subprocess
     import sys
     import tempfile
@@ -147,20 +144,20 @@ def slice_perplexity(checkpoint: str | Path, bpe_dir: str | Path, config: str | 
     from .data import encode_bpe, open_split
 
     cfg = load_config(config)
-    bpe_dir = Path(bpe_dir)
+    files = PretrainedLayout(shipped)
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         tmp = Path(tmp)
-        raw = tmp / "valid.tokens"
+        raw = tmp / "slice.txt"
         with open_split(cfg, "valid") as (fi, _), open(raw, "wb") as fo:
             for i, line in enumerate(fi):
                 if i >= lines:
                     break
                 fo.write(line)
-        encode_bpe(bpe_dir / "spm.model", raw, tmp / "valid.bpe")
+        encode_bpe(files.path("bpe_model"), raw, tmp / "slice.pieces")
         subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--validpref",
-                        str(tmp / "valid.bpe"), "--srcdict", str(bpe_dir / "dict.txt"), "--destdir", str(tmp / "bin"),
-                        "--workers", "1"], check=True, capture_output=True)
-        shutil.copyfile(bpe_dir / "dict.txt", tmp / "bin" / "dict.txt")
+                        str(tmp / "slice.pieces"), "--srcdict", str(files.path("dictionary")), "--destdir",
+                        str(tmp / "bin"), "--workers", "1"], check=True, capture_output=True)
+        shutil.copyfile(files.path("dictionary"), tmp / "bin" / files.path("dictionary").name)
         ev = cfg["eval"]
         out = evaluate(checkpoint, tmp / "bin", "valid", ev["context_window"], ev["max_tokens"])
     return {"lines": lines, "tokens": out["tokens"], "ppl_token": out["ppl_token"]}
@@ -179,69 +176,65 @@ def _log_probs(lm, split: str):
 
 
 def export(run: str | Path, lm: str, config: str | Path, out: str | Path, threads: int = 2) -> dict:
-    """Ship LM `lm` of the run directory `run` (results/<name>) into `out` (pretrained/<name>/<lm>): checkpoint.pt
-    (fp16 when valid perplexity changes by less than FP16_TOLERANCE), training.json, model_card.json, README.md; the
-    run's BPE model and dictionary into out/../bpe (once). Returns the card."""
+    """Ship LM `lm` of the run directory `run` (<results_dir>/<name>) into the folder of shipped LMs `out`
+    (pretrained/<name>; knnlm.paths.PRETRAINED_PATTERNS): its checkpoint (fp16 when valid perplexity changes by less
+    than FP16_TOLERANCE, no optimizer state), training record, model card (JSON and Markdown), and the run's BPE
+    model and dictionary (once per folder; ArtifactError when the folder already holds another). Returns the card."""
     import torch
 
     from .config import lm_section, load_config
 
     torch.set_num_threads(threads)
-    run, out = Path(run), Path(out)
+    run, dst = Layout(Path(run).parent, Path(run).name), PretrainedLayout(out)
     cfg = load_config(config)
-    src = run / "lms" / lm / "checkpoint.pt"
-    data_bin = run / "data-bin"
-    training = read_json(run / "lms" / lm / TRAINING)
+    data_bin = run.path("data_bin")
+    training = read_json(run.path("lm_training", lm=lm))
     ev = cfg["eval"]
-    counts = read_json(run / "data" / "wordcounts.json")
-    out.mkdir(parents=True, exist_ok=True)
-    bpe_dir = out.parent / "bpe"
-    bpe_dir.mkdir(exist_ok=True)
-    for f, dst in ((run / "bpe" / "spm.model", bpe_dir / "spm.model"), (run / "bpe" / "spm.vocab", bpe_dir / "spm.vocab"),
-                   (data_bin / "dict.txt", bpe_dir / "dict.txt")):
-        if not dst.exists():
-            shutil.copyfile(f, dst)
-        elif sha256_file(f) != sha256_file(dst):
-            raise ArtifactError(f"{dst} differs from this run's {f}: the LMs of one folder share one BPE")
-    full = out / "checkpoint.fp32.tmp"
-    strip_checkpoint(src, full, fp16=False)
-    strip_checkpoint(src, out / "checkpoint.pt", fp16=True)
+    counts = read_json(run.path("wordcounts"))
+    dst.path("checkpoint", lm=lm).parent.mkdir(parents=True, exist_ok=True)
+    dst.path("bpe_model").parent.mkdir(parents=True, exist_ok=True)
+    for f, name in ((run.path("bpe_model"), "bpe_model"), (run.path("bpe_vocab"), "bpe_vocab"),
+                    (data_bin / dst.path("dictionary").name, "dictionary")):
+        if not dst.path(name).exists():
+            shutil.copyfile(f, dst.path(name))
+        elif sha256_file(f) != sha256_file(dst.path(name)):
+            raise ArtifactError(f"{dst.path(name)} differs from this run's {f}: the LMs of one folder share one BPE")
+    ckpt = dst.path("checkpoint", lm=lm)
+    full = ckpt.with_suffix(".fp32.tmp")
+    strip_checkpoint(run.path("checkpoint", lm=lm), full, fp16=False)
+    strip_checkpoint(run.path("checkpoint", lm=lm), ckpt, fp16=True)
     ref = evaluate(full, data_bin, "valid", ev["context_window"], ev["max_tokens"], counts["valid"]["words"])
-    half = evaluate(out / "checkpoint.pt", data_bin, "valid", ev["context_window"], ev["max_tokens"],
-                    counts["valid"]["words"])
+    half = evaluate(ckpt, data_bin, "valid", ev["context_window"], ev["max_tokens"], counts["valid"]["words"])
     fp16 = abs(half["ppl_token"] / ref["ppl_token"] - 1) < FP16_TOLERANCE
     if not fp16:
-        full.replace(out / "checkpoint.pt")
+        full.replace(ckpt)
         half = ref
     else:
         full.unlink()
-    test = evaluate(out / "checkpoint.pt", data_bin, "test", ev["context_window"], ev["max_tokens"],
-                    counts["test"]["words"])
-    valid_slice = slice_perplexity(out / "checkpoint.pt", bpe_dir, config)
-    state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False, mmap=True)
+    test = evaluate(ckpt, data_bin, "test", ev["context_window"], ev["max_tokens"], counts["test"]["words"])
+    valid_slice = slice_perplexity(ckpt, out, config)
+    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
     params = sum(v.numel() for v in {(v.untyped_storage().data_ptr(), v.storage_offset()): v
                                      for v in state["model"].values()}.values())
-    tokens_per_update = cfg["lm"]["max_tokens"]
     lm_cfg = lm_section(cfg, lm)
-    train = cfg["lms"][lm]
-    train_opts = ({} if train["checkpoint"] == "best" and not train["teacher"] else
-                  {"checkpoint": train["checkpoint"], "soft_label_weight": train["soft_label_weight"]})
-    train_tokens = read_json(run / "bpe" / "bpe_stats.json")["train"]["tokens"]
-    shutil.copyfile(run / "lms" / lm / TRAINING, out / TRAINING)
-    card = {"name": lm, "config": str(config), "lm": lm_cfg, "train": train_opts, "lms_entry": cfg["lms"][lm],
-            "bpe": cfg["bpe"],
-            "parameters": int(params), "dtype": "float16" if fp16 else "float32",
-            "updates": training["updates"], "epochs": round(training["updates"] * tokens_per_update / train_tokens, 2),
+    entry = cfg["lms"][lm]
+    train_opts = ({} if entry["checkpoint"] == "best" and not entry["teacher"] else
+                  {"checkpoint": entry["checkpoint"], "soft_label_weight": entry["soft_label_weight"]})
+    train_tokens = read_json(run.path("bpe_stats"))["train"]["tokens"]
+    shutil.copyfile(run.path("lm_training", lm=lm), dst.path("lm_training", lm=lm))
+    card = {"name": lm, "config": str(config), "lm": lm_cfg, "train": train_opts, "lms_entry": entry,
+            "bpe": cfg["bpe"], "parameters": int(params), "dtype": "float16" if fp16 else "float32",
+            "updates": training["updates"], "epochs": round(training["updates"] * lm_cfg["max_tokens"] / train_tokens, 2),
             "converged": training["converged"], "last_gain": training["last_gain"],
             "valid_curve_token_ppl": training["valid"],
             "valid": {**half, "fp32_ppl_token": ref["ppl_token"]}, "test": test, "valid_slice": valid_slice,
             "eval": {"context_window": ev["context_window"], "tokens_per_sample": lm_cfg["tokens_per_sample"]},
-            "sha256": sha256_file(out / "checkpoint.pt"), "bytes": (out / "checkpoint.pt").stat().st_size,
-            "dict_sha256": sha256_file(bpe_dir / "dict.txt"), "bpe_sha256": sha256_file(bpe_dir / "spm.model"),
+            "sha256": sha256_file(ckpt), "bytes": ckpt.stat().st_size,
+            "dict_sha256": sha256_file(dst.path("dictionary")), "bpe_sha256": sha256_file(dst.path("bpe_model")),
             "retrain": (f".venv/bin/snakemake --profile profiles/local --configfile {config} --config pretrained=null "
-                        f"-- results/{cfg['name']}/lms/{lm}/checkpoint.pt")}
-    write_json(out / CARD, card)
-    (out / "README.md").write_text(card_markdown(card))
+                        f"-- {run.path('checkpoint', lm=lm)}")}
+    write_json(dst.path("model_card", lm=lm), card)
+    dst.path("model_card_md", lm=lm).write_text(card_markdown(card))
     return card
 
 
@@ -273,11 +266,11 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ap = argparse.ArgumentParser(prog="python -m knnlm.pretrained", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    e = sub.add_parser("export", help="ship a run's trained LM into pretrained/<config>/<lm>")
+    e = sub.add_parser("export", help="ship a run's trained LM into pretrained/<config>")
     e.add_argument("run", type=Path, help="the run directory, e.g. results/wikitext2")
     e.add_argument("lm", help="the LM's name in config 'lms'")
     e.add_argument("--config", required=True, type=Path, help="the config it was trained with")
-    e.add_argument("--out", required=True, type=Path, help="e.g. pretrained/wikitext2/base")
+    e.add_argument("--out", required=True, type=Path, help="the folder of shipped LMs, e.g. pretrained/wikitext2")
     e.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
     card = export(a.run, a.lm, a.config, a.out, a.threads)

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
 from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
                           lm_tokens_per_sample, parametric_tables, parametric_variants, split_files, temperatures,
                           validate_config)
-from knnlm.paths import WILDCARDS, Layout
+from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.front_page import front_page
 from knnlm.stores import (ALL_TOKENS, nested_shards, same_index_store, same_keys_store, scores_every_token,
                           store_name, store_wildcard)
@@ -33,10 +33,10 @@ PRIMARY = LMS[0]  # every experiment runs on it; the others add their row to Tab
 SOURCE = {name: lm["source"] for name, lm in CFG["lms"].items()}
 HF_LMS = [n for n in LMS if SOURCE[n] == "hf"]
 # config 'pretrained': the shipped LMs (knnlm.pretrained) that replace the training of 'train' LMs of the same name
-PRETRAINED_DIR = Path(CFG["pretrained"]) if CFG["pretrained"] else None
-PRETRAINED = {n: PRETRAINED_DIR / n for n in LMS if PRETRAINED_DIR and SOURCE[n] == "train"
-              and (PRETRAINED_DIR / n / "checkpoint.pt").is_file()}
-PRETRAINED_BPE = PRETRAINED_DIR / "bpe" if PRETRAINED_DIR and (PRETRAINED_DIR / "bpe" / "spm.model").is_file() else None
+SHIPPED = PretrainedLayout(CFG["pretrained"]) if CFG["pretrained"] else None
+PRETRAINED = [n for n in LMS if SHIPPED and SOURCE[n] == "train" and SHIPPED.path("checkpoint", lm=n).is_file()]
+PRETRAINED_BPE = ([str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
+                  if SHIPPED and SHIPPED.path("bpe_model").is_file() else [])
 FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 METRICS = CFG["index"]["metrics"]

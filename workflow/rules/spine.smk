@@ -45,7 +45,7 @@ rule bpe:
     input:
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
         # config 'pretrained': the BPE model the shipped LMs were trained with, used instead of training one
-        given=[str(PRETRAINED_BPE / f) for f in ("spm.model", "spm.vocab")] if PRETRAINED_BPE else [],
+        given=PRETRAINED_BPE,
     output:
         model=artifact("bpe_model"),
         vocab=artifact("bpe_vocab"),
@@ -157,15 +157,15 @@ rule train_lm:
 # sha256, the 'lm' config this run would train it with, the run's dictionary) and copied with its training record.
 rule pretrained_lm:
     input:
-        checkpoint=lambda wc: str(PRETRAINED[wc.lm] / "checkpoint.pt"),
-        card=lambda wc: str(PRETRAINED[wc.lm] / "model_card.json"),
-        training=lambda wc: str(PRETRAINED[wc.lm] / "training.json"),
+        checkpoint=SHIPPED.pattern("checkpoint") if SHIPPED else [],
+        card=SHIPPED.pattern("model_card") if SHIPPED else [],
+        training=SHIPPED.pattern("lm_training") if SHIPPED else [],
         data_bin=artifact("data_bin"),
     output:
         checkpoint=artifact("checkpoint"),
         training=artifact("lm_training"),
     wildcard_constraints:
-        lm=lm_constraint(list(PRETRAINED)),
+        lm=lm_constraint(PRETRAINED),
     params:
         cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
         io=io(),
