@@ -84,6 +84,10 @@ def test_base_lm_convergence_from_its_valid_curve():
     rising = convergence({"valid_loss": [(500, 7.0), (1000, 6.5), (1500, 6.6)]}, 1500)
     assert rising["converged"] == "yes" and rising["best_update"] == 1000
     assert convergence({"valid_loss": [(500, 7.0)]}, 500)["converged"] == "unknown (one evaluation)"
+    # fairseq's extra validation at max_update, 50 updates after the last epoch's: the gain is measured over the
+    # evaluation before (a still falling curve is not called converged by two nearly equal points)
+    end = convergence({"valid_loss": [(645, 7.0), (1290, 6.5), (1935, 6.3), (2580, 6.2), (2630, 6.2)]}, 2630)
+    assert end["last_gain"] == pytest.approx(2 ** (6.2 - 6.3) - 1) and end["converged"] == "no (valid loss still falling)"
     with pytest.raises(ValueError, match="no valid evaluation"):
         convergence({"train_loss": [(1, 9.0)]}, 1)
     assert "not trained by this run" in convergence_label(None)

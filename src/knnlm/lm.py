@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .io import ArtifactError, atomic_path
 
 log = logging.getLogger(__name__)
@@ -127,7 +129,8 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
     [(update, loss in bits per token)], 'train_loss'); the base-LM row of every table says so.
 
     'still_falling' is True when the last evaluation is the best so far and improved valid perplexity by at least
-    `tolerance` (relative) over the one before it: more updates would very likely lower it further, so the LM is
+    `tolerance` (relative) over the one before it (over the one before that when the last came less than half an
+    evaluation interval after it, as fairseq's extra validation at max_update does): more updates would very likely lower it further, so the LM is
     under-trained. Returns {'updates' (last logged update), 'max_update', 'evaluations', 'valid' [(update,
     perplexity)], 'best_update', 'train_loss_last' (the last logged training loss, a log interval's or an epoch's
     average, bits per token; None without one),
@@ -141,8 +144,15 @@ def convergence(curves: dict[str, list[tuple[int, float]]], max_update: int,
     best_update = min(ppl, key=lambda x: x[1])[0]
     train = sorted(curves.get("train_loss", []) + curves.get("train_loss_epoch", []), key=lambda x: x[0])
     updates = max([u for u, _ in train] + [valid[-1][0]])
-    gain = ppl[-1][1] / ppl[-2][1] - 1 if len(ppl) > 1 else None
-    falling = gain is not None and best_update == ppl[-1][0] and gain <= -tolerance
+    # fairseq validates at the end of every epoch and once more at max_update: an evaluation a few updates after the
+    # one before it says nothing about a plateau, so the gain is measured against the evaluation before that one
+    prev = -2
+    if len(ppl) >= 3:
+        steps = np.diff([u for u, _ in ppl[:-1]])
+        if ppl[-1][0] - ppl[-2][0] < 0.5 * float(np.median(steps)):
+            prev = -3
+    gain = ppl[-1][1] / ppl[prev][1] - 1 if len(ppl) > 1 else None
+    falling = gain is not None and ppl[-1][1] <= min(p for _, p in ppl) and gain <= -tolerance
     converged = ("unknown (one evaluation)" if gain is None else "no (valid loss still falling)" if falling else "yes")
     return {"updates": int(updates), "max_update": int(max_update), "evaluations": len(ppl), "valid": ppl,
             "train_loss_last": float(train[-1][1]) if train else None,
