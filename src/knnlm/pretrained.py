@@ -225,6 +225,7 @@ def export(run: str | Path, lm: str, config: str | Path, out: str | Path, thread
     card = {"name": lm, "config": str(config), "lm": lm_cfg, "train": train_opts, "lms_entry": entry,
             "bpe": cfg["bpe"], "parameters": int(params), "dtype": "float16" if fp16 else "float32",
             "updates": training["updates"], "epochs": round(training["updates"] * lm_cfg["max_tokens"] / train_tokens, 2),
+            "checkpoint_update": int(state["optimizer_history"][-1]["num_updates"]),  # best on valid, or the last
             "converged": training["converged"], "last_gain": training["last_gain"],
             "valid_curve_token_ppl": training["valid"],
             "valid": {**half, "fp32_ppl_token": ref["ppl_token"]}, "test": test, "valid_slice": valid_slice,
@@ -248,7 +249,8 @@ def card_markdown(card: dict) -> str:
             f"{lm['decoder_attention_heads']} heads, dropout {lm['dropout']}; {card['parameters']:,} parameters, "
             f"stored as {card['dtype']}. Trained by the pipeline's own `train_lm` rule from `{card['config']}` "
             f"(entry `lms.{card['name']}`: `{json.dumps(card['lms_entry'])}`), on the sentencepiece BPE of `../bpe/`.\n\n"
-            f"- updates: {card['updates']:,} ({card['epochs']} epochs of {lm['max_tokens']:,} tokens per update), "
+            f"- updates: {card['updates']:,} ({card['epochs']} epochs of {lm['max_tokens']:,} tokens per update; the "
+            f"weights are those of update {card.get('checkpoint_update', card['updates']):,}), "
             f"lr {lm['lr']} ({lm.get('lr_scheduler', 'inverse_sqrt')}, warm-up {lm['warmup_updates']})\n"
             f"- converged: {card['converged']} (last evaluation changed valid perplexity by "
             f"{100 * (card['last_gain'] or 0):+.2f} %)\n"
