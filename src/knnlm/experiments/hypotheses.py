@@ -30,7 +30,7 @@ from ..cli import Job
 from ..io import ArtifactError, iter_chunks, open_npy, read_json
 from ..results import METRIC_NAME, SPLITS, evaluate
 from ..scoring import interpolate
-from ..stats import (ci_caption, compare, comparison_rows, effective_documents, fmt_ci, jackknife_sums, options,
+from ..stats import (ci_caption, compare, comparison_rows, effective_documents, fmt_ci, jackknife_sums,
                      per_document, statistic_row)
 from ..tables import write_csv, write_table
 from .common import by_split, documents_label, lm_training_label, split_documents, stats_options
@@ -221,10 +221,10 @@ def hypotheses(job: Job) -> dict:
     t = len(lp_lm[split])
     key0 = "att" if "att" in keys else keys[0]
     gain = variants[f"kNN-LM {key0}"][1][split] - lp_lm[split]
-    for pos_name, pos, frac in (
-            ("context window", *(lambda p: (p, position_fraction(p)))(
-                window_positions(t, man["tokens_per_sample"], man["context_window"]))),
-            ("document", *(lambda p: (p, position_fraction(p, doc)))(document_positions(doc)))):
+    in_window = window_positions(t, man["tokens_per_sample"], man["context_window"])
+    in_doc = document_positions(doc)
+    for pos_name, pos, frac in (("context window", in_window, position_fraction(in_window)),
+                                ("document", in_doc, position_fraction(in_doc, doc))):
         lev = regression_leverage(pos, doc, len(doc_words))
         for y_name, y in (("base-LM NLL", -lp_lm[split]), (f"kNN-LM ({key0}) gain in log p", gain)):
             qs = quarter_sums(frac, y, doc, len(doc_words))
