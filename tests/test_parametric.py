@@ -215,9 +215,10 @@ class _DyingBatches(KeyBatches):
         self.after = after
 
     def epoch(self, epoch, skip=0):
-        for i, b in enumerate(super().epoch(epoch, skip)):
-            if i == self.after:
+        for b in super().epoch(epoch, skip):
+            if self.after == 0:
                 raise _Killed
+            self.after -= 1
             yield b
 
 
@@ -248,6 +249,43 @@ def test_training_evaluates_within_epochs_stops_early_and_resumes_mid_epoch(tmp_
     # a learning rate that overshoots: the valid NLL stops improving and training stops after `patience` evals
     _, h = run(tmp_path / "c.pt", KeyBatches(keys, vals, None, 64, seed=1), lr=30.0, patience=1, max_epochs=20)
     assert h["converged"] is True and h["evals"] == h["best_eval"] + 2 and h["epochs"] < 20  # 1 eval without gain
+
+
+def test_training_lr_schedule_and_plateau_rule(tmp_path):
+    """lr_schedule 'plateau' halves the learning rate at exactly the evaluations that do not improve the best valid
+    NLL (and resumes with its state); the plateau rule stops training, converged, once an epoch gains less than the
+    given fraction of perplexity; without it training runs to max_epochs and says it did not converge."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(V, D)) * 3
+    vals = rng.integers(0, V, 600).astype(np.int32)  # 10 batches of 64 per epoch
+    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
+    qv = rng.integers(0, V, 200)
+    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+
+    def run(ckpt, batches=None, **kw):
+        model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
+        args = dict(lr=0.05, max_epochs=3, patience=50, bf16=False, evals_per_epoch=2) | kw
+        return model, train(model, batches or KeyBatches(keys, vals, None, 64, seed=1), (queries, qv), ckpt, **args)
+
+    _, h = run(tmp_path / "a.pt", lr=3.0, lr_schedule="plateau")
+    best, lr, halved = np.inf, 3.0, 0
+    for (_, _, nll), (_, got) in zip(h["valid"], h["lr"], strict=True):
+        if nll < best:
+            best = nll
+        else:
+            lr, halved = lr / 2, halved + 1
+        assert got == pytest.approx(lr)
+    assert halved >= 1 and h["stop"] == "max_epochs" and h["converged"] is False
+    with pytest.raises(_Killed):  # killed after 13 batches (2 evaluations on disk), resumed: the same run
+        run(tmp_path / "b.pt", _DyingBatches(keys, vals, None, 64, seed=1, after=13), lr=3.0, lr_schedule="plateau")
+    _, h_b = run(tmp_path / "b.pt", lr=3.0, lr_schedule="plateau")
+    assert h_b["valid"] == h["valid"] and h_b["lr"] == h["lr"]
+    _, h = run(tmp_path / "c.pt", plateau=10.0)  # any epoch gains less than 1,000 %: stops one epoch in
+    assert h["stop"] == "plateau" and h["converged"] is True and h["evals"] == 3
+    _, h = run(tmp_path / "d.pt", plateau=0.0)  # still improving at the cap
+    assert h["stop"] == "max_epochs" and h["converged"] is False and h["evals"] == 6
+    with pytest.raises(ValueError, match="lr_schedule"):
+        run(tmp_path / "e.pt", lr_schedule="cosine")
 
 
 def test_reduced_precision_paths_against_fp32():
@@ -350,16 +388,18 @@ def test_table5_check_names_an_nv_worse_than_w_ds_on_the_same_rows():
 
 
 def test_interpolated_loss_training_against_a_brute_force_loss(tmp_path):
-    """App. E.6.3 (Eq. 12): with interp = (λ, W_sm, valid log p_LM), training minimises −log(λ p_W_ds + (1 − λ) p_LM)
-    with p_LM = softmax(W_sm h_ffn) of the batches' third element, and early stopping reads the same interpolated
-    NLL on valid: the history's best NLL equals the brute-force value of the model it keeps."""
-    from knnlm.parametric import parse_variant, training_settings
+    """App. E.6.3 (Eq. 12): with interp = (λ, valid log p_LM), training minimises −log(λ p_W_ds + (1 − λ) p_LM) with
+    log p_LM(val) of every row computed once by compute_word_stats (= log softmax(W_sm h_ffn)[val], brute force) and
+    read as the batches' third element; early stopping reads the same interpolated NLL on valid: the history's best
+    NLL equals the brute-force value of the model it keeps."""
+    from knnlm.parametric import compute_word_stats, parse_variant, training_settings
 
     assert parse_variant("iloss25") == {"kind": "nv", "n": 1, "interp_loss": 0.25}
     with pytest.raises(ValueError, match="0 < λ < 1"):
         parse_variant("iloss100")
-    p = {"train_tokens": 20000, "max_epochs": 2, "patience": 1, "evals_per_epoch": 1,
-         "converge": {"variants": ["nv1"], "train_tokens": None, "max_epochs": 9, "patience": 2, "evals_per_epoch": 4}}
+    p = {"train_tokens": 20000, "max_epochs": 2, "patience": 1, "evals_per_epoch": 1, "plateau": 0.01,
+         "converge": {"variants": ["nv1"], "train_tokens": None, "max_epochs": 9, "patience": 2, "evals_per_epoch": 4,
+                      "plateau": 0.005}}
     assert training_settings(p, "iloss25") == training_settings(p, "nv1")  # trained exactly as W_ds
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(V, D)) * 3
@@ -371,16 +411,23 @@ def test_interpolated_loss_training_against_a_brute_force_loss(tmp_path):
     queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
     lm_valid = np.log(rng.dirichlet(np.ones(V), 200)[np.arange(200), qv])
     lam = 0.25
+    rows = np.full(600, np.nan, dtype=np.float32)
+    stats = compute_word_stats(ffn, vals, w_sm, chunk=128, bf16=False, row_logprobs=rows)
+    brute = torch.log_softmax(torch.from_numpy(ffn.astype(np.float32)) @ w_sm.T, 1)[torch.arange(600), vals].numpy()
+    np.testing.assert_allclose(rows, brute, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(stats["loss"], np.bincount(vals, -brute.astype(np.float64), minlength=V), rtol=1e-5)
+    with pytest.raises(ValueError, match="one entry per datastore row"):
+        compute_word_stats(ffn, vals, w_sm, row_logprobs=rows[:10])
     model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 1)), D, seed=3)
     before = evaluate_log_probs(model, queries, qv, bf16=False)
-    hist = train(model, KeyBatches(keys, vals, None, 64, seed=1, aux_keys=ffn), (queries, qv), tmp_path / "i.pt",
-                 lr=0.05, max_epochs=3, patience=3, bf16=False, log_every=1, interp=(lam, w_sm, lm_valid))
+    hist = train(model, KeyBatches(keys, vals, None, 64, seed=1, aux_keys=rows), (queries, qv), tmp_path / "i.pt",
+                 lr=0.05, max_epochs=3, patience=3, bf16=False, log_every=1, interp=(lam, lm_valid))
     lp = evaluate_log_probs(model, queries, qv, bf16=False)
     mix = lambda x: -np.mean(np.log(lam * np.exp(x) + (1 - lam) * np.exp(lm_valid)))  # noqa: E731
     assert hist["best_nll"] == pytest.approx(mix(lp), rel=1e-6) and mix(lp) < mix(before)
     # the training loss is the interpolated one: its first logged value is that of the first batches
     h0, y0, a0 = next(KeyBatches(keys, vals, None, 64, seed=1, aux_keys=ffn).epoch(0))
-    lm0 = torch.log_softmax(a0 @ w_sm.T, 1)[torch.arange(len(y0)), y0].numpy()
+    lm0 = torch.log_softmax(a0 @ w_sm.T, 1)[torch.arange(len(y0)), y0].numpy()  # the first batch's p_LM, brute force
     fresh = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 1)), D, seed=3)
     with torch.no_grad():
         p0 = fresh.log_prob(h0, y0).numpy()

@@ -488,7 +488,8 @@ def test_parametric_alternatives(tiny_run):
     assert w["train_rows"] == read_json(art(tiny_run, "datastore_manifest"))["N"]  # all rows
     for _, r in wds[wds["split"] == "test"].iterrows():
         hist = read_json(art(tiny_run, "parametric_result", variant="nv1", key=r["h_ds"]))["history"]
-        assert r["converged"] == ("yes" if hist["converged"] else "no (under-trained)") and r["steps"] == hist["steps"]
+        assert r["converged"] == (f"yes ({hist['stop']})" if hist["converged"] else "no (under-trained)") \
+            and r["steps"] == hist["steps"]
     # the saved test log-probs reproduce the reported perplexity of the model alone
     lp = np.load(art(tiny_run, "parametric_logprobs", variant="nv2", key="att", split="test")).astype(np.float64)
     words = read_json(art(tiny_run, "wordcounts"))["test"]["words"]

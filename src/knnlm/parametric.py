@@ -337,6 +337,9 @@ def tune_l2_temperature(model: AggregatedSoftmax, queries, targets, grid=TEMPERA
     return best, nll
 
 
+LR_SCHEDULES = ("constant", "plateau")
+
+
 def _finite_nll(lp: np.ndarray) -> float:
     """Mean NLL (nats/token) over the tokens with p > 0 (the early-stopping criterion; the set is fixed per model)."""
     fin = np.isfinite(lp)
@@ -347,23 +350,30 @@ def _finite_nll(lp: np.ndarray) -> float:
 
 def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | Path, lr: float, max_epochs: int,
           patience: int, bf16: bool = True, log_every: int = 50, evals_per_epoch: int = 1, on_eval=None,
-          settings: dict | None = None, interp: tuple[float, torch.Tensor, np.ndarray] | None = None) -> dict:
+          settings: dict | None = None, interp: tuple[float, np.ndarray] | None = None,
+          lr_schedule: str = "constant", plateau: float | None = None) -> dict:
     """Adam on −log p(val | key) with early stopping on the valid NLL, evaluated `evals_per_epoch` times per epoch;
     resumable at every evaluation.
 
     valid: (queries [T, D], targets [T]) for early stopping (mean NLL in nats/token over the targets with p > 0).
-    At every evaluation the state (model, optimiser, position in the epoch, best state, history) is saved
-    atomically to ckpt_path; a rerun resumes from it (the epoch's finished batches are skipped, the shuffle is
-    seeded per epoch). Stops after `patience` evaluations without a better valid NLL ('converged': True), or at
-    max_epochs ('converged': False: the model may be under-trained); the model is left at its best state.
-    Returns the history: {'train': [(step, loss)], 'valid': [(step, epoch (fractional), nll)], 'best_step',
-    'best_nll', 'steps', 'epochs' (fractional), 'evals', 'converged', 'seconds', 'tokens_per_second'}.
+    At every evaluation the state (model, optimiser, learning-rate schedule, position in the epoch, best state,
+    history) is saved atomically to ckpt_path; a rerun resumes from it (the epoch's finished batches are skipped, the
+    shuffle is seeded per epoch). lr_schedule: 'constant', or 'plateau' (the learning rate halves at every evaluation
+    that does not improve the best valid NLL: torch's ReduceLROnPlateau, patience 0). Training stops, converged, at
+    the first of: `patience` evaluations without a better valid NLL ('stop': 'patience'); one epoch (the last
+    evals_per_epoch evaluations) that improved the best valid perplexity by less than the fraction `plateau`
+    ('stop': 'plateau'; None: never). It stops at max_epochs otherwise ('converged': False, 'stop': 'max_epochs':
+    still improving, under-trained). The model is left at its best state.
+    Returns the history: {'train': [(step, loss)], 'valid': [(step, epoch (fractional), nll)], 'lr': [(step, lr)]
+    (the learning rate after each evaluation), 'best_step', 'best_nll', 'steps', 'epochs' (fractional), 'evals',
+    'converged', 'stop', 'seconds', 'tokens_per_second'}. Raises ValueError for evals_per_epoch < 1 or an unknown
+    lr_schedule.
     on_eval(step, {'valid_nll': nll, 'train_loss': ..., 'epoch': ...}) is called at every evaluation (live curves:
     knnlm.cli.Job.curve). Raises ValueError for evals_per_epoch < 1.
-    interp: (λ, W_sm [V, D], valid log p_LM [T]) to train on the interpolated loss of Xu et al. 2023, App. E.6.3
-    (Eq. 12): −log(λ p_model(y) + (1 − λ) p_LM(y)), p_LM = softmax(W_sm h_sm) from the batches' third element
-    (the ffn keys of the same rows, KeyBatches(aux_keys=...)); early stopping then uses the same interpolated NLL
-    on valid.
+    interp: (λ, valid log p_LM [T]) to train on the interpolated loss of Xu et al. 2023, App. E.6.3 (Eq. 12):
+    −log(λ p_model(y) + (1 − λ) p_LM(y)), log p_LM(y) of each training row from the batches' third element
+    (KeyBatches(aux_keys=...): the base LM's log-probability of every datastore row's value, computed once by
+    compute_word_stats); early stopping then uses the same interpolated NLL on valid.
     settings: what the run's trajectory depends on (lr, bf16, batch size, seed, training rows, ...; plain JSON
     values), saved in the checkpoint: a checkpoint saved under other settings is not resumed but started over
     (logged), so a changed config never continues a stale run. max_epochs and patience are not settings: raising
@@ -372,17 +382,22 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     """
     if evals_per_epoch < 1:
         raise ValueError(f"evals_per_epoch must be >= 1, found {evals_per_epoch}")
+    if lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, found {lr_schedule!r}")
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=lr)
-    hist = {"train": [], "valid": [], "best_step": -1, "best_eval": -1, "best_nll": math.inf, "epoch": 0, "batch": 0,
-            "steps": 0, "evals": 0, "seconds": 0.0, "train_tokens": 0}
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="min", factor=0.5, patience=0, threshold=0.0) \
+        if lr_schedule == "plateau" else None
+    hist = {"train": [], "valid": [], "lr": [], "best_step": -1, "best_eval": -1, "best_nll": math.inf, "epoch": 0,
+            "batch": 0, "steps": 0, "evals": 0, "seconds": 0.0, "train_tokens": 0, "stop": None}
     best_state = None
     ckpt_path = Path(ckpt_path)
     settings = dict(settings or {}, lr=lr, bf16=bf16, evals_per_epoch=evals_per_epoch, batches=len(batches))
+    if lr_schedule != "constant":  # (a constant-lr checkpoint keeps the settings it was saved with)
+        settings["lr_schedule"] = lr_schedule
     if interp is not None:
         settings["interp_loss"] = interp[0]
         log_lam, log_rest = math.log(interp[0]), math.log(1 - interp[0])
-        w_sm_t = interp[1].float()
     st = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
     if st is not None and "settings" not in st:
         log.warning("%s has no saved settings (an older checkpoint): resumed as it is", ckpt_path)
@@ -395,13 +410,28 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     if st is not None:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
+        if sched is not None:
+            sched.load_state_dict(st["scheduler"])
         hist, best_state = st["history"], st["best_state"]
+        hist.setdefault("lr", [])
+        hist.setdefault("stop", None)
         log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt_path, hist["steps"], hist["epoch"], hist["batch"])
     n = len(batches)
     eval_at = {max(1, round(n * (i + 1) / evals_per_epoch)) for i in range(evals_per_epoch)}
 
-    def waiting() -> bool:  # evaluations since the best one, within patience
-        return hist["evals"] - 1 - hist["best_eval"] < patience if hist["evals"] else True
+    def stop_reason() -> str | None:  # 'patience' | 'plateau' once converged, else None
+        if not hist["evals"]:
+            return None
+        if hist["evals"] - 1 - hist["best_eval"] >= patience:
+            return "patience"
+        if plateau is not None and hist["evals"] > evals_per_epoch:  # the best NLL one epoch ago vs now
+            before = min(nll for _, _, nll in hist["valid"][:-evals_per_epoch])
+            if math.expm1(before - hist["best_nll"]) < plateau:
+                return "plateau"
+        return None
+
+    def waiting() -> bool:
+        return stop_reason() is None
 
     while hist["epoch"] < max_epochs and waiting():
         epoch, skip = hist["epoch"], hist["batch"]
@@ -412,9 +442,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 lp = model.log_prob(h, y)
             if interp is not None:  # Eq. 12: the loss of the interpolation with the frozen base LM
-                with torch.no_grad():
-                    lp_lm = torch.log_softmax(aux[0] @ w_sm_t.T, 1).gather(1, y[:, None]).squeeze(1)
-                lp = torch.logaddexp(log_lam + lp.float(), log_rest + lp_lm)
+                lp = torch.logaddexp(log_lam + lp.float(), log_rest + aux[0])
             # targets the model gives no row (a clustered datastore whose clusters never saw the word) have
             # log p = −inf and no gradient path: they are left out of the loss
             loss = -lp[torch.isfinite(lp)].mean()
@@ -433,7 +461,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             hist["seconds"] += time.time() - t0
             lp_valid = evaluate_log_probs(model, *valid, bf16=bf16)
             if interp is not None:
-                lp_valid = np.logaddexp(log_lam + lp_valid, log_rest + interp[2][:len(lp_valid)])
+                lp_valid = np.logaddexp(log_lam + lp_valid, log_rest + interp[1][:len(lp_valid)])
             nll = _finite_nll(lp_valid)
             hist["valid"].append((hist["steps"], epoch + (i + 1) / n, nll))
             hist["evals"] += 1
@@ -446,19 +474,33 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
             if nll < hist["best_nll"]:
                 hist["best_nll"], hist["best_step"], hist["best_eval"] = nll, hist["steps"], hist["evals"] - 1
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if sched is not None:
+                sched.step(nll)
+            hist["lr"].append((hist["steps"], opt.param_groups[0]["lr"]))
             with atomic_path(ckpt_path) as tmp:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "history": hist,
-                            "best_state": best_state, "settings": settings}, tmp)
+                            "best_state": best_state, "settings": settings,
+                            "scheduler": None if sched is None else sched.state_dict()}, tmp)
             t0 = time.time()
             if not waiting():
                 break
     if best_state is None:
         raise ArtifactError(f"{ckpt_path}: training produced no valid evaluation")
     model.load_state_dict(best_state)
-    hist["converged"] = not waiting()
+    hist["stop"] = stop_reason() or "max_epochs"
+    hist["converged"] = hist["stop"] != "max_epochs"
     hist["epochs"] = hist["valid"][-1][1]
     hist["tokens_per_second"] = hist["train_tokens"] / max(hist["seconds"], 1e-9)
     return hist
+
+
+def converged_label(hist: dict) -> str:
+    """The 'converged' cell of a trained row: 'yes (plateau)' / 'yes (patience)' for a training that stopped
+    converged (train's 'stop'), 'no (under-trained)' for one that reached max_epochs still improving; hist: a train()
+    history ('yes' when it records no stop reason)."""
+    if not hist.get("converged"):
+        return "no (under-trained)"
+    return f"yes ({hist['stop']})" if hist.get("stop") in ("patience", "plateau") else "yes"
 
 
 # Building, caching and configuring the models of the parametric variants (knnlm.experiments.parametric's jobs).
@@ -498,13 +540,19 @@ def checkpoint_output_matrix(checkpoint) -> torch.Tensor:
 
 
 @torch.no_grad()
-def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True) -> dict[str, np.ndarray]:
+def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True,
+                       row_logprobs: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per word v: 'freq' = # training tokens with next token v, 'loss' = Σ of their base-LM NLL (nats).
 
     The base-LM NLL of a training token is −log softmax(W_sm h_sm)[v], recomputed from the ffn keys
-    (h_sm itself, stored fp16); keys_ffn: [N, D] memmap, vals: [N] int32. Used by the adaptive counts.
+    (h_sm itself, stored fp16); keys_ffn: [N, D] memmap, vals: [N] int32, w_sm: [V, D] float32. Used by the
+    adaptive counts (Table 6). row_logprobs: an optional writable [N] float32 array (a memmap) that receives
+    log p_LM(val_i) of every datastore row, the frozen LM's term of the interpolated loss (App. E.6.3, Eq. 12).
+    Raises ValueError when row_logprobs does not have N entries.
     """
     v = w_sm.shape[0]
+    if row_logprobs is not None and len(row_logprobs) != len(vals):
+        raise ValueError(f"row_logprobs must have one entry per datastore row ({len(vals)}), found {len(row_logprobs)}")
     freq = np.bincount(np.asarray(vals), minlength=v).astype(np.float64)
     loss = torch.zeros(v, dtype=torch.float64)
     for s in range(0, len(vals), chunk):
@@ -514,6 +562,8 @@ def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, b
             logits = (h @ w_sm.T).float()
         nll = torch.logsumexp(logits, 1) - logits.gather(1, y[:, None]).squeeze(1)
         loss.index_add_(0, y, nll.double())
+        if row_logprobs is not None:
+            row_logprobs[s:s + len(y)] = -nll.numpy()
     return {"freq": freq, "loss": loss.numpy()}
 
 
@@ -573,9 +623,9 @@ def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample
 
 
 def training_settings(p: dict, variant: str) -> dict:
-    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch'} of a variant: config 'parametric.converge' for
+    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch', 'plateau'} of a variant: config 'parametric.converge' for
     the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
-    keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch")
+    keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch", "plateau")
     if variant.startswith("iloss"):  # W_ds on another loss: trained exactly as W_ds (nv1), on the same rows
         variant = "nv1"
     src = p["converge"] if variant in p["converge"]["variants"] else p

@@ -77,6 +77,7 @@ PATTERNS: dict[str, str] = {
     "settings": "lms/{lm}/stores/{store}/settings/{key}_{metric}.json",
     # parametric alternatives of that LM
     "word_stats": "lms/{lm}/parametric/word_stats.npz",
+    "train_lm_logprobs": "lms/{lm}/parametric/train_lm_logprobs.npy",  # log p_LM(val) of every datastore row, [N] float32
     "parametric_dir": "lms/{lm}/parametric/{variant}_{key}",
     "parametric_result": "lms/{lm}/parametric/{variant}_{key}/result.json",
     "parametric_logprobs": "lms/{lm}/parametric/{variant}_{key}/{split}_logprobs.npy",  # final stage, float32 [T]

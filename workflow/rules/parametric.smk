@@ -10,6 +10,7 @@ rule word_stats:
         **datastore("ffn"),
     output:
         out=artifact("word_stats"),
+        row_logprobs=artifact("train_lm_logprobs"),  # log p_LM(val) of every datastore row (App. E.6.3's loss)
     params:
         cfg=cfg_json("parametric"),
         io=io(),
@@ -31,8 +32,8 @@ rule train_parametric:
         **queries(key="{key}"),
         wordcounts=artifact("wordcounts"),
         word_stats=lambda wc: artifact("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
-        # the interpolated loss (App. E.6.3) needs p_LM of every training row: its ffn key
-        ffn_keys=lambda wc: artifact("keys", lm=wc.lm, key="ffn") if wc.variant.startswith("iloss") else [],
+        # the interpolated loss (App. E.6.3) needs p_LM of every training row, computed once by word_stats
+        row_logprobs=lambda wc: artifact("train_lm_logprobs", lm=wc.lm) if wc.variant.startswith("iloss") else [],
     output:
         result=artifact("parametric_result"),
         logprobs=per_split("parametric_logprobs"),

@@ -474,7 +474,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     if _fewer_rows(r) and not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
         v = "inconclusive (subset-trained)"
     if "converged" in r:
-        trained = "" if r["converged"] == "yes" else ", under-trained"
+        trained = "" if str(r["converged"]).startswith("yes") else ", under-trained"
         label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
     if tau1_off and not v.startswith("inconclusive ("):
         v = TAU1_OFF

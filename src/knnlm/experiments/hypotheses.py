@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..cli import Job
 from ..io import ArtifactError, iter_chunks, open_npy, read_json
+from ..parametric import converged_label
 from ..results import METRIC_NAME, SPLITS, evaluate
 from ..scoring import interpolate
 from ..stats import (ci_caption, compare, comparison_rows, effective_documents, fmt_ci, jackknife_sums,
@@ -310,8 +311,8 @@ def interpolated_loss(job: Job) -> dict:
             key = r["comparison"].split(" vs ")[0].rsplit(" ", 1)[-1]
             res = models[f"W_ds interpolated loss {key}"][1]
             hist = res.get("history", {})
-            cmp_rows.append({**r, "converged": "yes" if hist.get("converged") else "no (stopped at max_epochs)",
-                             "steps": hist.get("steps", 0), "train rows": res["train_rows"]})
+            cmp_rows.append({**r, "converged": converged_label(hist), "steps": hist.get("steps", 0),
+                             "epochs": round(hist.get("epochs", 0), 2), "train rows": res["train_rows"]})
         for name, (key, res, ev) in models.items():
             hist = res.get("history", {})
             vs = c["diff"].get(f"{name} vs W_ds {key}")
@@ -319,7 +320,7 @@ def interpolated_loss(job: Job) -> dict:
                          "training loss": (f"interpolated, λ = {res['spec']['interp_loss']:g} (Eq. 12)"
                                            if res["spec"].get("interp_loss") else "plain cross-entropy"),
                          "train rows": res["train_rows"], "steps": hist.get("steps", 0),
-                         "converged": "yes" if hist.get("converged") else "no",
+                         "epochs": round(hist.get("epochs", 0), 2), "converged": converged_label(hist),
                          "PPL alone (word)": ev[split]["knn"]["ppl_word"], "λ": ev["lambda"],
                          "interp PPL (word)": ev[split]["interp"]["ppl_word"],
                          "oracle PPL (word)": ev[split]["oracle"]["ppl_word"],

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from ..cli import Job
-from ..io import ArtifactError, atomic_path, read_json, save_npy, write_json
+from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
 from ..parametric import (KeyBatches, build_model, cached, checkpoint_output_matrix,  # noqa: F401 (re-exported)
-                          cluster_aggregation, compute_word_stats, evaluate_log_probs, kmeans_centroids, parse_variant,
-                          train, training_settings, tune_l2_temperature)
+                          cluster_aggregation, compute_word_stats, converged_label, evaluate_log_probs,
+                          kmeans_centroids, parse_variant, train, training_settings, tune_l2_temperature)
 from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..stats import per_document
 from ..stores import subsample_rows
@@ -77,11 +77,9 @@ def train_parametric(job: Job) -> dict:
     vt = p["valid_tokens"] or q["valid"]["manifest"]["T"]
     valid = (q["valid"]["queries"][:vt], np.asarray(q["valid"]["targets"][:vt], dtype=np.int64))
     interp = None
-    if spec.get("interp_loss"):  # App. E.6.3: p_LM of each training row from its ffn key (h_sm)
-        from ..dump import open_datastore as open_ds
-
-        aux, _, _ = open_ds(job.path("manifest"), job.path("vals"), job.path("ffn_keys"), "ffn")
-        interp = (spec["interp_loss"], w_sm, lp_lm["valid"][:vt])
+    if spec.get("interp_loss"):  # App. E.6.3: log p_LM(val) of every training row (knnlm.parametric.compute_word_stats)
+        aux = open_npy(job.path("row_logprobs"), shape=(man["N"],), dtype=np.float32)
+        interp = (spec["interp_loss"], lp_lm["valid"][:vt])
     else:
         aux = None
     batches = KeyBatches(keys, vals, rows, p["batch_size"], p["seed"], aux_keys=aux)
@@ -131,7 +129,8 @@ def train_parametric(job: Job) -> dict:
     result["info"] = info
     if epochs > 0:
         hist = train(model, batches, valid, out_dir / "train_state.pt", p["lr"], epochs, tr["patience"], p["bf16"],
-                     evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve,
+                     evals_per_epoch=tr["evals_per_epoch"], on_eval=job.curve, lr_schedule=p["lr_schedule"],
+                     plateau=tr["plateau"],
                      settings={"variant": variant, "key": key, "batch_size": p["batch_size"], "seed": p["seed"],
                                "train_tokens": tr["train_tokens"], "train_rows": len(batches.rows),
                                "valid_tokens": len(valid[1]), "info": {k: v for k, v in info.items() if not k.endswith("seconds")}},
@@ -161,10 +160,12 @@ def train_parametric(job: Job) -> dict:
 
 def word_stats(job: Job) -> dict:
     """Per word: training frequency and total base-LM training loss (from the ffn keys and W_sm), for the
-    adaptive counts of Table 6."""
+    adaptive counts of Table 6; and the base LM's log p(val) of every datastore row, the frozen term of the
+    interpolated loss (App. E.6.3), computed once here instead of in every training step."""
     keys, vals, man = open_datastore(job)
     t0 = time.time()
-    st = compute_word_stats(keys, vals, output_matrix(job), bf16=job.cfg["parametric"]["bf16"])
+    with create_npy(job.path("row_logprobs"), (len(vals),), np.float32) as rows:
+        st = compute_word_stats(keys, vals, output_matrix(job), bf16=job.cfg["parametric"]["bf16"], row_logprobs=rows)
     with atomic_path(job.path("out")) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **st)
@@ -179,8 +180,17 @@ def _rows(result: dict, stage: str, label: str, base: dict, knn_best: dict) -> l
         row = result_row(split, {"model": label, "h_ds": result["key_type"]}, result["stages"][stage])
         out.append({**row, "kNN-LM gain recovered": _gain(row, base, knn_best, split), "train rows": result["train_rows"],
                     "epochs": round(h.get("epochs", 0), 2), "steps": h.get("steps", 0),
-                    "converged": "-" if not h else "yes" if h["converged"] else "no (under-trained)"})
+                    "converged": "-" if not h else converged_label(h)})
     return out
+
+
+
+def _schedule_text(schedule: str) -> str:
+    return "halved at every valid evaluation without a new best" if schedule == "plateau" else "constant"
+
+
+def _plateau_text(plateau: float | None) -> str:
+    return "" if plateau is None else f", or an epoch improving valid perplexity by < {100 * plateau:g} %"
 
 
 def _gain(row: dict, base: dict, knn_best: dict, split: str) -> float:
@@ -351,7 +361,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         else:  # 'X vs base' (no rows), 'X vs W_ds ...' (the rows W_ds was trained on)
             other = row["comparison"].split(" vs ", 1)[-1]
             ref_rows = by_name[other]["train_rows"] if other in by_name else "-"
-        row.update({"steps": h.get("steps", 0), "converged": "yes" if h.get("converged") else "no (under-trained)",
+        row.update({"steps": h.get("steps", 0), "epochs": round(h.get("epochs", 0), 2), "converged": converged_label(h),
                     "train rows": v["train_rows"], "reference rows": ref_rows})
     boot = f"{ci_caption(st, documents_label(job))}; all tokens of valid and test."
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
@@ -392,11 +402,13 @@ def tables(job: Job) -> dict:
     c = p["converge"]
     conv_txt = "all datastore rows" if c["train_tokens"] is None else f"{c['train_tokens']} rows"
     common = (f"Trained on the dumped keys (LM frozen, clean features: the paper kept dropout in the frozen body) "
-              f"with Adam lr {p['lr']}, batch {p['batch_size']}, valid NLL on {p['valid_tokens'] or 'all'} valid "
-              f"tokens. Variants {', '.join(c['variants']) or 'none'} (W_ds = nv1): trained until the valid NLL "
-              f"stops improving ({c['evals_per_epoch']} evaluations per epoch, patience {c['patience']} evaluations, "
-              f"≤ {c['max_epochs']} epochs) on {conv_txt}; the others: ≤ {p['max_epochs']} epochs, patience "
-              f"{p['patience']}, on {train_txt}. 'converged' = stopped by early stopping; 'no (under-trained)' = "
+              f"with Adam lr {p['lr']} ({_schedule_text(p['lr_schedule'])}), batch {p['batch_size']}, valid NLL on "
+              f"{p['valid_tokens'] or 'all'} valid tokens. Variants {', '.join(c['variants']) or 'none'} (W_ds = nv1): "
+              f"trained until the valid NLL stops improving ({c['evals_per_epoch']} evaluations per epoch, patience "
+              f"{c['patience']} evaluations{_plateau_text(c['plateau'])}, ≤ {c['max_epochs']} epochs) on {conv_txt}; the "
+              f"others: ≤ {p['max_epochs']} epochs, patience {p['patience']}{_plateau_text(p['plateau'])}, on "
+              f"{train_txt}. 'converged': 'yes (patience)' = stopped by early stopping, 'yes (plateau)' = an epoch "
+              f"gained less than the plateau fraction; 'no (under-trained)' = "
               f"stopped at max_epochs while still improving. 'PPL' = the model alone, 'interp' = with the base "
               f"LM, λ tuned on valid; 'kNN-LM gain recovered' = (base − interp) / (base − best kNN-LM interp), best "
               f"kNN-LM = {best['key_type']}/{METRIC_NAME[best['metric']]} (Table 1). All tokens of valid and test. {note}")
