@@ -43,6 +43,11 @@ def test_stores_sharing_keys_or_index():
     assert same_index_store("full-ivf2-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-alltokens") == "full-alltokens"
     assert same_index_store("r0.2-draw2-ivf3") == "r0.2-draw2-ivf3" and same_keys_store("r0.2-draw2-ivf3") == "r0.2-draw2"
     assert same_index_store("full") == same_keys_store("full") == "full"
+    # '-np<n>': the same index and exact search, searched with n lists (a point of the probe sweep)
+    assert same_index_store("r0.05-np4") == "r0.05" and same_keys_store("r0.05-np4") == "r0.05"
+    assert same_index_store("full-ivf2-np8-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-np8-alltokens") == "full-alltokens"
+    from knnlm.stores import probe_store
+    assert probe_store("r0.05-alltokens", 4) == "r0.05-np4-alltokens" and probe_store("full", 16) == "full-np16"
 
 
 def test_defaults_filled(tmp_path):

@@ -105,6 +105,8 @@ def test_unknown_store_kind_is_a_config_error(tmp_path):
         store_kind_of("half")
     assert re.fullmatch(store_wildcard(), "r0.05") and re.fullmatch(store_wildcard(), "pca128")
     assert not re.fullmatch(store_wildcard(), "half")
+    assert re.fullmatch(store_wildcard(), "full-np4-alltokens") and re.fullmatch(store_wildcard(), "r0.05-draw2-ivf3-np1")
+    assert not re.fullmatch(store_wildcard(), "full-alltokens-np4")
     d = tmp_path / "data"
     d.mkdir()
     for s in ("train", "valid", "test"):

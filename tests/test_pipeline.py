@@ -99,7 +99,11 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   store, index, 2 searches, score) and Table 8
     # + 8 for App. E.6.1 and E.6.2: the base LM continued without dropout and an LM trained on its soft labels
     #   (2 trainings, each LM's valid and test dumps), Table 9 and the soft-label table
-    assert jobs == 152
+    # + 13 for the probe sweep: stores full-np1 and r0.2-np1 (store, 2 searches with their store's index, 2 real
+    #   scores, settings; the exact search is their store's), table and figure
+    # + 5 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
+    #   retrieval
+    assert jobs == 170
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -115,6 +119,76 @@ def test_every_job_logged_to_mlflow(tiny_run):
         assert not unfinished  # every job's run ended FINISHED (a job that raised would leave FAILED)
     pending = tiny_run["results_dir"] / "mlflow_pending"
     assert not (pending.exists() and any(pending.iterdir()))  # no run had to be saved for a later replay
+
+
+def test_probe_sweep(tiny_run):
+    """The probe sweep: each swept store searched with 1 list and with index.nprobe, the same index (same lists) and
+    the same exact search (the real mask's perplexity is the store's own); fewer lists scan fewer keys and find no
+    more of the exact top-k; the paper's fraction is flagged from nprobe / lists; the figure is written."""
+    df = pd.read_csv(art(tiny_run, "table", table="probe_sweep", ext="csv"))
+    test = df[df["split"] == "test"].set_index("store")
+    assert set(test.index) == {"full", "full-np1", "r0.2", "r0.2-np1"}
+    for base in ("full", "r0.2"):
+        a, b = test.loc[f"{base}-np1"], test.loc[base]
+        assert a["nprobe"] == 1 < b["nprobe"] and a["lists"] == b["lists"]
+        assert a["keys scanned / query"] < b["keys scanned / query"] and a["recall@k"] <= b["recall@k"] + 1e-9
+        sa, sb = (read_json(art(tiny_run, "settings", store=s, key="ffn", metric="l2")) for s in (f"{base}-np1", base))
+        assert sa["settings"]["real_mask_real_score"]["test"]["interp"]["ppl_word"] == \
+            sb["settings"]["real_mask_real_score"]["test"]["interp"]["ppl_word"]
+    frac = TINY["index"]["probe_fraction"]
+    assert (df["paper's fraction"] == ((df["nprobe"] / df["lists"] - frac).abs() * df["lists"] <= 0.5)).all()
+    assert "real vs FAISS mask, τ* (95% CI)" in df.columns and (df["documents"] >= 1).all()
+    assert art(tiny_run, "figure", figure="probe_sweep", ext="png").stat().st_size > 0
+
+
+def test_token_gains(tiny_run):
+    """The token features against the run's own arrays, and the per-token gains: each feature's buckets partition
+    the test tokens, and their token-weighted mean Δ is the overall mean Δ of the mask."""
+    vals = np.load(art(tiny_run, "vals"))
+    targets = np.load(art(tiny_run, "targets", split="test")).astype(np.int64)
+    f = np.load(art(tiny_run, "token_features", split="test"))
+    assert (f["train_freq"] == np.bincount(vals, minlength=targets.max() + 1)[targets]).all()
+    assert f["ngram_overlap"].min() >= 0 and f["ngram_overlap"].max() <= TINY["quality"]["max_overlap"]
+    assert (f["lm_entropy"] >= -1e-6).all() and (f["lm_max_logprob"] <= 1e-6).all()
+    assert (f["ctx_freq_1"] >= f["ctx_freq_2"]).all() and (f["ctx_fertility_1"] <= f["ctx_freq_1"]).all()
+    ids = np.load(art(tiny_run, "nb_ids", store="full", key="ffn", metric="l2", split="test"))
+    dists = np.load(art(tiny_run, "nb_dists", store="full", key="ffn", metric="l2", split="test"))
+    np.testing.assert_array_equal(f["nn_distance"], dists[:, 0])
+    from knnlm.quality import longest_common_suffix
+    np.testing.assert_array_equal(f["ngram_overlap"][:500], longest_common_suffix(targets, np.arange(500), vals,
+                                                                                  ids[:500, 0].astype(np.int64),
+                                                                                  TINY["quality"]["max_overlap"]))
+    df = pd.read_csv(art(tiny_run, "table", table="token_gains", ext="csv"))
+    summary = df[df["feature"].isna()].set_index("mask")
+    assert set(summary.index) == {"FAISS mask", "real mask"}  # the tiny run scores the full store on every token
+    assert ((summary["helped"] + summary["hurt"]) <= 1 + 1e-9).all() and (summary["tokens"] == len(targets)).all()
+    for (mask, feat), g in df[df["feature"].notna()].groupby(["mask", "feature"]):
+        assert g["tokens"].sum() == len(targets)
+        assert (g["tokens"] * g["mean Δ (nats/token)"]).sum() / len(targets) == pytest.approx(
+            summary.loc[mask, "mean Δ (nats/token)"], abs=1e-3)
+    cmp = pd.read_csv(art(tiny_run, "table", table="token_gains_comparisons", ext="csv"))
+    assert cmp["comparison"].str.startswith(("FAISS mask: mean Δ", "real mask: mean Δ")).all() and len(cmp) == 4
+    assert art(tiny_run, "figure", figure="token_gains", ext="png").stat().st_size > 0
+
+
+def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):
+    """λ per bucket can only fit valid better than one global λ (the global λ is one choice per bucket); on test
+    it is compared paired. Adaptive retrieval: nothing skipped at share 0, more skipped at larger shares."""
+    df = pd.read_csv(art(tiny_run, "table", table="lambda_by_quality", ext="csv"))
+    valid = df[(df["split"] == "valid") & df["PPL (word)"].notna()].set_index("model")["PPL (word)"]
+    for n in ("λ by nearest neighbour's distance", "λ by n-gram overlap with the top neighbour (tokens)"):
+        assert valid[n] <= valid["global λ"] + 1e-9
+    lams = df[df["λ"].notna()]
+    assert ((lams["λ"] >= 0) & (lams["λ"] <= 1)).all() and 2 + 7 <= len(lams) <= TINY["quality"]["lambda_buckets"] + 7
+    ad = pd.read_csv(art(tiny_run, "table", table="adaptive_retrieval", ext="csv")).set_index("model")
+    skipped = ad["retrievals skipped (test)"]
+    assert skipped["adaptive λ"] == 0 and skipped["kNN-LM, global λ"] == 0 and skipped["base"] == 1
+    shares = [s for s in TINY["quality"]["adaptive"]["skip"] if s > 0]
+    got = [skipped[f"adaptive λ, {100 * s:g} % skipped"] for s in shares]
+    assert all(a <= b + 1e-9 for a, b in zip(got, got[1:])) and got[-1] > 0.5
+    cmp = pd.read_csv(art(tiny_run, "table", table="adaptive_retrieval_comparisons", ext="csv"))
+    assert "adaptive λ vs kNN-LM, global λ" in set(cmp["comparison"])
+    assert art(tiny_run, "figure", figure="adaptive_retrieval", ext="png").stat().st_size > 0
 
 
 def test_scores_consistent_with_base(tiny_run):
@@ -570,13 +644,19 @@ def test_findings_report(tiny_run):
     # equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 61 and len(family) == 3 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 67 and len(family) == 3 * 9 and len(equal_rows) == 2
+    # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality; He et
+    # al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled with their paper
+    follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021"))]
+    assert len(follow) == 6 and not any("not run" in r for r in follow)
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
+    assert sum("nats per token" in r for r in follow) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs
     # base) and E.2's retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k,
     # two per E.3 effect claim (the base LM's NLL and the kNN-LM's gain) and four for E.3's r (reported), two for
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
-    assert len(rows) == len(CLAIMS) - 4 + len(family) + len(equal_rows) + 13
+    assert len(rows) == len(CLAIMS) - 6 - 4 + len(family) + len(equal_rows) + 13
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

@@ -229,7 +229,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             ids[s:e] = ii
             dists[s:e] = dd
             missing += int((ii < 0).sum())
-    return {"T": t, "k": k, "nprobe": nprobe, "missing_neighbours": missing, "requeried_for_k": refilled,
+    return {"T": t, "k": k, "nprobe": nprobe, "lists": int(nlist), "missing_neighbours": missing, "requeried_for_k": refilled,
             "keys_scanned_per_query": from_lists / t if t else None,
             "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}

@@ -51,6 +51,8 @@ PATTERNS: dict[str, str] = {
     "token_lines": "lms/{lm}/queries/{split}/token_lines.npz",
     "documents": "lms/{lm}/queries/{split}/documents.npz",
     "scope": "lms/{lm}/queries/{split}/scope.npy",
+    # features of every scored token of a split (knnlm.quality: retrieval quality, the LM's entropy)
+    "token_features": "lms/{lm}/queries/{split}/token_features.npz",
     # one datastore variant (store) of that LM
     "store_prep": "lms/{lm}/stores/{store}/prep_{key}",
     "index": "lms/{lm}/stores/{store}/index/{key}_{metric}.faiss",

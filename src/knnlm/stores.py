@@ -10,6 +10,9 @@ Kinds (name regex -> prepare function, registered with @store_kind):
               the keys (Xu et al. 2023, Sec. 5, Figures 2 and 4); r<ratio>-draw<k>: drawn with seed k
   pca<d>      keys and queries projected to d dims (He et al. 2021)
   <any>-ivf<k>  (full and subsets) the same store with its IVFPQ trained with seed k ('variance' table)
+  <any>-np<n>  (full and subsets, after any '-ivf<k>') the same store and index searched with nprobe = n lists
+              instead of config 'index.nprobe': one point of the approximation-strength sweep ('probe_sweep'
+              table and figure); its exact search is the store's own
   <any>-alltokens  (full and subsets, after any '-ivf<k>') the same store, scored on every token of valid and test
               instead of the retrieval scope (exact search over the 5 % subset costs 1/20 of the full
               store's, so its claims can be tested on whole splits; 'retrieval.small_store_all_tokens')
@@ -124,6 +127,7 @@ def nested_shards(ratios: list[float], shards: int) -> list[tuple[int, int, int]
 
 
 IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
+PROBE_SUFFIX = r"(?:-np(?P<np>[0-9]+))?"  # '-np<n>': the store's index searched with nprobe = n
 ALL_TOKENS = "-alltokens"  # a store named '<store>-alltokens' is scored on every token of valid and test
 SCOPE_SUFFIX = f"(?:{ALL_TOKENS})?"
 
@@ -136,17 +140,23 @@ def scores_every_token(name: str) -> bool:
 
 
 def _seeds(m) -> dict:
-    return {} if not m["ivf"] else {"index_seed": int(m["ivf"])}
+    """The store.json entries of the name's '-ivf<k>' and '-np<n>' suffixes."""
+    out = {} if not m["ivf"] else {"index_seed": int(m["ivf"])}
+    if m["np"]:
+        if int(m["np"]) < 1:
+            raise ValueError(f"store {m[0]}: '-np<n>' needs n >= 1 probed lists, found {m['np']}")
+        out["nprobe"] = int(m["np"])
+    return out
 
 
-@store_kind("full" + IVF_SUFFIX + SCOPE_SUFFIX)
+@store_kind("full" + IVF_SUFFIX + PROBE_SUFFIX + SCOPE_SUFFIX)
 def _full(m, keys, man, cfg, out_dir: Path) -> dict:
     """All datastore rows; 'full-ivf<k>': the same keys with an IVFPQ trained with seed k (the spread of the FAISS
     settings over index seeds)."""
     return _seeds(m)
 
 
-@store_kind(r"r(?P<ratio>[0-9.e-]+?)(?:-draw(?P<draw>[0-9]+))?" + IVF_SUFFIX + SCOPE_SUFFIX)
+@store_kind(r"r(?P<ratio>[0-9.e-]+?)(?:-draw(?P<draw>[0-9]+))?" + IVF_SUFFIX + PROBE_SUFFIX + SCOPE_SUFFIX)
 def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
     """A seeded subset of round(ratio × N) rows (seed 'datastore_size.seed', or k for 'r<ratio>-draw<k>': the
     spread over subset draws); '-ivf<k>': its IVFPQ trained with seed k."""
@@ -158,16 +168,23 @@ def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
 
 
 def same_keys_store(name: str) -> str:
-    """The store whose keys (and so exact search) `name` shares: `name` without its '-ivf<k>' suffix (an index
-    seed changes the FAISS neighbours, never the exact ones); an '-alltokens' store keeps its suffix (its scope
-    differs)."""
-    return re.sub(rf"-ivf[0-9]+(?={SCOPE_SUFFIX}$)", "", name)
+    """The store whose keys (and so exact search) `name` shares: `name` without its '-ivf<k>' and '-np<n>' suffixes
+    (an index seed or a probe count changes the FAISS neighbours, never the exact ones); an '-alltokens' store keeps
+    its suffix (its scope differs)."""
+    return re.sub(rf"(-ivf[0-9]+)?(-np[0-9]+)?(?={SCOPE_SUFFIX}$)", "", name, count=1)
 
 
 def same_index_store(name: str) -> str:
-    """The store whose IVFPQ index `name` searches: `name` without its '-alltokens' suffix (the same rows, index
-    seed and parameters, so the same index; only the scope of queries differs)."""
-    return name[: -len(ALL_TOKENS)] if scores_every_token(name) else name
+    """The store whose IVFPQ index `name` searches: `name` without its '-np<n>' and '-alltokens' suffixes (the same
+    rows, index seed and parameters, so the same index; only the probe count or the scope of queries differs)."""
+    name = name[: -len(ALL_TOKENS)] if scores_every_token(name) else name
+    return re.sub(r"-np[0-9]+$", "", name)
+
+
+def probe_store(name: str, nprobe: int) -> str:
+    """The name of store `name` searched with nprobe = `nprobe` lists (suffix '-np<n>' before any '-alltokens')."""
+    base, scope = (name[: -len(ALL_TOKENS)], ALL_TOKENS) if scores_every_token(name) else (name, "")
+    return f"{base}-np{int(nprobe)}{scope}"
 
 
 def store_kind_of(name: str) -> tuple[re.Match, Callable]:

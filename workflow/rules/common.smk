@@ -12,8 +12,8 @@ from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, inte
                           validate_config)
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.front_page import front_page
-from knnlm.stores import (ALL_TOKENS, nested_shards, same_index_store, same_keys_store, scores_every_token,
-                          store_name, store_wildcard)
+from knnlm.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
+                          scores_every_token, store_name, store_wildcard)
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")

@@ -30,6 +30,10 @@ rule write_findings:
         ensembling=artifact("table", table="ensembling_comparisons", ext="csv") if ENSEMBLE else [],  # App. E.5
         overfitting=artifact("table", table="overfitting_comparisons", ext="csv") if OVERFIT else [],  # App. E.6.1
         soft_labels=artifact("table", table="soft_labels_comparisons", ext="csv") if SOFT_LABEL else [],  # App. E.6.2
+        # beyond the paper: Drozdov et al. 2022's claims (per-token gains, λ by retrieval quality), He et al. 2021's
+        token_gains=artifact("table", table="token_gains_comparisons", ext="csv"),
+        lambda_by_quality=artifact("table", table="lambda_by_quality_comparisons", ext="csv"),
+        adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv"),  # He et al. 2021
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),

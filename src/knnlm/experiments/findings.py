@@ -45,7 +45,13 @@ perplexity) is in Table 9.
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
-paper's numbers are its WikiText-103 results (268M LM).
+paper's numbers are its WikiText-103 results (268M LM). Rows whose section names another paper test that
+follow-up's claims on this run: Drozdov et al. (2022) on when retrieval helps (per-token gains by the nearest
+neighbour's distance and by n-gram overlap; λ by retrieval quality against one global λ), He et al. (2021) on
+adaptive retrieval (a λ predicted before retrieval; retrieval skipped for half of the tokens). A Sec. 5 row's 'on' column gives its store's probe count
+(nprobe of the IVF lists): the paper probed 32 of 4,096 (0.78 %); 'index.nprobe: auto' probes a small store more
+densely (at least index.scan_factor × k keys per query), and table 'probe_sweep' (config
+'retrieval.probe_sweep') shows the mask comparison across probe counts, the paper's fraction marked.
 """
 from __future__ import annotations
 
@@ -57,6 +63,7 @@ from ..cli import Job
 from ..io import atomic_path, read_json
 from ..stats import ci_caption, comparison_rows
 from .common import lm_training_label
+from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from .hypotheses import CORRELATION_MARGIN, MEMORISED, QUARTER_MARGIN
 from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
 from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
@@ -252,6 +259,28 @@ CLAIMS = [
     _claim("Sec. 6, E.6.3", f"training W_ds on the interpolated loss (Eq. 12) does not beat the plain loss (gain under "
            f"{100 * MARGIN:.0f} %)", "interpolated_loss", r"W_ds interpolated loss (\S+) vs W_ds \1", regex=True,
            within=MARGIN, paper_text="no gain"),
+    # Beyond Xu et al.: when retrieval helps (knnlm.experiments.token_gains, lambda_by_quality), the follow-up's claims
+    _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the nearest neighbour is close: mean Δ of the "
+           "closest decile of its distance minus the farthest", "token_gains",
+           r"FAISS mask: mean Δ, closest minus farthest .+", regex=True, sign=+1, unit=(1, "nats per token"),
+           paper_text="gains come from neighbours with high semantic similarity"),
+    _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the context overlaps the top neighbour's: mean "
+           "Δ of the largest n-gram overlap bucket minus no overlap", "token_gains",
+           r"FAISS mask: mean Δ, n-gram overlap .+", regex=True, sign=+1, unit=(1, "nats per token"),
+           paper_text="gains come from large n-gram overlaps"),
+    _claim("Drozdov et al. 2022, Sec. 5", "λ by the nearest neighbour's distance (tuned on valid) beats one global λ",
+           "lambda_by_quality", "λ by nearest neighbour's distance vs global λ", sign=-1,
+           paper_text="nearly 4 % better test perplexity (WikiText-103)"),
+    _claim("Drozdov et al. 2022, Sec. 5", "λ by the n-gram overlap with the top neighbour (tuned on valid) beats one "
+           "global λ", "lambda_by_quality", "λ by n-gram overlap with the top neighbour (tokens) vs global λ", sign=-1,
+           paper_text="λ by retrieval quality: nearly 4 % better (WikiText-103)"),
+    _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
+           "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
+           paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ"),
+    _claim("He et al. 2021, Sec. 3", f"skipping half of the retrievals (lowest predicted λ) costs under "
+           f"{100 * MARGIN:.0f} % of perplexity against the kNN-LM with every token retrieved", "adaptive_retrieval",
+           f"{GLOBAL} vs {skip_name(0.5)}", within=MARGIN,
+           paper_text="retrieval skipped for about half of the tokens at little perplexity cost"),
 ]
 
 
@@ -301,15 +330,16 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
-                 "soft_labels"):  # App. D, E (comparisons CSVs)
+                 "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")
     if job.input.get("table3_settings"):  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
         t = read_json(job.path("table3_settings"))
+        out["table3"] = (out["table3"][0], out["table3"][1] + _probe_label(t))
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
     if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
-        label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store"
+        label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store{_probe_label(s)}"
         every = ", all tokens" if _every_token(s) else ""
         out["small_store"] = (pd.DataFrame(rows), label + every)
         out["small_tuning"] = (tuning_contrasts(s, job.cfg["stats"]), label + every)
@@ -318,6 +348,16 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
             out["size"] = (size_comparisons(small, read_json(job.path("full_store")), job.cfg["stats"]),
                            f"{label} vs full")
     return out
+
+
+def _probe_label(s: dict) -> str:
+    """', nprobe n of L lists (x %)' of a settings JSON's test search (knnlm.index.search), '' when it does not say:
+    how approximate the FAISS mask of the row is, beside the paper's 32 of 4,096 lists (0.78 %; the probe sweep
+    shows the comparison at other strengths)."""
+    scan = s.get("scan", {}).get("test", {})
+    if not scan.get("nprobe") or not scan.get("lists"):
+        return ""
+    return f", nprobe {scan['nprobe']} of {scan['lists']} lists ({100 * scan['nprobe'] / scan['lists']:.2g} %)"
 
 
 def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:
@@ -527,7 +567,8 @@ def findings(job: Job) -> dict:
             rows.append(_tested(c, r, label, counts, job.cfg["stats"]["min_documents"], scheme, undertrained,
                                 _tau1_off(c, r, sources)))
     cfg = job.cfg
-    text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023) tested on this run\n\n",
+    text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023), and of the follow-ups Drozdov et al. "
+            f"(2022) and He et al. (2021), tested on this run\n\n",
             f"{__doc__.strip()}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}. "
             f"{lm_training_label(job)} "

@@ -96,10 +96,12 @@ def prepare_store(job: Job) -> dict:
 def _index_params(job: Job, store, man: dict) -> dict:
     """The store's IVFPQ parameters (knnlm.index.resolve_index_params of config 'index' at k = 'knn.k': nprobe
     scans at least index.scan_factor × k keys; a PCA store keeps the full keys' code size; a store named
-    '-ivf<k>' trains its index with seed k)."""
+    '-ivf<k>' trains its index with seed k, one named '-np<n>' searches n lists)."""
     from ..index import resolve_index_params
 
     cfg = dict(job.cfg["index"], seed=store.meta.get("index_seed", job.cfg["index"]["seed"]))
+    if "nprobe" in store.meta:  # a point of the probe sweep ('-np<n>')
+        cfg["nprobe"] = store.meta["nprobe"]
     k = job.cfg.get("knn", {}).get("k")  # a build needs no k: nprobe is set at search time
     return resolve_index_params(cfg, store.size, store.meta["dim"], k, code_dim=man["D"] if store.transform else None)
 
@@ -449,9 +451,9 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
 
 
 def _scan(job: Job) -> dict:
-    """{split: {'nprobe', 'keys_scanned_per_query', 'missing_neighbours', 'requeried_for_k'}} of the FAISS searches
-    the job's settings read (input list 'nb_meta'; knnlm.index.search): how approximate the FAISS mask was."""
-    keep = ("nprobe", "keys_scanned_per_query", "missing_neighbours", "requeried_for_k")
+    """{split: {'nprobe', 'lists', 'keys_scanned_per_query', 'missing_neighbours', 'requeried_for_k'}} of the FAISS
+    searches the job's settings read (input list 'nb_meta'; knnlm.index.search): how approximate the FAISS mask was."""
+    keep = ("nprobe", "lists", "keys_scanned_per_query", "missing_neighbours", "requeried_for_k")
     return {s: {k: read_json(p).get(k) for k in keep} for s, p in by_split(job, "nb_meta").items()}
 
 
