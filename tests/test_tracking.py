@@ -25,17 +25,28 @@ def test_a_failed_job_leaves_a_failed_run_under_its_parent(tmp_path, monkeypatch
     with pytest.raises(ValueError, match="config key 'x'"):
         cli.run_job("m.broken", cli.Job(cfg=cfg, rule="m.broken"))
     cli.run_job("m.fine", cli.Job(cfg=cfg, rule="m.fine"))
-    tracking.end_parent_run(cfg, parent, ok=False)
+    import logging
+
+    logs = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logs.append(record.getMessage())
+    tracking.log.addHandler(handler)
+    try:
+        tracking.end_parent_run(cfg, parent, ok=False)
+    finally:
+        tracking.log.removeHandler(handler)
     runs = _runs(tmp_path)
     assert runs["m.broken"].info.status == "FAILED"
     assert runs["m.broken"].data.tags["error"] == "ValueError: config key 'x': expected 1, found 2"
     assert runs["m.fine"].info.status == "FINISHED" and runs["m.fine"].data.metrics == {"a": 1.0}
     assert {runs[n].data.tags["mlflow.parentRunId"] for n in ("m.broken", "m.fine")} == {parent}
     assert [r.info.status for r in runs.values() if r.info.run_id == parent] == ["FAILED"]
-    from mlflow.tracking import MlflowClient  # the UI opens the experiment on its runs (model training)
+    from mlflow.tracking import MlflowClient  # an experiment of model training; its runs page is logged at the end
 
-    tags = MlflowClient(tracking.tracking_uri(tmp_path)).get_experiment_by_name("t").tags
-    assert tags["mlflow.experimentKind"] == "custom_model_development"
+    exp = MlflowClient(tracking.tracking_uri(tmp_path)).get_experiment_by_name("t")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    url = f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}?workflowType=machine_learning"
+    assert tracking.ui_url(parent, cfg) == url and any(url in m and parent in m for m in logs)
 
 
 def test_live_curves_survive_a_kill_in_one_run(tmp_path, monkeypatch):

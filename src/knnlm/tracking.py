@@ -101,14 +101,25 @@ def _retrying(fn, what: str, retries: int | None = None):
 PARENT_ENV = "KNNLM_MLFLOW_PARENT_RUN"  # set by the Snakefile's onstart: the run of this Snakemake invocation
 
 
-# MLflow 3's UI opens an experiment on the page of its kind (tag mlflow.experimentKind): model training shows its
-# runs; without the tag it may open on the GenAI overview (traces, tokens).
+# The experiment's kind for MLflow 3 (tag mlflow.experimentKind): model training. MLflow 3.17's UI still opens an
+# experiment on its GenAI overview (traces, tokens) whatever the tag; the query parameter of UI_RUNS_PAGE opens it
+# on its runs (checked in headless Chromium).
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+UI_RUNS_PAGE = "#/experiments/{experiment_id}?workflowType=machine_learning"
+
+
+def ui_url(run_id: str, cfg: dict, base: str = "http://127.0.0.1:5000/") -> str:
+    """The MLflow UI's page of the runs of the experiment that holds run `run_id` (a parent run: its jobs nest under
+    it), for `mlflow ui` at `base`: '<base>#/experiments/<id>?workflowType=machine_learning'."""
+    from mlflow.tracking import MlflowClient
+
+    exp = MlflowClient(tracking_uri(Path(cfg["results_dir"]))).get_run(run_id).info.experiment_id
+    return base + UI_RUNS_PAGE.format(experiment_id=exp)
 
 
 def _experiment(client, cfg: dict, uri: str, results_dir: Path) -> str:
     """Id of experiment cfg['name'], created (artifacts under results_dir/mlartifacts for sqlite) if missing, tagged
-    as model training (EXPERIMENT_KIND) so that the MLflow UI opens on its runs."""
+    as model training (EXPERIMENT_KIND; its runs page in the UI: ui_url)."""
     exp = client.get_experiment_by_name(cfg["name"])
     if exp is not None:
         if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):
@@ -139,12 +150,19 @@ def start_parent_run(cfg: dict, targets: Iterable[str] = ()) -> str:
 
 
 def end_parent_run(cfg: dict, run_id: str, ok: bool) -> None:
-    """Mark the parent run FINISHED (the DAG succeeded) or FAILED."""
+    """Mark the parent run FINISHED (the DAG succeeded) or FAILED, and log where the MLflow UI shows its runs."""
     from mlflow.tracking import MlflowClient
 
     results_dir = Path(cfg["results_dir"])
     with _lock(results_dir):
         MlflowClient(tracking_uri(results_dir)).set_terminated(run_id, "FINISHED" if ok else "FAILED")
+    try:
+        where = ("`mlflow ui --backend-store-uri " + tracking_uri(results_dir) + "`, then "
+                 if not os.environ.get("MLFLOW_TRACKING_URI") else "the tracking server's UI: ")
+        log.warning("MLflow: this run's jobs are under run %s; browse them with %s%s", run_id, where,
+                    ui_url(run_id, cfg))
+    except Exception as e:  # a hint only: never fail the DAG over it
+        log.debug("MLflow UI address not resolved: %s", e)
 
 
 def _job_name(rule: str, wildcards: dict) -> str:
