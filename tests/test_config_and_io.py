@@ -46,7 +46,9 @@ def test_stores_sharing_keys_or_index():
     # '-np<n>': the same index and exact search, searched with n lists (a point of the probe sweep)
     assert same_index_store("r0.05-np4") == "r0.05" and same_keys_store("r0.05-np4") == "r0.05"
     assert same_index_store("full-ivf2-np8-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-np8-alltokens") == "full-alltokens"
-    from knnlm.stores import probe_store
+    from knnlm.stores import probe_store, same_search_store
+    # the full store's own FAISS search covers every token: 'full-alltokens' reads it; a subset's covers the scope
+    assert same_search_store("full-alltokens") == "full" and same_search_store("r0.05-alltokens") == "r0.05-alltokens"
     assert probe_store("r0.05-alltokens", 4) == "r0.05-np4-alltokens" and probe_store("full", 16) == "full-np16"
 
 

@@ -34,7 +34,10 @@ def test_shipped_lm_loads_matches_its_card_and_reproduces_its_perplexity(card_pa
     got = slice_perplexity(ckpt, shipped.root, PROJECT_ROOT / card["config"], card["valid_slice"]["lines"])
     assert got["tokens"] == card["valid_slice"]["tokens"]
     assert got["ppl_token"] == pytest.approx(card["valid_slice"]["ppl_token"], rel=1e-4)
-    assert card["converged"] == "yes", f"{card_path}: shipped LMs are trained to a plateau"
+    if card["train"].get("checkpoint") == "last":  # trained further by a set number of updates (App. E.6.1)
+        assert card["checkpoint_update"] == card["updates"] and card["converged"] in ("yes", "no (valid loss still falling)")
+    else:
+        assert card["converged"] == "yes", f"{card_path}: shipped LMs are trained to a plateau"
 
 
 def test_all_shipped_lms_are_small():

@@ -253,8 +253,11 @@ def card_markdown(card: dict) -> str:
             f"weights are those of update {card.get('checkpoint_update', card['updates']):,}), "
             f"lr {lm['lr']} ({lm.get('lr_scheduler', 'inverse_sqrt')}, warm-up {lm['warmup_updates']})\n"
             f"- converged: {card['converged']} (last evaluation changed valid perplexity by "
-            f"{100 * (card['last_gain'] or 0):+.2f} %)\n"
-            f"- valid perplexity: {card['valid']['ppl_token']:.2f} per token, {card['valid'].get('ppl_word', 0):.2f} "
+            f"{100 * (card['last_gain'] or 0):+.2f} %)"
+            + (f"; continued from `{card['lms_entry'].get('init_from')}` for a set number of updates (its last "
+               f"checkpoint: App. E.6.1's LM trained further without dropout), so no plateau is sought: the findings "
+               f"check whether it memorised its training set\n" if card["train"].get("checkpoint") == "last" else "\n")
+            + f"- valid perplexity: {card['valid']['ppl_token']:.2f} per token, {card['valid'].get('ppl_word', 0):.2f} "
             f"per word (fp32 weights: {card['valid']['fp32_ppl_token']:.2f} per token)\n"
             f"- test perplexity: {card['test']['ppl_token']:.2f} per token, {card['test'].get('ppl_word', 0):.2f} per "
             f"word (context window {card['eval']['context_window']} of {card['eval']['tokens_per_sample']})\n"

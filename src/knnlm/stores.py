@@ -181,6 +181,12 @@ def same_index_store(name: str) -> str:
     return re.sub(r"-np[0-9]+$", "", name)
 
 
+def same_search_store(name: str) -> str:
+    """The store whose FAISS search `name` reads: 'full' for 'full-alltokens' (the full store's own search already
+    covers every token of valid and test with the same index: Table 1 reads it), else `name` itself."""
+    return "full" if name == f"full{ALL_TOKENS}" else name
+
+
 def probe_store(name: str, nprobe: int) -> str:
     """The name of store `name` searched with nprobe = `nprobe` lists (suffix '-np<n>' before any '-alltokens')."""
     base, scope = (name[: -len(ALL_TOKENS)], ALL_TOKENS) if scores_every_token(name) else (name, "")

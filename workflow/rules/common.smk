@@ -13,7 +13,7 @@ from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, inte
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.front_page import front_page
 from knnlm.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
-                          scores_every_token, store_name, store_wildcard)
+                          same_search_store, scores_every_token, store_name, store_wildcard)
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -296,9 +296,21 @@ def nested_shards_of(name):
 
 # Everything the mask/score settings of one (store, key, metric) read, on the retrieval scope (every token for an
 # '-alltokens' store; rule settings).
+def search_of(name, both_splits=False):
+    """Input function: FAISS search artifact `name` ('nb_ids', 'nb_dists', 'nb_meta') of the job's store, of both
+    splits when `both_splits`; 'full-alltokens' reads the full store's own search, which covers every token with the
+    same index (knnlm.stores.same_search_store)."""
+    def fn(wc):
+        store = same_search_store(wc.store)
+        return per_split(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric) if both_splits else \
+            artifact(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric, split=wc.split)
+    return fn
+
+
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "store": artifact("store_prep"), "scope": scope_of(both_splits=True),
-    **{n: per_split(n) for n in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "documents")},
+    **{n: search_of(n, both_splits=True) for n in ("nb_ids", "nb_dists", "nb_meta")},
+    **{n: per_split(n) for n in ("real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
 

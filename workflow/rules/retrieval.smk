@@ -94,8 +94,8 @@ rule real_score:
         **queries("{split}", "{key}"),
         store=artifact("store_prep"),
         scope=scope_of(),
-        nb_ids=artifact("nb_ids"),
-        nb_meta=artifact("nb_meta"),
+        nb_ids=search_of("nb_ids"),
+        nb_meta=search_of("nb_meta"),
     output:
         dists=artifact("real_dists"),
         meta=artifact("real_meta"),
