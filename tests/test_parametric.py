@@ -157,13 +157,19 @@ def test_adaptive_counts_total_and_rule():
         adaptive_counts(f, 3)
 
 
-def test_training_learns_and_resumes_identically(tmp_path):
+def _clustered(n: int = 600, t: int = 200):
+    """(keys [n, D] fp16, vals [n] int32, queries [t, D] fp32, their targets [t]): keys and queries around one
+    centre per word, so that a trained W_ds can learn them (seed 0)."""
     rng = np.random.default_rng(0)
     centers = rng.normal(size=(V, D)) * 3
-    vals = rng.integers(0, V, 600).astype(np.int32)
-    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
-    qv = rng.integers(0, V, 200)
-    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+    vals = rng.integers(0, V, n).astype(np.int32)
+    keys = (centers[vals] + rng.normal(size=(n, D))).astype(np.float16)
+    qv = rng.integers(0, V, t)
+    return keys, vals, (centers[qv] + rng.normal(size=(t, D))).astype(np.float32), qv
+
+
+def test_training_learns_and_resumes_identically(tmp_path):
+    keys, vals, queries, qv = _clustered()
 
     def run(ckpt, epochs, lr=0.05, settings=None):
         model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
@@ -226,12 +232,7 @@ def test_training_evaluates_within_epochs_stops_early_and_resumes_mid_epoch(tmp_
     """evals_per_epoch > 1: valid NLL at fractions of an epoch, resumable between them with the same result; early
     stopping counts evaluations and says whether training converged (W_ds trained until valid stops
     improving, with its curve)."""
-    rng = np.random.default_rng(0)
-    centers = rng.normal(size=(V, D)) * 3
-    vals = rng.integers(0, V, 600).astype(np.int32)  # 10 batches of 64 per epoch
-    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
-    qv = rng.integers(0, V, 200)
-    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+    keys, vals, queries, qv = _clustered()  # 10 batches of 64 per epoch
 
     def run(ckpt, batches, **kw):
         model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
@@ -255,12 +256,7 @@ def test_training_lr_schedule_and_plateau_rule(tmp_path):
     """lr_schedule 'plateau' halves the learning rate at exactly the evaluations that do not improve the best valid
     NLL (and resumes with its state); the plateau rule stops training, converged, once an epoch gains less than the
     given fraction of perplexity; without it training runs to max_epochs and says it did not converge."""
-    rng = np.random.default_rng(0)
-    centers = rng.normal(size=(V, D)) * 3
-    vals = rng.integers(0, V, 600).astype(np.int32)  # 10 batches of 64 per epoch
-    keys = (centers[vals] + rng.normal(size=(600, D))).astype(np.float16)
-    qv = rng.integers(0, V, 200)
-    queries = (centers[qv] + rng.normal(size=(200, D))).astype(np.float32)
+    keys, vals, queries, qv = _clustered()  # 10 batches of 64 per epoch
 
     def run(ckpt, batches=None, **kw):
         model = AggregatedSoftmax(Aggregation.from_counts(np.full(V, 2)), D, seed=3)
