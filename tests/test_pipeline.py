@@ -649,7 +649,7 @@ def test_findings_report(tiny_run):
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality; He et
     # al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled with their paper
     follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021"))]
-    assert len(follow) == 6 and not any("not run" in r for r in follow)
+    assert len(follow) == 6 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
     assert sum("nats per token" in r for r in follow) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs

@@ -82,7 +82,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     `equivalent` = a margin m for "a and b are about as good" (two-sided: the CI inside ±m); `share` = the
     paper's share of a gain, with `about` = the stated margin around it (reproduced when the CI lies inside the
     band, contradicted when outside it); `reported` = a number the paper states, reported without a verdict.
-    `kind`: 'paper' (the paper's own comparison: setting, τ, table) or 'ours' (an extra comparison of this run);
+    `kind`: 'paper' (the paper's own comparison: setting, τ, table), 'ours' (an extra comparison of this run) or
+    'follow-up' (a claim of the follow-up paper named in `section`, tested on this run);
     `ref`: a substring the row's 'reference' column must hold (parametric rows: which kNN-LM it compares with).
     `paper_text`: what the paper says, for a claim without numbers or sign (a reported number). `unit`: (scale,
     text) of a statistic that is not a relative difference (a slope, a correlation), shown as scale × value and
@@ -98,7 +99,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
 
-KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*"}
+KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
+        "follow-up": "the follow-up's (the paper its section names)"}
 TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
 SHARE_MARGIN = 0.10  # "about 55 %": the paper's share ± 10 percentage points
@@ -263,24 +265,24 @@ CLAIMS = [
     _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the nearest neighbour is close: mean Δ of the "
            "closest decile of its distance minus the farthest", "token_gains",
            r"FAISS mask: mean Δ, closest minus farthest .+", regex=True, sign=+1, unit=(1, "nats per token"),
-           paper_text="gains come from neighbours with high semantic similarity"),
+           paper_text="gains come from neighbours with high semantic similarity", kind="follow-up"),
     _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the context overlaps the top neighbour's: mean "
            "Δ of the largest n-gram overlap bucket minus no overlap", "token_gains",
            r"FAISS mask: mean Δ, n-gram overlap .+", regex=True, sign=+1, unit=(1, "nats per token"),
-           paper_text="gains come from large n-gram overlaps"),
+           paper_text="gains come from large n-gram overlaps", kind="follow-up"),
     _claim("Drozdov et al. 2022, Sec. 5", "λ by the nearest neighbour's distance (tuned on valid) beats one global λ",
            "lambda_by_quality", "λ by nearest neighbour's distance vs global λ", sign=-1,
-           paper_text="nearly 4 % better test perplexity (WikiText-103)"),
+           paper_text="nearly 4 % better test perplexity (WikiText-103)", kind="follow-up"),
     _claim("Drozdov et al. 2022, Sec. 5", "λ by the n-gram overlap with the top neighbour (tuned on valid) beats one "
            "global λ", "lambda_by_quality", "λ by n-gram overlap with the top neighbour (tokens) vs global λ", sign=-1,
-           paper_text="λ by retrieval quality: nearly 4 % better (WikiText-103)"),
+           paper_text="λ by retrieval quality: nearly 4 % better (WikiText-103)", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
-           paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ"),
+           paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", f"skipping half of the retrievals (lowest predicted λ) costs under "
            f"{100 * MARGIN:.0f} % of perplexity against the kNN-LM with every token retrieved", "adaptive_retrieval",
            f"{GLOBAL} vs {skip_name(0.5)}", within=MARGIN,
-           paper_text="retrieval skipped for about half of the tokens at little perplexity cost"),
+           paper_text="retrieval skipped for about half of the tokens at little perplexity cost", kind="follow-up"),
 ]
 
 

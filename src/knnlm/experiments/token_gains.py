@@ -87,11 +87,10 @@ def buckets(name: str, x: np.ndarray, n: int) -> tuple[np.ndarray, list[str]]:
     """(bucket [T] of each token, bucket labels) of feature `name` (FEATURES): equal-count quantile buckets of the
     values (n of them, fewer when values tie), or the fixed overlap buckets 0, 1, 2, 3, 4-7, 8-15, 16+."""
     if FEATURES[name][1] == "overlap":
-        edges = OVERLAP_EDGES
-        lo = np.concatenate([[0], edges])
-        labels = [f"{a}" if b - a == 1 else f"{a}+" if i == len(edges) else f"{a}-{b - 1}"
-                  for i, (a, b) in enumerate(zip(lo, np.concatenate([edges, [np.inf]])))]
-        return bucket_of(x, edges), labels
+        edges = [int(e) for e in OVERLAP_EDGES]
+        lo, hi = [0] + edges, edges + [None]
+        labels = [f"{a}+" if b is None else f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b in zip(lo, hi)]
+        return bucket_of(x, OVERLAP_EDGES), labels
     edges = quantile_edges(x, n)
     bounds = np.concatenate([[np.min(x)], edges, [np.max(x)]])
     return bucket_of(x, edges), [f"{bounds[i]:.4g} … {bounds[i + 1]:.4g}" for i in range(len(edges) + 1)]
