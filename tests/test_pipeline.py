@@ -671,13 +671,15 @@ def test_findings_report(tiny_run):
     assert sum("nats per token" in r for r in rows if "E.3" in r) == 4
     assert any("memorisation of " in r for r in rows if "E.6.1" in r)
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
-    on = [re.search(r"\| (ffn/L2(, 20% store)?(, all tokens)?( vs full)?) +\|", r) for r in rows]  # column 'on'
+    # (with the probe count of the store's FAISS search: nprobe of its lists, beside the paper's 32 of 4,096)
+    on = [re.search(r"\| (ffn/L2(, 20% store)?(, nprobe \d+ of \d+ lists \([\d.]+ %\))(, all tokens)?( vs full)?) +\|", r)
+          for r in rows]  # column 'on'
     assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 10 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
-    assert sum(bool(m and m.group(3) and not m.group(2)) for m in on) == 10
+    assert sum(bool(m and m.group(4) and not m.group(2)) for m in on) == 10
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
-    assert sum(bool(m and m.group(2) and m.group(3) and not m.group(4)) for m in on) == 6
-    assert sum(bool(m and m.group(4) and not m.group(3)) for m in on) == 2  # vs the full one on the scope (Figure 2)
+    assert sum(bool(m and m.group(2) and m.group(4) and not m.group(5)) for m in on) == 6
+    assert sum(bool(m and m.group(5) and not m.group(4)) for m in on) == 2  # vs the full one on the scope (Figure 2)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
                if "not run" not in r)
     # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twins vs base, E.5's base +

@@ -5,6 +5,7 @@ benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.repo
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -62,11 +63,16 @@ STAGES = {
                                     "real_score"],
     "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_table3_small",
                                             "write_datastore_size", "write_temperature", "write_store_table",
-                                            "write_pca", "write_variance", "write_findings", "write_table4"],
+                                            "write_pca", "write_variance", "write_findings", "write_table4",
+                                            "write_probe_sweep"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
     "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
                                                          "write_interpolated_loss", "write_ensembling",
                                                          "write_overfitting", "write_soft_labels"],
+    "beyond the paper (token gains, λ by quality, adaptive retrieval)": ["token_features", "write_token_gains",
+                                                                         "write_lambda_by_quality",
+                                                                         "write_adaptive_retrieval"],
+    "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 
 
@@ -99,7 +105,8 @@ def stage_shares(df: pd.DataFrame) -> pd.DataFrame:
 # the findings) are timed against the run-time target; what goes beyond them is budgeted separately.
 MAIN_BUDGET = "main tables (primary LM)"
 EXTRA_BUDGETS = {"lm": "extra LMs (Table 4, App. A; App. E.5, E.6.1, E.6.2)", "pca": "PCA-reduced stores (He et al. 2021)",
-                 "variance": "our randomness (IVFPQ seeds, subset draws)"}
+                 "variance": "our randomness (IVFPQ seeds, subset draws)",
+                 "probe_sweep": "approximation strength (probe sweep)"}
 
 
 def budget_of(job: str, primary: str, lms: set[str]) -> str:
@@ -108,7 +115,8 @@ def budget_of(job: str, primary: str, lms: set[str]) -> str:
     job: a benchmark file stem '<rule>_<wildcards>' ('<rule>_<lm>_<store>_...' for per-store rules); primary: the
     LM the findings report is about; lms: every LM of the run (their train_lm/register_hf jobs). A job of another
     LM, or Table 4, App. E.5's Table 8, E.6.1's Table 9 or E.6.2's table itself, is an extra LM's; a job of a PCA store ('pca<d>') or of the 'variance' table, an IVFPQ
-    seed ('-ivf<k>') or a subset draw ('-draw<k>'; knnlm.stores) is an extra of its kind."""
+    seed ('-ivf<k>') or a subset draw ('-draw<k>'; knnlm.stores) is an extra of its kind, as is a point of the probe
+    sweep ('-np<n>') and its table."""
     rule = rule_of(job)
     parts = job[len(rule) + 1:].split("_") if job.startswith(rule + "_") else []
     if rule in ("write_table4", "write_ensembling", "write_overfitting", "write_soft_labels") or (parts and parts[0] in lms - {primary}):
@@ -117,13 +125,15 @@ def budget_of(job: str, primary: str, lms: set[str]) -> str:
         return EXTRA_BUDGETS["pca"]
     if any("-ivf" in p or "-draw" in p or p == "variance" for p in parts):
         return EXTRA_BUDGETS["variance"]
+    if rule == "write_probe_sweep" or any(re.search(r"-np\d+", p) for p in parts):
+        return EXTRA_BUDGETS["probe_sweep"]
     return MAIN_BUDGET
 
 
 def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
     """Per budget (budget_of): jobs, wall minutes and share of the total, from stage_table(); the primary LM is the
     one of the run's write_findings job (else the LM with the most jobs)."""
-    lms = {j.split("_", 2)[2] for j in df["job"] if rule_of(j) in ("train_lm", "register_hf")}
+    lms = {j[len(rule_of(j)) + 1:] for j in df["job"] if rule_of(j) in ("train_lm", "register_hf", "pretrained_lm")}
     findings = [j[len("write_findings_"):] for j in df["job"] if j.startswith("write_findings_")]
     firsts = pd.Series([j[len(rule_of(j)) + 1:].split("_")[0] for j in df["job"]])
     primary = findings[0] if findings else (firsts[firsts.isin(lms)].mode().iloc[0] if firsts.isin(lms).any() else "")

@@ -98,7 +98,8 @@ def table(job: Job) -> dict:
            f"{cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Adaptive retrieval: perplexity vs retrievals skipped", cap,
                 note=lm_training_label(job))
-    write_csv(pd.DataFrame(comparison_rows(c, split="test")), job.path("cmp_csv"))
+    on = f"{sc['key_type']}/{sc['metric'].upper()}, full store, FAISS mask at τ*, all tokens"
+    write_csv(pd.DataFrame(comparison_rows(c, split="test")).assign(on=on), job.path("cmp_csv"))
     return {"metrics": {"held_out_nll": min(hist["held_nll"]), "epochs": hist["epochs"],
                         **{f"ppl_skip_{int(100 * s)}": r["PPL (word)"] for s, r in
                            zip(a["skip"], rows[2:])}},

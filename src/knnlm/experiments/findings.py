@@ -329,15 +329,15 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     t3 = pd.read_csv(job.path("table3"))
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
     every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
+    t = read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None
+    probe = _probe_label(t) if t is not None else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
-           "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{every}" if len(t3) else "")}
+           "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
                  "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval"):  # App. D, E, follow-ups
         if job.input.get(name):
-            out[name] = (pd.read_csv(job.path(name)), "")
-    if job.input.get("table3_settings"):  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
-        t = read_json(job.path("table3_settings"))
-        out["table3"] = (out["table3"][0], out["table3"][1] + _probe_label(t))
+            out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
+    if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
     if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
@@ -359,7 +359,7 @@ def _probe_label(s: dict) -> str:
     scan = s.get("scan", {}).get("test", {})
     if not scan.get("nprobe") or not scan.get("lists"):
         return ""
-    return f", nprobe {scan['nprobe']} of {scan['lists']} lists ({100 * scan['nprobe'] / scan['lists']:.2g} %)"
+    return f", nprobe {scan['nprobe']} of {scan['lists']} lists ({100 * scan['nprobe'] / scan['lists']:.3g} %)"
 
 
 def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:

@@ -85,7 +85,7 @@ def table(job: Job) -> dict:
     df = pd.concat([pd.DataFrame(rows), pd.DataFrame(lam_rows)], ignore_index=True)
     write_table(df, job.path("csv"), job.path("md"), "λ by retrieval quality vs one global λ", cap,
                 note=lm_training_label(job))
-    write_csv(pd.DataFrame(cmp_test + cmp_valid), job.path("cmp_csv"))
+    write_csv(pd.DataFrame(cmp_test + cmp_valid).assign(on=f"{key}, all tokens"), job.path("cmp_csv"))
     test = {r["comparison"]: r for r in cmp_test}
     return {"metrics": {f"test_{k.split(' vs ')[0].replace(' ', '_')}_rel": v["relative difference"]
                         for k, v in test.items()}, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv")]}

@@ -210,7 +210,7 @@ def table(job: Job) -> dict:
            f"over the test split's documents. {cfg.get('profile', {}).get('caption', '')}")
     df = pd.concat([pd.DataFrame(summary), pd.DataFrame(rows)], ignore_index=True)
     write_table(df, job.path("csv"), job.path("md"), "Per-token gains of the kNN-LM", cap, note=lm_training_label(job))
-    write_csv(pd.DataFrame(cmp), job.path("cmp_csv"))  # contrasts of mean Δ between buckets (nats per token)
+    write_csv(pd.DataFrame(cmp).assign(on=f"{on}, all tokens"), job.path("cmp_csv"))  # contrasts (nats per token)
     return {"metrics": {f"{m.replace(' ', '_')}_helped": s["helped"] for m, s in zip(deltas, summary)},
             "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv")]}
 
