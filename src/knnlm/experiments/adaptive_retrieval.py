@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 
 from ..cli import Job
-from ..io import read_json
 from ..quality import fit_lambda_model, interpolate_per_token, lambda_features
 from ..scoring import interpolate, summarize
 from ..stats import ci_caption, compare, comparison_rows, fmt_ci, per_document
 from ..tables import write_csv, write_table
-from .common import SPLITS, by_split, documents_label, lm_training_label, split_documents, stats_options
+from .common import documents_label, lm_training_label, stats_options
+from .token_gains import tuned_knn_lm
 
 GLOBAL = "kNN-LM, global λ"
 ADAPTIVE = "adaptive λ"
@@ -45,16 +45,14 @@ def table(job: Job) -> dict:
     skipped (config quality.adaptive.skip), each against the kNN-LM with one global λ and the base LM."""
     cfg, st = job.cfg, stats_options(job)
     a = cfg["quality"]["adaptive"]
-    sc = read_json(job.path("score"))
+    sc, lp_lm, lp_knn, feats, docs = tuned_knn_lm(job)
     lam = sc["tuned"]["lambda"]
-    lp_lm = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
-    lp_knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn_tuned").items()}
     x, names = {}, None
-    for s, p in by_split(job, "features").items():
-        x[s], names = lambda_features(dict(np.load(p)), cfg["quality"]["context_ngrams"])
-    docs = {s: split_documents(job, s) for s in SPLITS}
+    for s, f in feats.items():
+        x[s], names = lambda_features(f, cfg["quality"]["context_ngrams"])
     vdoc, vwords = docs["valid"]
-    held = held_out_documents(len(vwords), a["held_out"], a["seed"])[vdoc]
+    held_docs = held_out_documents(len(vwords), a["held_out"], a["seed"])
+    held = held_docs[vdoc]
     predict, hist = fit_lambda_model(x["valid"][~held], lp_lm["valid"][~held], lp_knn["valid"][~held],
                                      x["valid"][held], lp_lm["valid"][held], lp_knn["valid"][held], a["hidden"], a["lr"],
                                      a["batch_size"], a["max_epochs"], a["patience"], a["seed"])
@@ -84,7 +82,7 @@ def table(job: Job) -> dict:
                      "documents": len(doc_words)})
     df = pd.DataFrame(rows)
     figure(df, lps, c, job.paths("fig"))
-    held_docs = int(held_out_documents(len(vwords), a["held_out"], a["seed"]).sum())
+    held_docs = int(held_docs.sum())
     cap = (f"Adaptive retrieval ({cfg['name']}; He et al. 2021, Sec. 3): an MLP ({len(names)} features known before "
            f"retrieval: {', '.join(names)}; {a['hidden']} hidden units) predicts λ; trained on valid by the "
            f"interpolated NLL ({len(vwords) - held_docs} documents), early-stopped on {held_docs} held-out valid "

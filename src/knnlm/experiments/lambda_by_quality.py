@@ -12,13 +12,12 @@ import numpy as np
 import pandas as pd
 
 from ..cli import Job
-from ..io import read_json
 from ..quality import bucket_lambdas, bucket_of, interpolate_per_token, quantile_edges
 from ..scoring import interpolate, lambda_grid, summarize
 from ..stats import compare, comparison_rows, ci_caption, fmt_ci, per_document
 from ..tables import write_csv, write_table
-from .common import SPLITS, by_split, documents_label, lm_training_label, split_documents, stats_options
-from .token_gains import FEATURES, OVERLAP_EDGES
+from .common import SPLITS, documents_label, lm_training_label, stats_options
+from .token_gains import FEATURES, OVERLAP_EDGES, tuned_knn_lm
 
 QUALITY = ("nn_distance", "ngram_overlap")  # the retrieval-quality features of Drozdov et al.
 
@@ -35,15 +34,11 @@ def table(job: Job) -> dict:
     cfg, st = job.cfg, stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
     grid = lambda_grid(steps)
-    sc = read_json(job.path("score"))
+    sc, lp_lm, lp_knn, feats, docs = tuned_knn_lm(job)
     lam = sc["tuned"]["lambda"]
-    lp_lm = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "lm_logprobs").items()}
-    lp_knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn_tuned").items()}
-    feats = {s: dict(np.load(p)) for s, p in by_split(job, "features").items()}
-    docs = {s: split_documents(job, s) for s in SPLITS}
     words = {s: int(docs[s][1].sum()) for s in SPLITS}
     lps = {"global λ": {s: interpolate(lp_lm[s], lp_knn[s], lam) for s in SPLITS}}
-    rows, lam_rows = [], []
+    rows, lam_rows, cmp = [], [], {}
     for name in QUALITY:
         edges = edges_of(name, feats["valid"][name], cfg["quality"]["lambda_buckets"])
         b = {s: bucket_of(feats[s][name], edges) for s in SPLITS}
@@ -69,11 +64,7 @@ def table(job: Job) -> dict:
                          "vs global λ (95% CI)": fmt_ci(c["diff"][f"{n} vs global λ"], pct=True) if (n, "global λ") in pairs
                              else "-",
                          "documents": len(doc_words)})
-        cmp = comparison_rows(c, split=split)
-        if split == "test":
-            cmp_test = cmp
-        else:
-            cmp_valid = cmp
+        cmp[split] = comparison_rows(c, split=split)
     key = f"{sc['key_type']}/{sc['metric'].upper()}, full store, FAISS mask at τ* = {sc['tuned']['temperature']:g}"
     cap = (f"λ by retrieval quality ({cfg['name']}; Drozdov et al. 2022, Sec. 5): the kNN-LM ({key}) interpolated "
            f"with one global λ = {lam:g} (tuned on valid) or with a λ per bucket of a retrieval-quality feature (the "
@@ -85,7 +76,7 @@ def table(job: Job) -> dict:
     df = pd.concat([pd.DataFrame(rows), pd.DataFrame(lam_rows)], ignore_index=True)
     write_table(df, job.path("csv"), job.path("md"), "λ by retrieval quality vs one global λ", cap,
                 note=lm_training_label(job))
-    write_csv(pd.DataFrame(cmp_test + cmp_valid).assign(on=f"{key}, all tokens"), job.path("cmp_csv"))
-    test = {r["comparison"]: r for r in cmp_test}
+    write_csv(pd.DataFrame(cmp["test"] + cmp["valid"]).assign(on=f"{key}, all tokens"), job.path("cmp_csv"))
+    test = {r["comparison"]: r for r in cmp["test"]}
     return {"metrics": {f"test_{k.split(' vs ')[0].replace(' ', '_')}_rel": v["relative difference"]
                         for k, v in test.items()}, "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv")]}

@@ -83,6 +83,19 @@ def features(job: Job) -> dict:
                         "mean_lm_entropy": float(out["lm_entropy"].mean())}}
 
 
+def tuned_knn_lm(job: Job) -> tuple[dict, dict, dict, dict, dict]:
+    """What the jobs that re-weigh Table 1's tuned kNN-LM per token read (lambda_by_quality, adaptive_retrieval):
+    (its score JSON (input 'score'), {split: [T] float64 log p_LM} (input list 'lm_logprobs'), {split: [T] float64
+    log p_kNN at τ*} (input list 'knn_tuned'), {split: features dict} (input list 'features'), {split: (doc [T],
+    doc_words [D])} (split_documents))."""
+    from .common import SPLITS, by_split, lm_log_probs
+
+    lp_knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn_tuned").items()}
+    feats = {s: dict(np.load(p)) for s, p in by_split(job, "features").items()}
+    return (read_json(job.path("score")), lm_log_probs(job), lp_knn, feats,
+            {s: split_documents(job, s) for s in SPLITS})
+
+
 def buckets(name: str, x: np.ndarray, n: int) -> tuple[np.ndarray, list[str]]:
     """(bucket [T] of each token, bucket labels) of feature `name` (FEATURES): equal-count quantile buckets of the
     values (n of them, fewer when values tie), or the fixed overlap buckets 0, 1, 2, 3, 4-7, 8-15, 16+."""
@@ -121,11 +134,10 @@ def contrast(delta: np.ndarray, top: np.ndarray, bottom: np.ndarray, doc: np.nda
     return float(v[0]), float(lo[0]), float(hi[0])
 
 
-def _deltas(job: Job, targets: np.ndarray, lp_lm: np.ndarray) -> dict[str, tuple[np.ndarray, str]]:
+def _deltas(job: Job, sc: dict, targets: np.ndarray, lp_lm: np.ndarray) -> dict[str, tuple[np.ndarray, str]]:
     """{mask: (Δ [T] float64, how it was tuned)} on test: the FAISS mask (+ FAISS score) at the full store's τ* and
-    λ (Table 1's tuned kNN-LM), and, with input 'real_settings', the real mask (+ real score) at its own τ* and λ
-    (Table 3 on every token), recomputed from the exact top-k."""
-    sc = read_json(job.path("score"))
+    λ (Table 1's tuned kNN-LM, score JSON `sc`), and, with input 'real_settings', the real mask (+ real score) at its
+    own τ* and λ (Table 3 on every token), recomputed from the exact top-k."""
     lam = sc["tuned"]["lambda"]
     lp = np.load(job.path("knn_tuned")).astype(np.float64)
     out = {"FAISS mask": (interpolate(lp_lm, lp, lam) - lp_lm, f"τ* = {sc['tuned']['temperature']:g}, λ = {lam:g}")}
@@ -160,7 +172,8 @@ def table(job: Job) -> dict:
     doc, doc_words = split_documents(job, "test")
     n_docs = len(doc_words)
     tokens_per_doc = np.bincount(doc, minlength=n_docs).astype(float)
-    deltas = _deltas(job, targets, lp_lm)
+    sc = read_json(job.path("score"))
+    deltas = _deltas(job, sc, targets, lp_lm)
     rows, cmp, summary = [], [], []
     plt = pyplot()
     fig, axes = plt.subplots(1, len(FEATURES), figsize=(4.2 * len(FEATURES), 3.6))
@@ -187,7 +200,7 @@ def table(job: Job) -> dict:
                 # Drozdov et al.: the gain comes from close neighbours and from large n-gram overlaps
                 first, last = present[0], present[-1]
                 top, bottom = (b == first, b == last) if name == "nn_distance" else (b == last, b == first)
-                if cfg_metric_is_ip(job) and name == "nn_distance":  # IP: larger is closer
+                if sc["metric"] == "ip" and name == "nn_distance":  # IP: larger is closer
                     top, bottom = bottom, top
                 value, clo, chi = contrast(delta, top, bottom, doc, n_docs, tokens_per_doc, st)
                 what = ("closest minus farthest decile of the nearest neighbour's distance" if name == "nn_distance"
@@ -199,8 +212,7 @@ def table(job: Job) -> dict:
     fig.suptitle("Where the kNN-LM gains, token by token (test; 95 % CIs over documents)", fontsize=10)
     save_figure(fig, job.paths("fig"))
     plt.close(fig)
-    key = read_json(job.path("score"))
-    on = f"{key['key_type']}/{key['metric'].upper()}, full store"
+    on = f"{sc['key_type']}/{sc['metric'].upper()}, full store"
     cap = (f"Per-token gains ({cfg['name']}; Drozdov et al. 2022, Sec. 4; He et al. 2021, Sec. 3): Δ = log p_kNN-LM − "
            f"log p_LM of every test target ({on}; λ and τ tuned on valid), its share of tokens helped (Δ > 0) and hurt, "
            f"the share of the total gain Σ Δ from the top 1 / 5 / 10 % of tokens (over 100 %: the rest lose on "
@@ -213,8 +225,3 @@ def table(job: Job) -> dict:
     write_csv(pd.DataFrame(cmp).assign(on=f"{on}, all tokens"), job.path("cmp_csv"))  # contrasts (nats per token)
     return {"metrics": {f"{m.replace(' ', '_')}_helped": s["helped"] for m, s in zip(deltas, summary)},
             "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv")]}
-
-
-def cfg_metric_is_ip(job: Job) -> bool:
-    """Whether the scored pair's metric is IP (then a larger distance value means a closer neighbour)."""
-    return read_json(job.path("score"))["metric"] == "ip"
