@@ -10,6 +10,8 @@ Modules:
   scoring   -- p_kNN (Eq. 2/6), interpolation, λ tuning, oracle, perplexity
   tables    -- Table 1 (CSV + Markdown)
   tracking  -- MLflow logging (sqlite store by default)
+  api       -- KNNLM: score text, generate, build a datastore from Python (also `from knnlm import KNNLM`)
+  generate  -- `python -m knnlm.generate`: continue a prompt with a run's kNN-LM
 """
 __version__ = "0.1.0"
 
@@ -20,3 +22,12 @@ import os as _os
 # T = 4,096, k = 1,024): selection 3.3 s with the default, 2.1 s with 2^4 cycles. Read when OpenBLAS loads,
 # so it takes effect where knnlm is imported before numpy (every `python -m knnlm` job); a user's setting wins.
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+
+def __getattr__(name: str):
+    """`from knnlm import KNNLM` without importing torch at `import knnlm` (every pipeline job imports knnlm)."""
+    if name in ("KNNLM", "KNNLogitsProcessor"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'knnlm' has no attribute {name!r}")

@@ -97,6 +97,59 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
     bar.close()
 
 
+@torch.no_grad()
+def window_states(forward, stream: np.ndarray, tokens_per_sample: int, context: int, max_tokens: int,
+                  with_log_probs: bool, desc: str = "dump", progress: bool = True) -> Iterator[dict]:
+    """One pass of an LM over a token stream in fairseq-eval-lm's sliding windows (knnlm.hf.windows: blocks of
+    L − C targets, each fed with up to C earlier tokens). Yields per-batch dicts in target order: 'att', 'ffn'
+    [m, D] fp32, 'target' [m] int64, ('lp' [m] fp32 natural-log p(target)).
+
+    forward(x [B, L] int64 tensor) -> (att [B, L, D], ffn [B, L, D], logits [B, L, V]); stream: [n + 1] int64, the
+    start token then the n targets; consecutive windows of equal length are batched up to max_tokens tokens.
+    """
+    from .hf import windows
+
+    wins = windows(len(stream) - 1, tokens_per_sample, context)
+    per_batch = max(1, max_tokens // tokens_per_sample)
+    bar = tqdm(total=len(stream) - 1, desc=desc, unit=" tok", mininterval=10, disable=not progress)
+    dev = None
+    try:
+        i = 0
+        while i < len(wins):  # batch consecutive windows of equal input length
+            j = i + 1
+            while j < len(wins) and j - i < per_batch and wins[j][2] - wins[j][0] == wins[i][2] - wins[i][0]:
+                j += 1
+            batch = wins[i:j]
+            x = torch.as_tensor(np.stack([stream[a:e] for a, _, e in batch]))
+            att, ffn, logits = forward(x)
+            dev = att.device
+            sl = [slice(s - a, e - a) for a, s, e in batch]
+            tgt = torch.as_tensor(np.concatenate([stream[s + 1:e + 1] for _, s, e in batch]), device=dev)
+            out = {"att": torch.cat([att[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
+                   "ffn": torch.cat([ffn[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
+                   "target": tgt.cpu()}
+            if with_log_probs:
+                lg = torch.cat([logits[r, s_] for r, s_ in enumerate(sl)]).float()
+                out["lp"] = lg.log_softmax(-1).gather(-1, tgt[:, None]).squeeze(-1).cpu()
+            bar.update(len(tgt))
+            yield out
+            i = j
+    finally:
+        bar.close()
+
+
+def fairseq_forward(model):
+    """forward(x [B, L] int64 tensor) -> (att, ffn [B, L, D], logits [B, L, V]) of a fairseq transformer_lm, for
+    window_states (the keys as forward_states captures them)."""
+    dev = next(model.parameters()).device
+
+    def forward(x: torch.Tensor):
+        st = forward_states(model, x.to(dev), False)
+        return st["att"], st["ffn"], model.decoder.output_layer(st["ffn"])
+
+    return forward
+
+
 class LMPass:
     """One base LM, ready to run over a split: `n(split)` targets, key dim `d`, `states(split, with_log_probs)`
     (per-batch dicts as iter_states), and `identity` (recorded in every manifest: checkpoint_sha256,

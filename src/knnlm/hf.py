@@ -16,6 +16,7 @@ targets add up exactly to the split's word count (checked when dumping).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -25,7 +26,6 @@ from typing import Iterator
 import numpy as np
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from .io import ArtifactError
 
@@ -107,6 +107,12 @@ def tokenize_split(tok, text_path: str | Path, chunk_lines: int = CHUNK_LINES) -
     word cannot be attributed to a token (empty tokenisation of non-empty text)."""
     with open(text_path, encoding="utf-8") as f:
         lines = f.readlines()
+    return tokenize_lines(tok, lines, str(text_path), chunk_lines)
+
+
+def tokenize_lines(tok, lines: list[str], source: str = "<text>", chunk_lines: int = CHUNK_LINES) -> dict[str, np.ndarray]:
+    """tokenize_split of lines of text (each with its newline, as file.readlines() gives them); `source` names
+    them in errors."""
     ids, words, line_of = [], [], []
     for c in range(0, len(lines), chunk_lines):
         part = lines[c:c + chunk_lines]
@@ -123,7 +129,7 @@ def tokenize_split(tok, text_path: str | Path, chunk_lines: int = CHUNK_LINES) -
         line_of.append((c + np.searchsorted(line_starts, off[:, 0], side="right") - 1).astype(np.int32))
         ids.append(np.asarray(enc["input_ids"], dtype=np.int64))
     if not ids:
-        raise ArtifactError(f"{text_path}: the tokenizer produced no tokens")
+        raise ArtifactError(f"{source}: the tokenizer produced no tokens")
     return {"ids": np.concatenate(ids), "words": np.concatenate(words), "line": np.concatenate(line_of)}
 
 
@@ -137,50 +143,41 @@ def windows(n: int, tokens_per_sample: int, context: int) -> list[tuple[int, int
     return [(max(0, s - context), s, min(n, s + b)) for s in range(0, n, b)]
 
 
-@torch.no_grad()
 def iter_states(model, stream: np.ndarray, tokens_per_sample: int, context: int, max_tokens: int,
                 with_log_probs: bool, desc: str = "dump") -> Iterator[dict]:
     """Yield per-batch dicts in target order: 'att', 'ffn' [m, D] fp32, 'target' [m] int64, ('lp' [m] fp32
     log p(target), natural log). stream: [n + 1] int64, the start token then the split's tokens."""
+    from .dump import window_states
+
+    with key_capture(model) as forward:
+        yield from window_states(forward, stream, tokens_per_sample, context, max_tokens, with_log_probs, desc)
+
+
+@contextlib.contextmanager
+def key_capture(model):
+    """Context manager giving forward(x [B, L] int64 tensor) -> (att [B, L, D], ffn [B, L, D], logits [B, L, V])
+    of `model`, the keys captured by forward pre-hooks (find_key_modules) that are removed on exit. Raises
+    ArtifactError when att and ffn differ in dimension."""
     att_mod, out_mod = find_key_modules(model)
     cap: dict[str, torch.Tensor] = {}
     hooks = [att_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("att", a[0])),
              out_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("ffn", a[0]))]
-    dev = next(model.parameters()).device
-    wins = windows(len(stream) - 1, tokens_per_sample, context)
-    per_batch = max(1, max_tokens // tokens_per_sample)
-    bar = tqdm(total=len(stream) - 1, desc=desc, unit=" tok", mininterval=10)
+
+    def forward(x: torch.Tensor):
+        logits = model(input_ids=x, use_cache=False).logits
+        b, length = x.shape
+        att, ffn = cap["att"].reshape(b, length, -1), cap["ffn"].reshape(b, length, -1)
+        if att.shape[-1] != ffn.shape[-1]:
+            raise ArtifactError(f"{type(model).__name__}: att keys have {att.shape[-1]} dims, ffn keys "
+                                f"{ffn.shape[-1]} (a projection before the output layer); the datastore needs "
+                                "both key types of one dimension")
+        return att, ffn, logits
+
     try:
-        i = 0
-        while i < len(wins):  # batch consecutive windows of equal input length
-            j = i + 1
-            while j < len(wins) and j - i < per_batch and wins[j][2] - wins[j][0] == wins[i][2] - wins[i][0]:
-                j += 1
-            batch = wins[i:j]
-            x = torch.as_tensor(np.stack([stream[a:e] for a, _, e in batch]), device=dev)
-            logits = model(input_ids=x, use_cache=False).logits
-            b, length = x.shape
-            att = cap["att"].reshape(b, length, -1)
-            ffn = cap["ffn"].reshape(b, length, -1)
-            if att.shape[-1] != ffn.shape[-1]:
-                raise ArtifactError(f"{type(model).__name__}: att keys have {att.shape[-1]} dims, ffn keys "
-                                    f"{ffn.shape[-1]} (a projection before the output layer); the datastore needs "
-                                    "both key types of one dimension")
-            sl = [slice(s - a, e - a) for a, s, e in batch]
-            tgt = torch.as_tensor(np.concatenate([stream[s + 1:e + 1] for _, s, e in batch]), device=dev)
-            out = {"att": torch.cat([att[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
-                   "ffn": torch.cat([ffn[r, s_] for r, s_ in enumerate(sl)]).float().cpu(),
-                   "target": tgt.cpu()}
-            if with_log_probs:
-                lg = torch.cat([logits[r, s_] for r, s_ in enumerate(sl)]).float()
-                out["lp"] = lg.log_softmax(-1).gather(-1, tgt[:, None]).squeeze(-1).cpu()
-            bar.update(len(tgt))
-            yield out
-            i = j
+        yield forward
     finally:
         for h in hooks:
             h.remove()
-        bar.close()
 
 
 def _sha256_files(files: list[Path]) -> str:

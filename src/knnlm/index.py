@@ -211,20 +211,9 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
                          desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
             q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
             faiss.cvar.indexIVF_stats.reset()
-            dd, ii = index.search(q, k)
-            from_lists += probed_keys(q, nprobe)
-            short = np.flatnonzero((ii < 0).any(1))  # fewer than k neighbours in the probed lists
-            wider = nprobe
-            while len(short) and ivf is not None and wider < nlist:  # probe more lists for those queries only
-                wider = min(nlist, 2 * wider)
-                ivf.nprobe = wider
-                d2, i2 = index.search(q[short], k)
-                from_lists += probed_keys(q[short], wider)
-                dd[short], ii[short] = d2, i2
-                refilled += len(short)
-                short = short[(i2 < 0).any(1)]
-            if ivf is not None:
-                ivf.nprobe = nprobe
+            dd, ii, more, keys = search_filled(index, ivf, q, k, nprobe, nlist, probed_keys)
+            refilled += more
+            from_lists += keys
             scanned += faiss.cvar.indexIVF_stats.ndis
             ids[s:e] = ii
             dists[s:e] = dd
@@ -233,3 +222,27 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             "keys_scanned_per_query": from_lists / t if t else None,
             "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}
+
+
+def search_filled(index, ivf, q: np.ndarray, k: int, nprobe: int, nlist: int, probed_keys=None):
+    """index.search(q, k) at `nprobe` lists, then the queries with fewer than k neighbours again with nprobe doubled
+    until they have k (or all nlist lists are probed; ivf None, a GPU index: no second search).
+
+    q: [B, D] float32. Returns (dists [B, k] float32, ids [B, k] int64, queries searched again, keys scanned per
+    probed_keys(q, n) summed (0 without it)). Leaves the index at `nprobe`."""
+    dd, ii = index.search(q, k)
+    scanned = probed_keys(q, nprobe) if probed_keys else 0
+    refilled = 0
+    short = np.flatnonzero((ii < 0).any(1))  # fewer than k neighbours in the probed lists
+    wider = nprobe
+    while len(short) and ivf is not None and wider < nlist:  # probe more lists for those queries only
+        wider = min(nlist, 2 * wider)
+        ivf.nprobe = wider
+        d2, i2 = index.search(q[short], k)
+        scanned += probed_keys(q[short], wider) if probed_keys else 0
+        dd[short], ii[short] = d2, i2
+        refilled += len(short)
+        short = short[(i2 < 0).any(1)]
+    if ivf is not None:
+        ivf.nprobe = nprobe
+    return dd, ii, refilled, scanned

@@ -1,0 +1,492 @@
+"""The kNN-LM from Python: score text, generate, and build a datastore from any text.
+
+    from knnlm import KNNLM
+    knn = KNNLM.from_run("configs/wikitext2.yaml", lm="base", key="att", metric="l2")
+    out = knn.score(open("my.txt").read())        # per-token log-probs, perplexity per word and per token
+    print(knn.generate("The castle was", max_new_tokens=20))
+
+The model is Eq. 5 of Xu et al. (2023) (Khandelwal et al. 2020, Eq. 2 with τ):
+    P(w) = (1 − λ) softmax(W_sm h_sm)(w) + λ Σ_{i ∈ top-k, v_i = w} softmax(s_i / τ)
+with keys of type att or ffn, s the negative squared L2 distance or the inner product, the top-k from the IVFPQ
+index ("FAISS mask") or an exact search ("real mask"), and s from the index's PQ codes ("FAISS score") or recomputed
+from the keys ("real score"). Text is scored as the pipeline scores a split: the LM's tokens of every line plus
+one end of line, fairseq-eval-lm's sliding windows (knnlm.dump.window_states), so `score` over a run's test split
+gives the run's Table 1 numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .io import ArtifactError, open_npy, read_json
+
+log = logging.getLogger(__name__)
+MASKS = ("faiss", "exact")
+SCORES = ("faiss", "real")
+
+
+def _lines(text: str | list[str]) -> list[str]:
+    """Lines of `text` (a string, or a list of lines), each ending with a newline (as a split file's lines)."""
+    if isinstance(text, str):
+        lines = text.splitlines(keepends=True)
+    else:
+        lines = [str(x) for x in text]
+    return [x if x.endswith("\n") else x + "\n" for x in lines]
+
+
+def count_words(lines: list[str]) -> int:
+    """WikiText words of `lines`: whitespace words plus one <eos> per line (knnlm.data.count_words)."""
+    return sum(len(x.split()) for x in lines) + len(lines)
+
+
+class FairseqLM:
+    """A fairseq transformer_lm with the sentencepiece model and dictionary it was trained with.
+
+    checkpoint: the .pt file; data_bin: a folder holding its dict.txt; bpe_model: the sentencepiece .model. Tokens
+    of a line are its BPE pieces (unknown pieces map to <unk>) and the end of line, as fairseq-preprocess makes them.
+    """
+
+    def __init__(self, checkpoint: str | Path, data_bin: str | Path, bpe_model: str | Path, key: str | None = None):
+        import sentencepiece as spm
+
+        from .dump import fairseq_forward, load_lm
+
+        if key:
+            from .pretrained import load_fairseq_lm
+
+            self.model, cfg = load_fairseq_lm(checkpoint, data_bin, key)
+        else:
+            self.model, cfg = load_lm(checkpoint, data_bin)
+        self.dictionary = self.model.decoder.dictionary
+        self.sp = spm.SentencePieceProcessor(model_file=str(bpe_model))
+        self.start = self.dictionary.eos()
+        self.vocab_size = len(self.dictionary)
+        self.tokens_per_sample = int(cfg.task.tokens_per_sample)
+        self.forward = fairseq_forward(self.model)
+        self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
+
+    def encode(self, lines: list[str]) -> np.ndarray:
+        """[n] int64 token ids of `lines`: each line's BPE pieces then the end-of-line token."""
+        out = []
+        for line in lines:
+            s = line.strip()
+            pieces = self.sp.encode(s, out_type=str) if s else []
+            out += [self.dictionary.index(p) for p in pieces] + [self.dictionary.eos()]
+        return np.asarray(out, dtype=np.int64)
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        """Token ids of a prompt to continue: its BPE pieces, no end of line after its last line."""
+        return self.encode(_lines(text))[:-1]
+
+    def decode(self, ids) -> str:
+        """Text of token ids (ends of line become newlines)."""
+        eos, words = self.dictionary.eos(), []
+        line: list[str] = []
+        for i in ids:
+            if int(i) == eos:
+                words.append(self.sp.decode(line) + "\n")
+                line = []
+            else:
+                line.append(self.dictionary[int(i)])
+        return "".join(words) + (self.sp.decode(line) if line else "")
+
+
+class HuggingFaceLM:
+    """A Hugging Face causal LM (knnlm.hf) and its fast tokenizer; tokens are the tokenizer's over the text with its
+    newlines, the stream starts with BOS (else EOS), as the pipeline's dumps."""
+
+    def __init__(self, path: str, dtype: str = "float32", revision: str | None = None,
+                 tokens_per_sample: int | None = None):
+        from . import hf
+
+        self.model, self.tok = hf.load_hf(path, dtype, revision)
+        self.start = hf.start_token(self.tok)
+        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+        self.tokens_per_sample = int(tokens_per_sample or self.model.config.max_position_embeddings)
+        self._capture = hf.key_capture(self.model)
+        self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
+        self.identity = {"source": "hf", "model": path}
+
+    def encode(self, lines: list[str]) -> np.ndarray:
+        from .hf import tokenize_lines
+
+        return tokenize_lines(self.tok, lines)["ids"]
+
+    def encode_prompt(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+
+    def decode(self, ids) -> str:
+        return self.tok.decode([int(i) for i in ids])
+
+
+@dataclasses.dataclass
+class Scored:
+    """Per-token scores of a text: targets [T] int64 token ids; lp_lm, lp_knn, lp [T] float64 natural-log
+    probabilities of each target under the base LM, the kNN distribution and their interpolation (Eq. 5); words:
+    the text's WikiText word count. Perplexities are exp(total NLL / words) and exp(total NLL / T)."""
+
+    targets: np.ndarray
+    lp_lm: np.ndarray
+    lp_knn: np.ndarray
+    lp: np.ndarray
+    words: int
+    settings: dict
+
+    @property
+    def ppl_word(self) -> float:
+        return float(np.exp(-self.lp.sum() / self.words))
+
+    @property
+    def ppl_token(self) -> float:
+        return float(np.exp(-self.lp.mean()))
+
+    @property
+    def lm_ppl_word(self) -> float:
+        return float(np.exp(-self.lp_lm.sum() / self.words))
+
+    @property
+    def lm_ppl_token(self) -> float:
+        return float(np.exp(-self.lp_lm.mean()))
+
+    def summary(self) -> dict:
+        """{'tokens', 'words', 'ppl_word', 'ppl_token', 'lm_ppl_word', 'lm_ppl_token', **settings}."""
+        return {"tokens": int(len(self.lp)), "words": int(self.words), "ppl_word": self.ppl_word,
+                "ppl_token": self.ppl_token, "lm_ppl_word": self.lm_ppl_word, "lm_ppl_token": self.lm_ppl_token,
+                **self.settings}
+
+
+class KNNLM:
+    """A base LM, a datastore (keys [N, D] fp16, vals [N] int32) and its IVFPQ index, interpolated as in Eq. 5.
+
+    lm: FairseqLM or HuggingFaceLM; keys: [N, D] float16 array or memmap (needed for mask 'exact' and score 'real';
+    may be None otherwise); vals: [N] int32; index: a faiss index or its path (needed for mask 'faiss');
+    key: 'att' | 'ffn' (Xu et al. 2023, Sec. 3); metric: 'l2' | 'ip'; k neighbours; temperature τ > 0; lam λ in
+    [0, 1]; nprobe: lists probed per query; mask: 'faiss' (IVFPQ top-k) | 'exact'; score: 'faiss' (PQ distances)
+    | 'real' (recomputed from the keys; mask 'exact' always has real scores). context_window, max_tokens: the
+    sliding windows of scoring (knnlm.dump.window_states). Raises ValueError on a bad setting.
+    """
+
+    def __init__(self, lm, keys, vals, *, key: str, metric: str, k: int, temperature: float, lam: float,
+                 index=None, nprobe: int | None = None, mask: str = "faiss", score: str = "faiss",
+                 context_window: int = 0, max_tokens: int = 4096, threads: int | None = None, index_params=None):
+        if key not in ("att", "ffn"):
+            raise ValueError(f"key must be 'att' or 'ffn', found {key!r}")
+        if metric not in ("l2", "ip"):
+            raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
+        if mask not in MASKS or score not in SCORES:
+            raise ValueError(f"mask must be one of {MASKS} and score one of {SCORES}, found {mask!r}, {score!r}")
+        if not (temperature > 0 and 0 <= lam <= 1 and k >= 1):
+            raise ValueError(f"need temperature > 0, 0 <= lam <= 1, k >= 1; found {temperature}, {lam}, {k}")
+        if (mask == "exact" or score == "real") and keys is None:
+            raise ValueError(f"mask {mask!r} / score {score!r} needs the datastore's keys")
+        if mask == "faiss" and index is None:
+            raise ValueError("mask 'faiss' needs an index (or use mask='exact')")
+        self.lm, self.keys, self.vals = lm, keys, np.asarray(vals) if not isinstance(vals, np.memmap) else vals
+        self.key, self.metric, self.k, self.temperature, self.lam = key, metric, int(k), float(temperature), float(lam)
+        self.mask, self.score_from = mask, score
+        self.context_window, self.max_tokens = int(context_window), int(max_tokens)
+        self.threads = threads
+        self.index_params = index_params
+        self._index, self.nprobe = None, nprobe
+        if index is not None:
+            self._set_index(index, nprobe)
+
+    def _set_index(self, index, nprobe):
+        import faiss
+
+        self._index = faiss.read_index(str(index)) if isinstance(index, (str, Path)) else index
+        self._ivf = faiss.extract_index_ivf(self._index)
+        self.nprobe = int(nprobe or self._ivf.nprobe)
+        self._ivf.nprobe = self.nprobe
+
+    # ---- construction from a pipeline run -------------------------------------------------------------------
+    @classmethod
+    def from_run(cls, config, lm: str = "base", key: str = "att", metric: str = "l2", store: str = "full",
+                 mask: str = "faiss", score: str = "faiss", tuned: bool = False, overrides: dict | None = None,
+                 **settings) -> "KNNLM":
+        """The kNN-LM of a finished (or partly finished) run: its LM, datastore and index of `store`.
+
+        config: a config file (with `overrides`, a nested dict, merged as `--config` would) or a validated config
+        dict. k is config 'knn.k'; τ and λ are those of Table 1's row for (key, metric) (its score JSON:
+        the config τ and its λ tuned on valid; tuned=True: τ* and λ tuned on valid), unless given in `settings`
+        (temperature=, lam=, k=, nprobe=). Raises ArtifactError naming the file when an artifact is missing.
+        """
+        from .config import load_config, validate_config
+        from .index import resolve_index_params
+        from .paths import Layout
+
+        if store != "full":
+            raise ValueError(f"store {store!r}: from_run reads the full store (the datastore's own rows); subsets and "
+                             "PCA stores are the pipeline's ablations")
+        cfg = validate_config(config) if isinstance(config, dict) else load_config(config, overrides)
+        if lm not in cfg["lms"]:
+            raise ArtifactError(f"config key 'lms': no base LM {lm!r} (has {sorted(cfg['lms'])})")
+        lay = Layout.of(cfg)
+        base = load_run_lm(cfg, lm)
+        man_path = lay.path("datastore_manifest", lm=lm)
+        need = [man_path, lay.path("vals", lm=lm), lay.path("keys", lm=lm, key=key)]
+        if mask == "faiss":
+            need.append(lay.path("index", lm=lm, store=store, key=key, metric=metric))
+        missing = [str(p) for p in need if not Path(p).exists()]
+        if missing:
+            raise ArtifactError(f"run {lay.root}: missing {', '.join(missing)} (run the pipeline's dump and build_index "
+                                f"jobs for lm {lm!r}, store {store!r} first)")
+        man = read_json(man_path)
+        keys = open_npy(lay.path("keys", lm=lm, key=key), (man["N"], man["D"]), np.float16)
+        vals = open_npy(lay.path("vals", lm=lm), (man["N"],), np.int32)
+        k = int(settings.pop("k", cfg["knn"]["k"]))
+        if "temperature" not in settings or "lam" not in settings:
+            sp = lay.path("score", lm=lm, store="full", key=key, metric=metric)
+            if not sp.exists():
+                raise ArtifactError(f"{sp}: no Table 1 score for {key}/{metric} to take τ and λ from; run the "
+                                    f"pipeline's score job, or pass temperature= and lam=")
+            s = read_json(sp)
+            row = s["tuned"] if tuned else s
+            settings.setdefault("temperature", row["temperature"])
+            settings.setdefault("lam", row["lambda"])
+        params = resolve_index_params(cfg["index"], man["N"], man["D"], k)
+        settings.setdefault("nprobe", params["nprobe"])
+        index = lay.path("index", lm=lm, store=store, key=key, metric=metric) if mask == "faiss" else None
+        return cls(base, keys, vals, key=key, metric=metric, k=k, index=index, mask=mask, score=score,
+                   context_window=cfg["eval"]["context_window"], max_tokens=cfg["eval"]["max_tokens"],
+                   threads=cfg.get("threads"), index_params=dict(cfg["index"]), **settings)
+
+    # ---- the LM's pass ---------------------------------------------------------------------------------------
+    def lm_pass(self, ids: np.ndarray, with_log_probs: bool = True) -> dict:
+        """The LM over token ids [n] int64 (the stream after the start token): {'keys' [n, D] float32 (of key type
+        self.key), 'targets' [n] int64, 'lp_lm' [n] float64}, in the pipeline's sliding windows."""
+        from .dump import window_states
+
+        stream = np.concatenate([[self.lm.start], np.asarray(ids, dtype=np.int64)])
+        parts: dict[str, list] = {"keys": [], "targets": [], "lp_lm": []}
+        with torch.inference_mode():
+            for b in window_states(self.lm.forward, stream, self.lm.tokens_per_sample, self.context_window,
+                                   self.max_tokens, with_log_probs, desc="score", progress=False):
+                parts["keys"].append(b[self.key].numpy())
+                parts["targets"].append(b["target"].numpy())
+                if with_log_probs:
+                    parts["lp_lm"].append(b["lp"].numpy().astype(np.float64))
+        return {name: np.concatenate(v) if v else None for name, v in parts.items()}
+
+    # ---- retrieval ---------------------------------------------------------------------------------------------
+    def neighbours(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k neighbours of queries [B, D] float32: (ids [B, k] int64 datastore rows, −1 where missing; dists [B, k]
+        float32 in faiss convention: squared L2 or inner product), by self.mask with self.score's distances."""
+        from .exact import exact_topk, recompute_distances
+        from .index import search_filled
+
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if self.mask == "exact":
+            ids, dists = exact_topk(self.keys, q, min(self.k, len(self.vals)), self.metric, progress=False)
+            return ids.astype(np.int64), dists
+        if self.threads:
+            import faiss
+
+            faiss.omp_set_num_threads(int(self.threads))
+        dists, ids, _, _ = search_filled(self._index, self._ivf, q, self.k, self.nprobe, self._ivf.nlist)
+        if self.score_from == "real":
+            dists = recompute_distances(self.keys, q, ids, self.metric)
+        return ids.astype(np.int64), dists
+
+    def knn_log_prob(self, queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """log p_kNN(target) per query: queries [B, D] float32, targets [B] int. Returns [B] float64 (−inf where no
+        neighbour's val is the target)."""
+        from .scoring import knn_log_prob_from_cache
+
+        ids, dists = self.neighbours(queries)
+        return knn_log_prob_from_cache(ids, dists, self.vals, np.asarray(targets), self.metric, self.temperature)
+
+    def knn_distribution(self, queries: np.ndarray) -> np.ndarray:
+        """p_kNN over the whole vocabulary: [B, V] float64 (the neighbours' softmax(s/τ) summed per val, Eq. 5's M)."""
+        from .scoring import scores_from_distances
+
+        ids, dists = self.neighbours(queries)
+        valid = ids >= 0
+        logits = np.where(valid, scores_from_distances(dists.astype(np.float64), self.metric) / self.temperature, -np.inf)
+        logits -= logits.max(1, keepdims=True)
+        w = np.exp(logits)
+        w /= w.sum(1, keepdims=True)
+        out = np.zeros((len(ids), self.lm.vocab_size), dtype=np.float64)
+        rows = np.repeat(np.arange(len(ids)), ids.shape[1])
+        np.add.at(out, (rows[valid.ravel()], self.vals[ids[valid]]), w[valid])
+        return out
+
+    def mix(self, lm_log_probs: np.ndarray, knn_probs: np.ndarray) -> np.ndarray:
+        """log((1 − λ) p_LM + λ p_kNN) over the vocabulary: lm_log_probs [B, V] natural-log, knn_probs [B, V]."""
+        p = (1 - self.lam) * np.exp(lm_log_probs.astype(np.float64)) + self.lam * knn_probs
+        with np.errstate(divide="ignore"):
+            return np.log(p)
+
+    # ---- scoring and generation -------------------------------------------------------------------------------
+    def score(self, text: str | list[str]) -> Scored:
+        """Score a text (a string, or its lines) as the pipeline scores a split: every line's tokens and its end of
+        line are targets, the first predicted from the start token. Returns Scored (per-token log-probs, perplexity
+        per word and per token, and the settings used). Raises ValueError for an empty text."""
+        from .scoring import interpolate
+
+        lines = _lines(text)
+        if not lines:
+            raise ValueError("score: empty text")
+        run = self.lm_pass(self.lm.encode(lines))
+        lp_knn = self.knn_log_prob(run["keys"], run["targets"])
+        lp = interpolate(run["lp_lm"], lp_knn, self.lam)
+        return Scored(run["targets"], run["lp_lm"], lp_knn, lp, count_words(lines), self.settings())
+
+    def settings(self) -> dict:
+        """The kNN-LM's settings: key, metric, k, temperature, lambda, mask, score, nprobe."""
+        return {"key": self.key, "metric": self.metric, "k": self.k, "temperature": self.temperature,
+                "lambda": self.lam, "mask": self.mask, "score": self.score_from,
+                "nprobe": self.nprobe if self.mask == "faiss" else None}
+
+    @torch.inference_mode()
+    def next_token_log_probs(self, context_ids) -> np.ndarray:
+        """Interpolated log-probs of the next token over the vocabulary, [V] float64, after token ids `context_ids`
+        (the start token is prepended; the last tokens_per_sample − 1 are fed)."""
+        ids = np.concatenate([[self.lm.start], np.asarray(context_ids, dtype=np.int64)])
+        x = torch.as_tensor(ids[-(self.lm.tokens_per_sample - 1):])[None]
+        att, ffn, logits = self.lm.forward(x)
+        h = (att if self.key == "att" else ffn)[0, -1:].float().cpu().numpy()
+        lp_lm = logits[0, -1:].float().log_softmax(-1).cpu().numpy()
+        return self.mix(lp_lm, self.knn_distribution(h))[0]
+
+    def generate(self, prompt: str, max_new_tokens: int = 30, sample: bool = False, top_k: int = 0,
+                 seed: int = 0) -> str:
+        """Continue `prompt` with tokens drawn from the interpolated distribution (greedy unless `sample`; top_k > 0
+        samples among the top_k tokens). Returns the continuation's text (generate_ids for the token ids)."""
+        return self.lm.decode(self.generate_ids(self.lm.encode_prompt(prompt), max_new_tokens, sample, top_k, seed))
+
+    def generate_ids(self, prompt_ids, max_new_tokens: int = 30, sample: bool = False, top_k: int = 0,
+                     seed: int = 0) -> list[int]:
+        """The token ids generate() draws after token ids `prompt_ids` (the start token is prepended)."""
+        rng = np.random.default_rng(seed)
+        ids, new = [int(i) for i in prompt_ids], []
+        for _ in range(max_new_tokens):
+            lp = self.next_token_log_probs(ids)
+            if sample:
+                cand = np.argsort(-lp)[:top_k] if top_k else np.arange(len(lp))
+                p = np.exp(lp[cand] - lp[cand].max())
+                t = int(rng.choice(cand, p=p / p.sum()))
+            else:
+                t = int(np.argmax(lp))
+            ids.append(t)
+            new.append(t)
+        return new
+
+    def logits_processor(self):
+        """A Hugging Face LogitsProcessor that mixes this kNN distribution into model.generate (HuggingFaceLM only):
+        see KNNLogitsProcessor."""
+        if not isinstance(self.lm, HuggingFaceLM):
+            raise ValueError("logits_processor needs a Hugging Face LM; use KNNLM.generate for fairseq LMs")
+        return KNNLogitsProcessor(self)
+
+    # ---- a datastore from other text ---------------------------------------------------------------------------
+    def build_datastore(self, text: str | list[str], out_dir: str | Path, index: dict | None = None,
+                        threads: int = 2) -> "KNNLM":
+        """Dump this LM's keys (att and ffn) and vals over `text` into out_dir (the pipeline's datastore files:
+        keys_att.npy, keys_ffn.npy [N, D] fp16, vals.npy [N] int32, manifest.json) and build an IVFPQ index of
+        key type self.key with self.metric (index/{key}_{metric}.faiss; parameters: config section 'index',
+        `index` overriding the defaults). Returns a KNNLM with the same LM and settings on that datastore (the
+        domain-adaptation use of Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer
+        tokens than k."""
+        from .config import _fill_defaults, load_schema
+        from .dump import LMPass, dump_datastore, window_states
+        from .index import build_ivfpq, resolve_index_params
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        lines = _lines(text)
+        ids = self.lm.encode(lines)
+        if len(ids) < self.k:
+            raise ValueError(f"build_datastore: {len(ids)} tokens, fewer than k = {self.k}")
+        stream = np.concatenate([[self.lm.start], ids])
+        d = int(self.keys.shape[1]) if self.keys is not None else None
+
+        def states(split, lp):
+            return window_states(self.lm.forward, stream, self.lm.tokens_per_sample, self.context_window,
+                                 self.max_tokens, lp, desc="datastore")
+
+        import hashlib
+
+        digest = hashlib.sha256("".join(lines).encode()).hexdigest()
+        if d is None:
+            d = int(next(iter(states("train", False)))[self.key].shape[1])
+        lmp = LMPass(n=lambda split: len(ids), d=d, states=states,
+                     identity=lambda split: {**self.lm.identity, "data_sha256": digest,
+                                             "context_window": self.context_window,
+                                             "tokens_per_sample": self.lm.tokens_per_sample})
+        paths = {kt: out / f"keys_{kt}.npy" for kt in ("att", "ffn")}
+        man = dump_datastore(lmp, paths, out / "vals.npy", out / "manifest.json", threads)
+        defaults = _fill_defaults({}, load_schema()["properties"]["index"])
+        icfg = {**defaults, **(self.index_params or {}), **(index or {})}
+        params = resolve_index_params(icfg, man["N"], man["D"], self.k)
+        params["train_size"] = min(params["train_size"], man["N"])
+        keys = open_npy(paths[self.key], (man["N"], man["D"]), np.float16)
+        ipath = out / "index" / f"{self.key}_{self.metric}.faiss"
+        ipath.parent.mkdir(exist_ok=True)
+        build_ivfpq(keys, self.metric, params, ipath, threads)
+        vals = open_npy(out / "vals.npy", (man["N"],), np.int32)
+        return KNNLM(self.lm, keys, vals, key=self.key, metric=self.metric, k=self.k, temperature=self.temperature,
+                     lam=self.lam, index=ipath if self.mask == "faiss" else None, nprobe=params["nprobe"],
+                     mask=self.mask, score=self.score_from, context_window=self.context_window,
+                     max_tokens=self.max_tokens, threads=self.threads, index_params=self.index_params)
+
+
+def load_run_lm(cfg: dict, lm: str):
+    """FairseqLM or HuggingFaceLM of base LM `lm` of a validated run config (its trained or shipped checkpoint with
+    the run's BPE and dictionary, config 'lms.<lm>.path', or its Hugging Face model card). Raises ArtifactError
+    naming the file when it is missing."""
+    from .config import lm_tokens_per_sample
+    from .paths import Layout
+
+    lay, entry = Layout.of(cfg), cfg["lms"][lm]
+    if entry["source"] == "hf":
+        card_path = lay.path("model_card", lm=lm)
+        if not card_path.exists():
+            raise ArtifactError(f"{card_path}: no model card for Hugging Face LM {lm!r} (run the pipeline's "
+                                f"model_card job)")
+        card = read_json(card_path)
+        return HuggingFaceLM(card["path"], card["dtype"], card.get("revision"), lm_tokens_per_sample(cfg, lm))
+    ckpt = lay.path("checkpoint", lm=lm) if entry["source"] == "train" else Path(entry["path"])
+    for p in (ckpt, lay.path("data_bin") / "dict.txt", lay.path("bpe_model")):
+        if not Path(p).exists():
+            raise ArtifactError(f"{p}: missing for base LM {lm!r} (run the pipeline's data and LM jobs first)")
+    return FairseqLM(ckpt, lay.path("data_bin"), lay.path("bpe_model"),
+                     key=f"lms.{lm}.path" if entry["source"] == "fairseq" else None)
+
+
+try:  # transformers is optional for fairseq-only use
+    from transformers import LogitsProcessor as _LogitsProcessor
+except ImportError:  # pragma: no cover
+    _LogitsProcessor = object
+
+
+class KNNLogitsProcessor(_LogitsProcessor):
+    """Mixes p_kNN into each next-token distribution of a Hugging Face model.generate (Eq. 5 over the whole
+    vocabulary): returns log((1 − λ) softmax(scores) + λ p_kNN(h)), h the key of the position just fed, captured by
+    the KNNLM's hooks on the same model. Use: model.generate(ids, logits_processor=LogitsProcessorList([proc]),
+    ...) with knn.lm.model as `model`. Processors that run before it must leave the scores as logits."""
+
+    def __init__(self, knn: KNNLM):
+        self.knn = knn
+        self._last: dict[str, torch.Tensor] = {}
+        from .hf import find_key_modules
+
+        att_mod, out_mod = find_key_modules(knn.lm.model)
+        mod = att_mod if knn.key == "att" else out_mod
+        self._hook = mod.register_forward_pre_hook(lambda m, a: self._last.__setitem__("h", a[0]))
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        h = self._last["h"]
+        h = h.reshape(scores.shape[0], -1, h.shape[-1])[:, -1].float().cpu().numpy()
+        lp_lm = scores.float().log_softmax(-1).cpu().numpy()
+        mixed = self.knn.mix(lp_lm, self.knn.knn_distribution(h))
+        return torch.as_tensor(mixed, dtype=scores.dtype, device=scores.device)
+
+    def close(self) -> None:
+        """Remove the hook from the model."""
+        self._hook.remove()

@@ -1,0 +1,60 @@
+"""Continue a prompt with a run's kNN-LM (knnlm.api.KNNLM.generate: Eq. 5 over the whole vocabulary).
+
+    python -m knnlm.generate --config configs/wikitext2.yaml --prompt "The castle was" --max-new-tokens 30
+
+Prints the prompt and its continuation on stdout, the settings (k, τ, λ, mask) on stderr. Several --config files
+are merged in order, as Snakemake's --configfile.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def merged_config(paths: list[str]) -> tuple[str, dict]:
+    """(first config file, the later ones merged into one overrides dict)."""
+    from .config import ConfigError, deep_merge
+
+    over: dict = {}
+    for p in paths[1:]:
+        if not Path(p).is_file():
+            raise ConfigError(f"config file not found: {p}")
+        over = deep_merge(over, yaml.safe_load(Path(p).read_text()) or {})
+    return paths[0], over
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m knnlm.generate", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", action="append", required=True, help="config file(s), merged in order")
+    ap.add_argument("--lm", default="base", help="base LM of the config (default: base)")
+    ap.add_argument("--key", default="att", choices=["att", "ffn"])
+    ap.add_argument("--metric", default="l2", choices=["l2", "ip"])
+    ap.add_argument("--mask", default="faiss", choices=["faiss", "exact"])
+    ap.add_argument("--tuned", action="store_true", help="τ* and λ tuned on valid (Table 1's 'τ tuned' row)")
+    ap.add_argument("--temperature", type=float, help="τ (default: Table 1's)")
+    ap.add_argument("--lam", type=float, help="λ (default: Table 1's, tuned on valid)")
+    ap.add_argument("--k", type=int, help="neighbours (default: config 'knn.k')")
+    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--max-new-tokens", type=int, default=30)
+    ap.add_argument("--sample", action="store_true", help="sample (default: greedy)")
+    ap.add_argument("--top-k", type=int, default=0, help="sample among the top k tokens (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    from .api import KNNLM
+
+    first, over = merged_config(a.config)
+    settings = {n: v for n, v in (("temperature", a.temperature), ("lam", a.lam), ("k", a.k)) if v is not None}
+    knn = KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, mask=a.mask, tuned=a.tuned, overrides=over,
+                         **settings)
+    s = knn.settings()
+    print(f"kNN-LM {a.lm} {s['key']}/{s['metric']}: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} "
+          f"mask={s['mask']} nprobe={s['nprobe']}", file=sys.stderr)
+    ids = [int(i) for i in knn.lm.encode_prompt(a.prompt)]
+    print(knn.lm.decode(ids + knn.generate_ids(ids, a.max_new_tokens, a.sample, a.top_k, a.seed)))
+
+
+if __name__ == "__main__":
+    main()

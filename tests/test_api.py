@@ -1,0 +1,184 @@
+"""The Python API (knnlm.api): scoring equals the pipeline's Table 1, p_kNN over the vocabulary, generation through
+a Hugging Face LogitsProcessor, a datastore from other text, and the README's example as written."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import PROJECT_ROOT, TINY_HF
+
+
+def overrides(tiny_run) -> dict:
+    """The tiny run's config overlays (data, extra LMs) and results_dir, as from_run's `overrides`."""
+    out = {"results_dir": str(tiny_run["results_dir"])}
+    for f in tiny_run["configfiles"][1:]:
+        out.update(yaml.safe_load(Path(f).read_text()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def knn_of(tiny_run):
+    from knnlm.api import KNNLM
+
+    made = {}
+
+    def get(lm="base", key="att", metric="l2", **kw):
+        name = (lm, key, metric, tuple(sorted(kw.items())))
+        if name not in made:
+            made[name] = KNNLM.from_run("configs/tiny.yaml", lm=lm, key=key, metric=metric,
+                                        overrides=overrides(tiny_run), **kw)
+        return made[name]
+
+    return get
+
+
+def test_readme_python_example_runs_as_written(tiny_run, tmp_path):
+    """The README's 'Use it from Python' block, run verbatim in a folder where configs/ is the project's and
+    results/ the tiny run's."""
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    sec = readme.split("## Use it from Python", 1)[1]
+    code = re.search(r"```python\n(.*?)```", sec, re.S).group(1)
+    (tmp_path / "configs").symlink_to(PROJECT_ROOT / "configs")
+    (tmp_path / "results").symlink_to(tiny_run["results_dir"])
+    (tmp_path / "example.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = json.loads((tiny_run["root"] / "lms/base/stores/full/scores/att_l2.json").read_text())
+    assert f"{ref['test']['interp']['ppl_word']:.2f}" in r.stdout
+
+
+@pytest.mark.parametrize("lm", ["base", TINY_HF])
+@pytest.mark.parametrize("tuned", [False, True])
+def test_score_equals_table1(knn_of, tiny_run, lm, tuned):
+    """score() over the test split: the base LM's per-token log-probs of the dump, and Table 1's interpolated
+    perplexity (config τ and its λ; or τ*, λ*), per word and per token."""
+    knn = knn_of(lm, tuned=tuned)
+    root = tiny_run["root"]
+    out = knn.score((root / "data/test.tokens").read_text(encoding="utf-8"))
+    dumped = np.load(root / f"lms/{lm}/queries/test/lm_logprobs.npy")
+    np.testing.assert_array_equal(out.targets, np.load(root / f"lms/{lm}/queries/test/targets.npy"))
+    np.testing.assert_allclose(out.lp_lm, dumped, atol=1e-4)
+    ref = json.loads((root / f"lms/{lm}/stores/full/scores/att_l2.json").read_text())
+    row = ref["tuned"] if tuned else ref
+    assert out.settings["temperature"] == row["temperature"] and out.settings["lambda"] == row["lambda"]
+    assert out.ppl_word == pytest.approx(row["test"]["interp"]["ppl_word"], rel=1e-5)
+    assert out.ppl_token == pytest.approx(row["test"]["interp"]["ppl_token"], rel=1e-5)
+    assert out.lm_ppl_word == pytest.approx(ref["test"]["lm"]["ppl_word"], rel=1e-5)
+
+
+def test_exact_mask_is_the_exact_search(knn_of, tiny_run):
+    """mask='exact' retrieves the pipeline's exact neighbours (Table 3's real mask, over the retrieval scope) of the
+    dumped test queries."""
+    knn = knn_of("base", "ffn", "ip", mask="exact")
+    root = tiny_run["root"]
+    scope = np.load(root / "lms/base/queries/test/scope.npy")[:300]
+    q = np.load(root / "lms/base/queries/test/queries_ffn.npy")[scope]
+    ids, dists = knn.neighbours(q)
+    want = np.load(root / "lms/base/stores/full/exact/ffn_ip_test_ids.npy")[:300]
+    np.testing.assert_array_equal(ids[:, :10], want[:, :10])
+    brute = q @ np.asarray(knn.keys, dtype=np.float32).T
+    np.testing.assert_allclose(dists[:, 0], brute.max(1), rtol=1e-4)
+
+
+def test_knn_distribution_over_the_vocabulary(knn_of, tiny_run):
+    """p_kNN scattered over the vocabulary sums to 1 and equals knn_log_prob at every target (Eq. 5's M)."""
+    knn = knn_of("base")
+    root = tiny_run["root"]
+    q = np.load(root / "lms/base/queries/test/queries_att.npy")[:200]
+    t = np.load(root / "lms/base/queries/test/targets.npy")[:200]
+    full = knn.knn_distribution(q)
+    assert full.shape == (200, knn.lm.vocab_size)
+    np.testing.assert_allclose(full.sum(1), 1.0, rtol=1e-9)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(np.log(full[np.arange(200), t]), knn.knn_log_prob(q, t), rtol=1e-9)
+    mixed = knn.mix(np.log(np.full((1, knn.lm.vocab_size), 1.0 / knn.lm.vocab_size)), full[:1])
+    assert np.exp(mixed).sum() == pytest.approx(1.0)
+
+
+def test_logits_processor_equals_scoring(knn_of):
+    """The Hugging Face LogitsProcessor gives the scoring path's log-probability of every next token of a text, and
+    model.generate with it (greedy) continues as KNNLM.generate does."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    knn = knn_of(TINY_HF)
+    text = "The tower was built in 1890 and rebuilt after the war .\n"
+    scored = knn.score(text)
+    stream = np.concatenate([[knn.lm.start], scored.targets])
+    proc = knn.logits_processor()
+    try:
+        model = knn.lm.model
+        with torch.no_grad():
+            for j in (0, 3, len(scored.targets) - 1):
+                x = torch.as_tensor(stream[:j + 1])[None]
+                logits = model(input_ids=x).logits[:, -1]
+                lp = proc(x, logits)[0, scored.targets[j]].item()
+                assert lp == pytest.approx(scored.lp[j], rel=1e-5, abs=1e-6)
+        prompt = "The tower was"
+        ids = torch.as_tensor(np.concatenate([[knn.lm.start], knn.lm.encode_prompt(prompt)]))[None]
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+                             logits_processor=LogitsProcessorList([proc]), pad_token_id=knn.lm.start)
+    finally:
+        proc.close()
+    assert knn.lm.decode(gen[0, ids.shape[1]:]) == knn.generate(prompt, max_new_tokens=6)
+
+
+def test_generate_cli(tiny_run, tmp_path):
+    """python -m knnlm.generate continues a prompt from a run's kNN-LM and prints the text and its settings."""
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump(overrides(tiny_run)))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    r = subprocess.run([sys.executable, "-m", "knnlm.generate", "--config", "configs/tiny.yaml", "--config",
+                        str(overlay), "--prompt", "The tower was", "--max-new-tokens", "5"],
+                       cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("The tower was") and "λ" in r.stderr
+
+
+def test_build_datastore_from_other_text(knn_of, tiny_run, tmp_path):
+    """A datastore dumped from other text (here: the test split) has one key per token, the tokens as vals, the
+    keys of the scoring pass, and an index whose nearest neighbour of each of those keys is the key itself."""
+    knn = knn_of("base", "att", "l2")
+    text = (tiny_run["root"] / "data/test.tokens").read_text(encoding="utf-8")
+    own = knn.build_datastore(text, tmp_path / "ds", threads=1)
+    man = json.loads((tmp_path / "ds/manifest.json").read_text())
+    run = knn.lm_pass(knn.lm.encode(text.splitlines(keepends=True)))
+    assert man["N"] == len(run["targets"]) and man["key_types"] == ["att", "ffn"]
+    np.testing.assert_array_equal(own.vals, run["targets"])
+    np.testing.assert_allclose(np.asarray(own.keys, dtype=np.float32), run["keys"], rtol=1e-2, atol=1e-2)
+    exact = type(own)(own.lm, own.keys, own.vals, key="att", metric="l2", k=own.k, temperature=1.0, lam=0.5,
+                      mask="exact", context_window=own.context_window)
+    ids, dists = exact.neighbours(np.asarray(own.keys[:100], dtype=np.float32))
+    assert (dists[:, 0] <= 1e-3).all()
+    scored = own.score(text)  # the text's own tokens are in the datastore: p_kNN is far higher than from train
+    assert scored.ppl_token < knn.score(text).ppl_token
+
+
+def test_pyproject_declares_every_import():
+    """`pip install .` brings what the package imports: every third-party module imported under src/knnlm is a
+    declared dependency or extra (fairseq excepted: it is installed with --no-deps, as pyproject.toml says)."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    deps = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    declared = {re.split(r"[<>=!~ ]", d)[0].lower() for d in deps}
+    dist_of = {"yaml": "pyyaml", "sklearn": "scikit-learn", "faiss": "faiss-cpu", "huggingface_hub": "huggingface-hub",
+               "snakemake_executor_plugin_slurm": "snakemake-executor-plugin-slurm", "hydra": "hydra-core"}
+    imported = set()
+    for f in (PROJECT_ROOT / "src/knnlm").rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third = {m for m in imported if m not in sys.stdlib_module_names and m not in ("knnlm", "fairseq", "fairseq_cli", "__future__")}
+    missing = sorted(m for m in third if dist_of.get(m, m).lower() not in declared)
+    assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
