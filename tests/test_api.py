@@ -182,3 +182,90 @@ def test_pyproject_declares_every_import():
     third = {m for m in imported if m not in sys.stdlib_module_names and m not in ("knnlm", "fairseq", "fairseq_cli", "__future__")}
     missing = sorted(m for m in third if dist_of.get(m, m).lower() not in declared)
     assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
+
+
+@pytest.fixture(scope="module")
+def word_level_adaptive_lm(tmp_path_factory, wikitext2_dir):
+    """A word-level fairseq LM with an adaptive softmax (the layout of urvashik/knnlm's WikiText-103 checkpoint: its
+    own word dictionary, no BPE), 1 layer of 16 dims trained 3 updates on 300 WikiText-2 lines."""
+    d = tmp_path_factory.mktemp("wordlm")
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        lines = (wikitext2_dir / f"wiki.{split}.tokens").read_text(encoding="utf-8").splitlines(keepends=True)[:n]
+        (d / f"{split}.txt").write_text("".join(lines), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    subprocess.run([sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--trainpref", str(d / "train.txt"),
+                    "--validpref", str(d / "valid.txt"), "--testpref", str(d / "test.txt"), "--destdir",
+                    str(d / "bin"), "--workers", "1"], check=True, capture_output=True, env=env)
+    subprocess.run([sys.executable, "-m", "fairseq_cli.train", str(d / "bin"), "--task", "language_modeling",
+                    "--arch", "transformer_lm", "--decoder-layers", "1", "--decoder-embed-dim", "16",
+                    "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2", "--decoder-normalize-before",
+                    "--decoder-input-dim", "16", "--decoder-output-dim", "16",
+                    "--adaptive-softmax-cutoff", "200,800", "--criterion", "adaptive_loss", "--optimizer", "adam",
+                    "--lr", "0.01", "--tokens-per-sample", "48", "--sample-break-mode", "none", "--max-tokens", "512",
+                    "--max-update", "3", "--save-dir", str(d / "ckpt"), "--no-epoch-checkpoints", "--cpu",
+                    "--num-workers", "0", "--seed", "1", "--ddp-backend", "legacy_ddp"], check=True, capture_output=True,
+                   env=env)
+    return d
+
+
+def test_word_level_adaptive_softmax_lm(word_level_adaptive_lm, tmp_path):
+    """A word-level fairseq LM with an adaptive softmax scores text as fairseq's own pass over its binarised split
+    does, its next-token distribution sums to 1, and it gets a datastore and a kNN-LM."""
+    from knnlm.api import FairseqLM, KNNLM
+    from knnlm.dump import fairseq_pass
+
+    d = word_level_adaptive_lm
+    lm = FairseqLM(d / "ckpt/checkpoint_last.pt", d / "bin", None)
+    assert lm.model.decoder.adaptive_softmax is not None
+    ref = np.concatenate([b["lp"].numpy() for b in fairseq_pass(d / "ckpt/checkpoint_last.pt", d / "bin", 16,
+                                                                 512).states("test", True)])
+    text = (d / "test.txt").read_text(encoding="utf-8")
+    knn = KNNLM.from_datastore(lm, _datastore_of(lm, d, tmp_path), k=8, lam=0.0, context_window=16, max_tokens=512)
+    out = knn.score(text)
+    np.testing.assert_allclose(out.lp_lm, ref, atol=1e-4)
+    np.testing.assert_allclose(out.lp, out.lp_lm)  # λ = 0
+    assert np.exp(knn.next_token_log_probs(lm.encode_prompt("The game"))).sum() == pytest.approx(1.0, rel=1e-5)
+    assert lm.decode(lm.encode_prompt("The game began")) == "The game began"
+
+
+def _datastore_of(lm, d, tmp_path):
+    from knnlm.api import KNNLM
+
+    first = KNNLM(lm, np.zeros((8, lm.dim), np.float16), np.zeros(8, np.int32), key="ffn", metric="l2", k=8,
+                  temperature=1.0, lam=0.5, mask="exact", context_window=16, max_tokens=512)
+    first.build_datastore((d / "train.txt").read_text(encoding="utf-8"), tmp_path / "ds", threads=1)
+    return tmp_path / "ds"
+
+
+@pytest.mark.parametrize("layout", ["knn-transformers", "urvashik"])
+def test_import_memmap_datastore(tmp_path, layout):
+    """Headerless memmaps of the knn-transformers and urvashik/knnlm layouts become this layout's keys, vals and
+    manifest, row for row; a wrong size or an overflowed val is refused naming the file."""
+    from knnlm.dump import open_datastore
+    from knnlm.importer import import_memmap
+    from knnlm.io import ArtifactError
+
+    rng = np.random.default_rng(0)
+    n, dim = 1000, 24
+    keys = rng.standard_normal((n, dim)).astype(np.float16 if layout == "knn-transformers" else np.float32)
+    vals = rng.integers(0, 30000, (n, 1)).astype(np.int32 if layout == "knn-transformers" else np.int16)
+    stem = f"dstore_gpt2_{n}_{dim}" if layout == "knn-transformers" else "wt103"
+    kf, vf = tmp_path / f"{stem}_keys.npy", tmp_path / f"{stem}_vals.npy"
+    keys.tofile(kf)
+    vals.tofile(vf)
+    opts = {} if layout == "knn-transformers" else {"size": n, "dim": dim, "keys_dtype": "float32",
+                                                    "vals_dtype": "int16"}
+    man = import_memmap(kf, vf, tmp_path / "out", chunk=300, **opts)
+    k2, v2, man2 = open_datastore(tmp_path / "out/manifest.json", tmp_path / "out/vals.npy",
+                                  tmp_path / "out/keys_ffn.npy", "ffn")
+    np.testing.assert_array_equal(np.asarray(k2), keys.astype(np.float16))
+    np.testing.assert_array_equal(np.asarray(v2), vals[:, 0])
+    assert man2 == man and man["imported_from"]["layout"] == ("knn-transformers" if layout == "knn-transformers"
+                                                              else "urvashik/knnlm")
+    with pytest.raises(ArtifactError, match=f"{stem}_keys.npy.*bytes"):
+        import_memmap(kf, vf, tmp_path / "bad", size=n + 1, dim=dim, **{k: v for k, v in opts.items()
+                                                                        if k not in ("size", "dim")})
+    (vals - 31000).astype(vals.dtype).tofile(vf)  # ids past int16 wrap to negatives
+    with pytest.raises(ArtifactError, match=f"{stem}_vals.npy: val -"):
+        import_memmap(kf, vf, tmp_path / "bad2", **opts)
+    assert not (tmp_path / "bad2/manifest.json").exists()

@@ -45,13 +45,16 @@ def count_words(lines: list[str]) -> int:
 
 
 class FairseqLM:
-    """A fairseq transformer_lm with the sentencepiece model and dictionary it was trained with.
+    """A fairseq transformer_lm with the dictionary (and sentencepiece model) it was trained with.
 
-    checkpoint: the .pt file; data_bin: a folder holding its dict.txt; bpe_model: the sentencepiece .model. Tokens
-    of a line are its BPE pieces (unknown pieces map to <unk>) and the end of line, as fairseq-preprocess makes them.
+    checkpoint: the .pt file (a plain or an adaptive softmax); data_bin: a folder holding its dict.txt; bpe_model:
+    the sentencepiece .model, or None for a word-level LM (urvashik/knnlm's WikiText-103 LM: its dictionary holds
+    whitespace words). Tokens of a line are its pieces (or words; unknown ones map to <unk>) and the end of line,
+    as fairseq-preprocess makes them.
     """
 
-    def __init__(self, checkpoint: str | Path, data_bin: str | Path, bpe_model: str | Path, key: str | None = None):
+    def __init__(self, checkpoint: str | Path, data_bin: str | Path, bpe_model: str | Path | None,
+                 key: str | None = None):
         import sentencepiece as spm
 
         from .dump import fairseq_forward, load_lm
@@ -63,10 +66,11 @@ class FairseqLM:
         else:
             self.model, cfg = load_lm(checkpoint, data_bin)
         self.dictionary = self.model.decoder.dictionary
-        self.sp = spm.SentencePieceProcessor(model_file=str(bpe_model))
+        self.sp = spm.SentencePieceProcessor(model_file=str(bpe_model)) if bpe_model else None
         self.start = self.dictionary.eos()
         self.vocab_size = len(self.dictionary)
         self.tokens_per_sample = int(cfg.task.tokens_per_sample)
+        self.dim = int(self.model.decoder.layers[-1].fc1.in_features)
         self.forward = fairseq_forward(self.model)
         self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
 
@@ -75,7 +79,7 @@ class FairseqLM:
         out = []
         for line in lines:
             s = line.strip()
-            pieces = self.sp.encode(s, out_type=str) if s else []
+            pieces = (self.sp.encode(s, out_type=str) if self.sp else s.split()) if s else []
             out += [self.dictionary.index(p) for p in pieces] + [self.dictionary.eos()]
         return np.asarray(out, dtype=np.int64)
 
@@ -87,13 +91,14 @@ class FairseqLM:
         """Text of token ids (ends of line become newlines)."""
         eos, words = self.dictionary.eos(), []
         line: list[str] = []
+        join = self.sp.decode if self.sp else " ".join
         for i in ids:
             if int(i) == eos:
-                words.append(self.sp.decode(line) + "\n")
+                words.append(join(line) + "\n")
                 line = []
             else:
                 line.append(self.dictionary[int(i)])
-        return "".join(words) + (self.sp.decode(line) if line else "")
+        return "".join(words) + (join(line) if line else "")
 
 
 class HuggingFaceLM:
@@ -108,6 +113,7 @@ class HuggingFaceLM:
         self.start = hf.start_token(self.tok)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
         self.tokens_per_sample = int(tokens_per_sample or self.model.config.max_position_embeddings)
+        self.dim = int(self.model.get_output_embeddings().weight.shape[1])
         self._capture = hf.key_capture(self.model)
         self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
         self.identity = {"source": "hf", "model": path}
@@ -256,6 +262,40 @@ class KNNLM:
                    context_window=cfg["eval"]["context_window"], max_tokens=cfg["eval"]["max_tokens"],
                    threads=cfg.get("threads"), index_params=dict(cfg["index"]), **settings)
 
+    @classmethod
+    def from_datastore(cls, lm, folder: str | Path, key: str | None = None, metric: str = "l2", *, k: int = 1024,
+                       temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
+                       nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
+                       max_tokens: int = 4096, threads: int = 2) -> "KNNLM":
+        """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout (knnlm.dump,
+        build_datastore or knnlm.importer: manifest.json, keys_<key>.npy, vals.npy). key: default the manifest's first
+        key type. The IVFPQ index folder/index/<key>_<metric>.faiss is built when missing (mask 'faiss'; parameters:
+        config section 'index', `index` overriding its defaults); nprobe defaults to the resolved 'auto'. Defaults of
+        k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated file, a key type
+        the datastore lacks, or keys of another dimension than the LM's."""
+        from .config import _fill_defaults, load_schema
+        from .dump import open_datastore
+        from .index import build_ivfpq, resolve_index_params
+
+        folder = Path(folder)
+        man_path = folder / "manifest.json"
+        if not man_path.is_file():
+            raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.importer)")
+        key = key or read_json(man_path)["key_types"][0]
+        keys, vals, man = open_datastore(man_path, folder / "vals.npy", folder / f"keys_{key}.npy", key)
+        if man["D"] != lm.dim:
+            raise ArtifactError(f"{folder / f'keys_{key}.npy'}: keys of dim {man['D']}, the LM's hidden states have "
+                                f"{lm.dim} (a datastore of another LM)")
+        icfg = {**_fill_defaults({}, load_schema()["properties"]["index"]), **(index or {})}
+        params = resolve_index_params(icfg, man["N"], man["D"], k)
+        ipath = folder / "index" / f"{key}_{metric}.faiss"
+        if mask == "faiss" and not ipath.exists():
+            ipath.parent.mkdir(exist_ok=True)
+            build_ivfpq(keys, metric, params, ipath, threads)
+        return cls(lm, keys, vals, key=key, metric=metric, k=k, temperature=temperature, lam=lam,
+                   index=ipath if mask == "faiss" else None, nprobe=nprobe or params["nprobe"], mask=mask, score=score,
+                   context_window=context_window, max_tokens=max_tokens, threads=threads, index_params=icfg)
+
     # ---- the LM's pass ---------------------------------------------------------------------------------------
     def lm_pass(self, ids: np.ndarray, with_log_probs: bool = True) -> dict:
         """The LM over token ids [n] int64 (the stream after the start token): {'keys' [n, D] float32 (of key type
@@ -393,9 +433,7 @@ class KNNLM:
         `index` overriding the defaults). Returns a KNNLM with the same LM and settings on that datastore (the
         domain-adaptation use of Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer
         tokens than k."""
-        from .config import _fill_defaults, load_schema
         from .dump import LMPass, dump_datastore, window_states
-        from .index import build_ivfpq, resolve_index_params
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -420,20 +458,11 @@ class KNNLM:
                                              "context_window": self.context_window,
                                              "tokens_per_sample": self.lm.tokens_per_sample})
         paths = {kt: out / f"keys_{kt}.npy" for kt in ("att", "ffn")}
-        man = dump_datastore(lmp, paths, out / "vals.npy", out / "manifest.json", threads)
-        defaults = _fill_defaults({}, load_schema()["properties"]["index"])
-        icfg = {**defaults, **(self.index_params or {}), **(index or {})}
-        params = resolve_index_params(icfg, man["N"], man["D"], self.k)
-        params["train_size"] = min(params["train_size"], man["N"])
-        keys = open_npy(paths[self.key], (man["N"], man["D"]), np.float16)
-        ipath = out / "index" / f"{self.key}_{self.metric}.faiss"
-        ipath.parent.mkdir(exist_ok=True)
-        build_ivfpq(keys, self.metric, params, ipath, threads)
-        vals = open_npy(out / "vals.npy", (man["N"],), np.int32)
-        return KNNLM(self.lm, keys, vals, key=self.key, metric=self.metric, k=self.k, temperature=self.temperature,
-                     lam=self.lam, index=ipath if self.mask == "faiss" else None, nprobe=params["nprobe"],
-                     mask=self.mask, score=self.score_from, context_window=self.context_window,
-                     max_tokens=self.max_tokens, threads=self.threads, index_params=self.index_params)
+        dump_datastore(lmp, paths, out / "vals.npy", out / "manifest.json", threads)
+        return KNNLM.from_datastore(self.lm, out, self.key, self.metric, k=self.k, temperature=self.temperature,
+                                    lam=self.lam, mask=self.mask, score=self.score_from, nprobe=None,
+                                    index={**(self.index_params or {}), **(index or {})},
+                                    context_window=self.context_window, max_tokens=self.max_tokens, threads=threads)
 
 
 def load_run_lm(cfg: dict, lm: str):

@@ -139,13 +139,16 @@ def window_states(forward, stream: np.ndarray, tokens_per_sample: int, context: 
 
 
 def fairseq_forward(model):
-    """forward(x [B, L] int64 tensor) -> (att, ffn [B, L, D], logits [B, L, V]) of a fairseq transformer_lm, for
-    window_states (the keys as forward_states captures them)."""
+    """forward(x [B, L] int64 tensor) -> (att, ffn [B, L, D], log-probs [B, L, V]) of a fairseq transformer_lm, for
+    window_states (the keys as forward_states captures them; the log-probs through the model's own normalisation,
+    a plain or an adaptive softmax)."""
     dev = next(model.parameters()).device
 
     def forward(x: torch.Tensor):
         st = forward_states(model, x.to(dev), False)
-        return st["att"], st["ffn"], model.decoder.output_layer(st["ffn"])
+        # normalised log-probs (log_softmax leaves them unchanged): an adaptive softmax has no plain logits
+        lp = model.get_normalized_probs((model.decoder.output_layer(st["ffn"]), None), log_probs=True)
+        return st["att"], st["ffn"], lp
 
     return forward
 
