@@ -104,7 +104,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   scores, settings; the exact search is their store's), table and figure
     # + 5 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
     #   retrieval
-    assert jobs == 168
+    # + 1 for the speed table (reads the timings the jobs above recorded)
+    assert jobs == 169
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -140,6 +141,22 @@ def test_probe_sweep(tiny_run):
     assert (df["paper's fraction"] == ((df["nprobe"] / df["lists"] - frac).abs() * df["lists"] <= 0.5)).all()
     assert "real vs FAISS mask, τ* (95% CI)" in df.columns and (df["documents"] >= 1).all()
     assert art(tiny_run, "figure", figure="probe_sweep", ext="png").stat().st_size > 0
+
+
+def test_speed_table(tiny_run):
+    """Table 'speed': every full-store search of Table 1 with its tokens/s from the seconds its job recorded, the base
+    LM's tokens/s from the queries' dump, the kNN-LM's below both, the exact search and real score where Table 3 ran
+    them, and the machine of each."""
+    df = pd.read_csv(art(tiny_run, "table", table="speed", ext="csv"))
+    assert len(df) == len(TINY["datastore"]["key_types"]) * len(TINY["index"]["metrics"])
+    man = read_json(art(tiny_run, "queries_manifest", lm="base", split="test"))
+    for _, r in df.iterrows():
+        nb = read_json(art(tiny_run, "nb_meta", store="full", key=r["h_ds"], metric=r["⊗"].lower(), split="test"))
+        assert r["FAISS search tokens/s"] == pytest.approx(nb["T"] / nb["search_seconds"])
+        assert r["base LM tokens/s"] == pytest.approx(man["T"] / man["seconds"])
+        assert r["kNN-LM tokens/s (LM + FAISS)"] < min(r["base LM tokens/s"], r["FAISS search tokens/s"])
+        assert man["machine"]["cores"] >= 1 and str(man["machine"]["cores"]) in r["LM on"]
+        assert (r["h_ds"] in TINY["retrieval"]["key_types"]) == pd.notna(r["exact search ms / query"])
 
 
 def test_token_gains(tiny_run):

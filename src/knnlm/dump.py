@@ -245,8 +245,14 @@ def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, thread
 
 def dump_queries(lm: LMPass, split: str, out: dict, threads: int) -> dict:
     """Dump a valid/test split once; returns the manifest. out: paths of 'targets' ([T] int32), 'lm_logprobs'
-    ([T] float32, natural log p_LM(target)), 'queries_att' / 'queries_ffn' ([T, D] float32) and 'manifest'."""
+    ([T] float32, natural log p_LM(target)), 'queries_att' / 'queries_ffn' ([T, D] float32) and 'manifest' (with the
+    pass's 'seconds' and 'machine', knnlm.io.machine)."""
+    import time
+
+    from .io import machine
+
     torch.set_num_threads(threads)
+    t0 = time.time()
     parts: dict[str, list] = {"att": [], "ffn": [], "target": [], "lp": []}
     for b in lm.states(split, True):
         for k in parts:
@@ -258,7 +264,8 @@ def dump_queries(lm: LMPass, split: str, out: dict, threads: int) -> dict:
         save_npy(out[f"queries_{kt}"], arrs[kt].astype(np.float32))
     t = int(arrs["target"].shape[0])
     manifest = {"split": split, "T": t, "D": int(arrs["att"].shape[1]), **lm.identity(split),
-                "lm_nll_sum": float(-arrs["lp"].astype(np.float64).sum())}
+                "lm_nll_sum": float(-arrs["lp"].astype(np.float64).sum()),
+                "seconds": time.time() - t0, "machine": machine(threads)}  # the LM's pass, for the speed table
     write_json(out["manifest"], manifest)
     return manifest
 

@@ -186,3 +186,24 @@ def check_manifest(manifest: dict, expected: dict, source: str) -> None:
         lines = [f"{k}: manifest has {have!r}, expected {want!r}" for k, (have, want) in bad.items()]
         raise ArtifactError(f"{source} does not match what this run expects (made from another checkpoint or data?):\n  "
                             + "\n  ".join(lines) + "\nDelete it and rerun the job that makes it.")
+
+
+def machine(threads: int | None = None, device: str | None = None) -> dict:
+    """What ran a timed job, recorded beside its seconds: {'cpu' (model name from /proc/cpuinfo, or the platform's),
+    'cores' (os.cpu_count()), 'threads' (the job's), 'device' ('cpu' or 'gpu'), 'gpu' (CUDA device name or None)}."""
+    import os
+    import platform
+    import sys
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = None
+    torch = sys.modules.get("torch")  # only when the job already imported it: no torch import for a timing label
+    if torch is not None and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0)
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "device": device or ("gpu" if gpu else "cpu"),
+            "gpu": gpu}

@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from ..cli import Job
-from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, open_npy, read_json, release_rows, save_npy,
+from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_json, release_rows, save_npy,
                   write_json)
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
@@ -143,7 +143,7 @@ def search(job: Job) -> dict:
                          job.threads)
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
                  store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
-                 checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"])
+                 checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"], machine=machine(job.threads, stats["device"]))
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": stats["T"], "missing_neighbours": stats["missing_neighbours"],
                         "requeried_for_k": stats["requeried_for_k"], "search_seconds": stats["search_seconds"],
@@ -169,14 +169,16 @@ def real_score(job: Job, chunk: int = 16384) -> dict:
             out[a:b] = recompute_distances(store.keys, store.project(np.asarray(queries[a:b], dtype=np.float32)),
                                            np.asarray(ids[r]), job.wildcards["metric"])
             release_rows(ids, int(r.min()), int(r.max()) + 1)  # the FAISS ids' rows of these scoped queries
-    stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"]}
+    stats = {"T": t, "k": meta["k"], "seconds": time.time() - t0, "checkpoint_sha256": man["checkpoint_sha256"],
+             "machine": machine(job.threads)}
     write_json(job.path("meta"), stats)
     return {"metrics": {"T": t, "seconds": stats["seconds"]}}
 
 
 def _write_exact_meta(path, shape: tuple[int, int], n: int, secs: float, flop: float, man: dict, **extra) -> dict:
     """Write the meta of an exact search (queries T and k of `shape`, keys N = `n`, its seconds, flops and GFLOP/s, the
-    datastore's checkpoint) to `path`; the meta."""
+    datastore's checkpoint, what ran it: knnlm.io.machine, unless `extra` names it) to `path`; the meta."""
+    extra.setdefault("machine", machine())
     meta = {"T": int(shape[0]), "k": int(shape[1]), "N": n, "seconds": secs, "flop": flop, "gflops": flop / secs / 1e9,
             "checkpoint_sha256": man["checkpoint_sha256"], **extra}
     write_json(path, meta)
@@ -204,7 +206,7 @@ def _exact_into(job: Job, keys, queries, t: int, k: int, rows, span: tuple[int, 
     secs = time.time() - t0
     flop = 2.0 * t * (span[1] - span[0]) * keys.shape[1]
     return _write_exact_meta(job.path("meta"), (t, width), int(keys.shape[0]), secs, flop, man, span=list(span),
-                             **extra)
+                             machine=machine(job.threads), **extra)
 
 
 def exact_search(job: Job) -> dict:
@@ -285,7 +287,7 @@ def exact_search_nested(job: Job) -> dict:
     flop = 2.0 * t * stops[-1] * keys.shape[1]  # one scan of the largest store
     for i, st in enumerate(opened):
         meta = _write_exact_meta(job.paths("meta")[i], (t, k), int(keys.shape[0]), secs, flop, man,
-                                 nested_scan={"stops": stops, "store_size": st.size})
+                                 nested_scan={"stops": stops, "store_size": st.size}, machine=machine(job.threads))
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
@@ -319,7 +321,8 @@ def exact_merge(job: Job) -> dict:
         stops = metas[0]["nested_scan"]["stops"]
         extra["nested_scan"] = {"stops": stops, "store_size": stops[max(m["nested_scan"]["segment"] for m in metas)]}
     meta = _write_exact_meta(job.path("meta"), (t, k), n, secs, flop, {"checkpoint_sha256": sha}, merge_seconds=merge_secs,
-                             shards=[{"span": m["span"], "seconds": m["seconds"]} for m in metas], **extra)
+                             shards=[{"span": m["span"], "seconds": m["seconds"]} for m in metas],
+                             machine=metas[0].get("machine") or machine(), **extra)
     return {"metrics": {"T": t, "seconds": secs, "merge_seconds": merge_secs, "gflops": meta["gflops"],
                         "shards": len(metas)}}
 
