@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from conftest import PROJECT_ROOT, TINY_HF, TINY_OVERFIT, TINY_SEED2, TINY_SOFT, run_snakemake
 from knnlm.config import load_config, temperatures
@@ -870,3 +871,40 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
     assert ("| reproduced " in mem) == memorised and ("| contradicted " in mem) == (not memorised)
     assert all(("did not memorise" in r) == (not memorised) for r in e6 if "E.6.1" in r and "base + " in r)
     assert f"base + {TINY_SEED2} (one-hot)" in [r for r in e6 if "one-hot twin" in r][0]
+
+
+def test_datastore_from_another_corpus(tiny_run, tmp_path, wikitext2_dir):
+    """Config 'datastore.data' (Khandelwal et al. 2020, Sec. 4.3): the tiny LM's datastore from its train split plus
+    another text. Its first rows are the train split's datastore (same vals, same keys), the rest the other text's
+    tokens under the LM's own dictionary; the manifest and the score name the corpus. Runs on a copy of the tiny
+    run's corpus, BPE and LM: only the datastore, its queries, index, searches and one score are made."""
+    import shutil
+
+    src = tiny_run["root"]
+    dst = tmp_path / "tiny"
+    for d in ("data", "bpe", "data-bin"):
+        shutil.copytree(src / d, dst / d)
+    (dst / "lms/base").mkdir(parents=True)
+    for f in ("checkpoint.pt", "training.json"):
+        shutil.copy2(src / "lms/base" / f, dst / "lms/base" / f)
+    other = tmp_path / "other.tokens"
+    lines = (wikitext2_dir / "wiki.train.tokens").read_text(encoding="utf-8").splitlines(keepends=True)
+    other.write_text("".join(lines[2000:2150]), encoding="utf-8")
+    overlay = tmp_path / "da.yaml"
+    overlay.write_text(yaml.safe_dump({"datastore": {"data": {"files": [str(other)], "name": "train + other"}}}))
+    lay = Layout(tmp_path, "tiny")
+    target = lay.path("score", lm="base", store="full", key="ffn", metric="l2")
+    run_snakemake("--configfile", "configs/tiny.yaml", tiny_run["data_overlay"], str(overlay), "--config",
+                  f"results_dir={tmp_path}", "--cores", "2", str(target))
+    corpus = read_json(lay.path("datastore_corpus"))
+    assert [f["name"] for f in corpus["files"]] == ["train split", "other.tokens"] and corpus["label"] == "train + other"
+    man = read_json(lay.path("datastore_manifest", lm="base"))
+    assert man["corpus"] == "train + other" and man["N"] == corpus["bpe"]["tokens"]
+    k0, v0, m0 = ds(tiny_run, "ffn")
+    _, v1, _ = open_datastore(lay.path("datastore_manifest", lm="base"), lay.path("vals", lm="base"))
+    k1 = np.load(lay.path("keys", lm="base", key="ffn"), mmap_mode="r")
+    n0 = m0["N"]
+    assert man["N"] > n0
+    np.testing.assert_array_equal(np.asarray(v1[:n0]), np.asarray(v0))
+    np.testing.assert_allclose(np.asarray(k1[:n0], dtype=np.float32), np.asarray(k0, dtype=np.float32), atol=2e-2)
+    assert read_json(target)["datastore"] == "train + other"

@@ -209,11 +209,12 @@ def hf_pass(card: dict, texts: dict, context_window: int, max_tokens: int, token
                                           "tokens_per_sample": tokens_per_sample})
 
 
-def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, threads: int) -> dict:
+def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, threads: int, extra: dict | None = None) -> dict:
     """Dump train keys for both key types and vals in one pass of `lm`; returns the manifest.
 
     Writes key_paths['att'], key_paths['ffn']: [N, D] float16 .npy; vals_path: [N] int32 (next-token ids);
-    manifest_path (N, D, dtypes, key types, the LM's identity: checkpoint sha256, data sha256, context settings).
+    manifest_path (N, D, dtypes, key types, the LM's identity: checkpoint sha256, data sha256, context settings;
+    `extra`, e.g. the corpus).
     Atomic per file; the manifest is written last. Raises ArtifactError if the pass yields another count than N, or a
     key that is not finite in fp16 (the exact-distance kernels rely on finite keys).
     """
@@ -238,7 +239,7 @@ def dump_datastore(lm: LMPass, key_paths: dict, vals_path, manifest_path, thread
         if ptr != n:
             raise ArtifactError(f"dumped {ptr} keys, expected {n} train targets")
     manifest = {"split": "train", "N": n, "D": d, "keys_dtype": "float16", "vals_dtype": "int32",
-                "key_types": list(KEY_TYPES), **lm.identity("train")}
+                "key_types": list(KEY_TYPES), **lm.identity("train"), **(extra or {})}
     write_json(manifest_path, manifest)
     return manifest
 

@@ -39,6 +39,16 @@ def preprocess(bpe: dict[str, str | Path], out_dir: str | Path, workers: int = 2
         subprocess.run(cmd, check=True, env=_env(workers))
 
 
+def preprocess_with_dictionary(bpe_file: str | Path, dict_txt: str | Path, out_dir: str | Path, workers: int = 2) -> None:
+    """fairseq-preprocess --only-source of one BPE file as split 'train' of out_dir, with the given dictionary (the
+    LM's: config 'datastore.data' binarises the datastore's own text with it; atomic directory)."""
+    with atomic_path(out_dir) as tmp:
+        cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source", "--srcdict", str(dict_txt),
+               "--trainpref", str(bpe_file), "--destdir", str(tmp), "--workers", str(workers)]
+        log.info("running %s", " ".join(cmd))
+        subprocess.run(cmd, check=True, env=_env(workers))
+
+
 def _cuda_available() -> bool:
     import torch
 

@@ -35,6 +35,11 @@ PATTERNS: dict[str, str] = {
     "bpe_split": "bpe/{split}.bpe",
     "bpe_stats": "bpe/bpe_stats.json",
     "data_bin": "data-bin",
+    # config 'datastore.data': the datastore's own text (train split and/or other corpora), BPE and binarisation
+    "datastore_text": "data/datastore.tokens",
+    "datastore_corpus": "data/datastore.json",
+    "datastore_bpe": "bpe/datastore.bpe",
+    "datastore_bin": "data-bin-datastore",
     # one base LM
     "checkpoint": "lms/{lm}/checkpoint.pt",
     "model_card": "lms/{lm}/model.json",  # a Hugging Face LM: what identifies it (knnlm.hf.model_card)

@@ -39,6 +39,7 @@ PRETRAINED_BPE = ([str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
                   if SHIPPED and SHIPPED.path("bpe_model").is_file() else [])
 FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
+DATASTORE_DATA = CFG["datastore"]["data"]  # the datastore's own corpus (domain adaptation), or None: the train split
 METRICS = CFG["index"]["metrics"]
 DATASTORE_SIZE = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
 RETRIEVAL = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores of 'stores.extra'
@@ -162,12 +163,16 @@ def lm_training(lm=None):
 
 def lm_model(split):
     """Input function of a dump: the base LM {lm} itself. A fairseq LM gives its 'checkpoint' (the trained one, or
-    config 'lms.<lm>.path') and 'data_bin'; a Hugging Face LM its 'model_card' and the split's 'text'."""
+    config 'lms.<lm>.path') and 'data_bin'; a Hugging Face LM its 'model_card' and the split's 'text'. With config
+    'datastore.data', the train split's are the datastore's own text and binarisation (rule datastore_corpus)."""
+    own = DATASTORE_DATA and split == "train"
+
     def fn(wc):
         lm = CFG["lms"][wc.lm]
         if lm["source"] == "hf":
-            return {"model_card": artifact("model_card", lm=wc.lm), "text": artifact("split_tokens", split=split or wc.split)}
-        return {"checkpoint": lm_weights(wc.lm), "data_bin": artifact("data_bin")}
+            text = artifact("datastore_text") if own else artifact("split_tokens", split=split or wc.split)
+            return {"model_card": artifact("model_card", lm=wc.lm), "text": text}
+        return {"checkpoint": lm_weights(wc.lm), "data_bin": artifact("datastore_bin" if own else "data_bin")}
     return fn
 
 

@@ -84,6 +84,34 @@ rule preprocess:
         knnlm("spine.preprocess")
 
 
+# config 'datastore.data' (Khandelwal et al. 2020, Sec. 4.3, domain adaptation): the datastore's own text, and for
+# fairseq LMs its BPE binarised with the LM's dictionary; read only by dump_datastore.
+if DATASTORE_DATA:
+
+    rule datastore_corpus:
+        input:
+            train=artifact("split_tokens", split="train") if DATASTORE_DATA["with_train"] else [],
+            files=[ancient(f) for f in DATASTORE_DATA["files"]],
+            **({"bpe_model": artifact("bpe_model"), "data_bin": artifact("data_bin")} if FAIRSEQ_LMS else {}),
+        output:
+            text=artifact("datastore_text"),
+            corpus=artifact("datastore_corpus"),
+            **({"bpe": artifact("datastore_bpe"), "datastore_bin": directory(artifact("datastore_bin"))}
+               if FAIRSEQ_LMS else {}),
+        params:
+            cfg=cfg_json("datastore"),
+            io=io(),
+        threads: THREADS
+        log:
+            log_of("datastore_corpus"),
+        benchmark:
+            bench_of("datastore_corpus")
+        conda:
+            ENV
+        shell:
+            knnlm("spine.datastore_corpus")
+
+
 rule token_lines:
     input:
         bpe=artifact("bpe_split"),
@@ -203,6 +231,7 @@ rule register_hf:
 rule dump_datastore:
     input:
         unpack(lm_model("train")),
+        corpus=artifact("datastore_corpus") if DATASTORE_DATA else [],
     output:
         keys_att=artifact("keys", key="att"),
         keys_ffn=artifact("keys", key="ffn"),

@@ -65,6 +65,44 @@ def preprocess(job: Job) -> dict:
     return {"metrics": {"dict_size": sum(1 for _ in open(out / "dict.txt"))}}
 
 
+def datastore_corpus(job: Job) -> dict:
+    """Config 'datastore.data' (Khandelwal et al. 2020, Sec. 4.3: a datastore from another corpus than the LM's):
+    the train split (with 'with_train') then each file, as one text ('text'), its description ('corpus': files,
+    sha256, lines, words, label) and, for fairseq LMs, its BPE ('bpe') binarised with the LM's dictionary
+    ('datastore_bin'). Raises ConfigError naming 'datastore.data.files' for a missing, non-UTF-8 or empty file."""
+    from ..config import ConfigError
+    from ..data import count_words, encode_bpe
+    from ..io import atomic_path, sha256_file, write_json
+    from ..lm import preprocess_with_dictionary
+
+    spec = job.cfg["datastore"]["data"]
+    sources = ([("train split", job.path("train"))] if spec["with_train"] else []) + \
+        [(Path(f).name, Path(f)) for f in spec["files"]]
+    files = []
+    with atomic_path(job.path("text")) as tmp, open(tmp, "w", encoding="utf-8") as out:
+        for name, src in sources:
+            if not Path(src).is_file():
+                raise ConfigError(f"config key 'datastore.data.files': {src} not found")
+            try:
+                text = Path(src).read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(f"config key 'datastore.data.files': {src} is not UTF-8 ({e})") from None
+            if not text.strip():
+                raise ConfigError(f"config key 'datastore.data.files': {src} has no words")
+            out.write(text if text.endswith("\n") else text + "\n")
+            files.append({"name": name, "path": str(src), "sha256": sha256_file(src), **count_words(src)})
+    label = spec.get("name") or " + ".join(f["name"] for f in files)
+    corpus = {"label": label, "with_train": spec["with_train"], "files": files, "sha256": sha256_file(job.path("text")),
+              **count_words(job.path("text"))}
+    if "bpe_model" in job.input:
+        corpus["bpe"] = encode_bpe(job.path("bpe_model"), job.path("text"), job.path("bpe"))
+        preprocess_with_dictionary(job.path("bpe"), job.path("data_bin") / "dict.txt", job.path("datastore_bin"),
+                                   job.threads)
+    write_json(job.path("corpus"), corpus)
+    return {"metrics": {"lines": corpus["lines"], "words": corpus["words"]}, "params": {"corpus": label},
+            "artifacts": [job.path("corpus")]}
+
+
 def train_lm(job: Job) -> dict:
     """fairseq-train of a base LM (resumable from its work dir); the valid curve is logged per update. Inputs 'init'
     (continue that checkpoint, App. E.6.1) and 'teacher' (soft labels, App. E.6.2) when the 'lms' entry names them;
@@ -151,11 +189,16 @@ def lm_pass(job: Job, split: str):
 
 
 def dump_datastore(job: Job) -> dict:
-    """One pass of the frozen LM over train: att and ffn keys, vals, manifest."""
+    """One pass of the frozen LM over train (or config 'datastore.data''s text, input 'corpus'): att and ffn keys,
+    vals, manifest (naming the corpus)."""
     from ..dump import dump_datastore as dump
+    from ..io import read_json
 
     keys = {"att": job.path("keys_att"), "ffn": job.path("keys_ffn")}
-    man = dump(lm_pass(job, "train"), keys, job.path("vals"), job.path("manifest"), job.threads)
+    corpus = read_json(job.path("corpus")) if "corpus" in job.input else None  # config 'datastore.data'
+    man = dump(lm_pass(job, "train"), keys, job.path("vals"), job.path("manifest"), job.threads,
+               extra={"corpus": corpus["label"] if corpus else "train split",
+                      **({"corpus_files": corpus["files"], "corpus_sha256": corpus["sha256"]} if corpus else {})})
     size = sum(p.stat().st_size for p in [*keys.values(), job.path("vals")])
     return {"metrics": {"N": man["N"], "D": man["D"], "bytes_on_disk": size}, "artifacts": [job.path("manifest")]}
 

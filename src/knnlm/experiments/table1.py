@@ -77,7 +77,7 @@ def score(job: Job) -> dict:
         metrics[f"{split}_target_absent_frac"] = ev[split]["target_absent_frac"]
     grid = lambda_grid(job.cfg["knn"]["lambda_steps"])
     out = {"key_type": key, "metric": metric, "temperature": tau, "k": job.cfg["knn"]["k"], "lambda_grid": grid.tolist(),
-           **ev, "tuned": tuned}
+           "datastore": dman.get("corpus", "train split"), **ev, "tuned": tuned}
     write_json(job.path("out"), out)
     log.info("%s/%s: λ=%.2f test interp ppl/word %.3f (base %.3f)", key, metric, ev["lambda"],
              ev["test"]["interp"]["ppl_word"], ev["test"]["lm"]["ppl_word"])
@@ -123,10 +123,12 @@ def table1(job: Job) -> dict:
     rows = []
     for split in ("test", "valid"):
         c = ci[split]
-        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-", "τ": None}, base=base)
+        rows.append(result_row(split, {"model": "Base LM", "h_ds": "-", "⊗": "-", "LM corpus → datastore": "-",
+                                       "τ": None}, base=base)
                     | {"95% CI (word)": fmt_ci(c["ppl"]["base"]), "vs base (95% CI)": "-"})
         for s, n, nt in zip(scores, plain, tuned):
-            lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]]}
+            lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]],
+                   "LM corpus → datastore": f"train split → {s.get('datastore', 'train split')}"}
             rows.append(result_row(split, {"model": "kNN-LM", **lab, "τ": s["temperature"]}, s)
                         | {"95% CI (word)": fmt_ci(c["ppl"][n]), "vs base (95% CI)": fmt_ci(c["diff"][f"{n} vs base"], pct=True)})
             rows.append(result_row(split, {"model": "kNN-LM (τ tuned)", **lab, "τ": s["tuned"]["temperature"]}, s["tuned"])
@@ -144,7 +146,9 @@ def table1(job: Job) -> dict:
            f"and L2/IP. 'PPL' of a kNN-LM row is kNN-only (inf when a target is absent from the k={cfg['knn']['k']} FAISS "
            f"neighbours); λ tuned on valid over {cfg['knn']['lambda_steps']} values in [0, 1], τ = "
            f"{cfg['knn']['temperature']}; FAISS mask + FAISS score (IVFPQ). Per word = total NLL / (whitespace words "
-           f"+ one <eos> per line). {boot} {cfg.get('profile', {}).get('caption', '')}")
+           f"+ one <eos> per line). 'LM corpus → datastore': the LM's training text and the text of the datastore (config "
+           f"'datastore.data', Khandelwal et al. 2020, Sec. 4.3: another corpus, or the train split plus others). "
+           f"{boot} {cfg.get('profile', {}).get('caption', '')}")
     write_table(df, job.path("csv"), job.path("md"), "Table 1: kNN-LM variants", cap, note=lm_training_label(job))
     write_comparisons(comparisons, job.path("cmp_csv"), job.path("cmp_md"), "Table 1 comparisons with 95% CIs",
                       f"Comparisons of Table 1 ({cfg['name']}; interpolated PPL, the base LM's plain PPL)", boot, note=lm_training_label(job))
