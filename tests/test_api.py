@@ -228,6 +228,27 @@ def test_word_level_adaptive_softmax_lm(word_level_adaptive_lm, tmp_path):
     assert lm.decode(lm.encode_prompt("The game began")) == "The game began"
 
 
+def test_adaptive_softmax_declared_in_the_config(word_level_adaptive_lm):
+    """A dump checks config 'lms.<lm>.adaptive_softmax' against the checkpoint: a mismatch names the key."""
+    from knnlm.dump import fairseq_pass
+    from knnlm.io import ArtifactError
+
+    d = word_level_adaptive_lm
+    with pytest.raises(ArtifactError, match="lms.base.adaptive_softmax': .* has adaptive softmax, the config says False"):
+        fairseq_pass(d / "ckpt/checkpoint_last.pt", d / "bin", 16, 512, key="lms.base", adaptive_softmax=False)
+    assert fairseq_pass(d / "ckpt/checkpoint_last.pt", d / "bin", 16, 512, key="lms.base", adaptive_softmax=True).d == 16
+
+
+def test_word_level_splits(tmp_path):
+    """bpe.type 'none': each line's whitespace words, one output line per input line, tokens = words + lines."""
+    from knnlm.data import encode_words
+
+    (tmp_path / "a.txt").write_text(" = Title = \n\n the  cat sat \n")
+    stats = encode_words(tmp_path / "a.txt", tmp_path / "a.bpe")
+    assert (tmp_path / "a.bpe").read_text() == "= Title =\n\nthe cat sat\n"
+    assert stats == {"lines": 3, "tokens": 6 + 3}
+
+
 def _datastore_of(lm, d, tmp_path):
     from knnlm.api import KNNLM
 

@@ -313,7 +313,7 @@ def test_rerun_is_noop(tiny_run):
 
 
 @pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
-@pytest.mark.parametrize("cfg", ["quick", "wikitext2", "wikitext103", "wikitext103_gpt2"])
+@pytest.mark.parametrize("cfg", ["quick", "wikitext2", "wikitext103", "wikitext103_gpt2", "wikitext103_knnlm"])
 def test_dry_run_of_real_configs(cfg, tmp_path):
     r = run_snakemake("-n", "--configfile", f"configs/{cfg}.yaml", "--config", f"results_dir={tmp_path}")
     assert "table1" in r.stdout and "build_index" in r.stdout

@@ -481,11 +481,11 @@ def load_run_lm(cfg: dict, lm: str):
         card = read_json(card_path)
         return HuggingFaceLM(card["path"], card["dtype"], card.get("revision"), lm_tokens_per_sample(cfg, lm))
     ckpt = lay.path("checkpoint", lm=lm) if entry["source"] == "train" else Path(entry["path"])
-    for p in (ckpt, lay.path("data_bin") / "dict.txt", lay.path("bpe_model")):
-        if not Path(p).exists():
+    bpe = lay.path("bpe_model") if cfg["bpe"]["type"] != "none" else None  # 'none': a word-level LM
+    for p in (ckpt, lay.path("data_bin") / "dict.txt", bpe):
+        if p is not None and not Path(p).exists():
             raise ArtifactError(f"{p}: missing for base LM {lm!r} (run the pipeline's data and LM jobs first)")
-    return FairseqLM(ckpt, lay.path("data_bin"), lay.path("bpe_model"),
-                     key=f"lms.{lm}.path" if entry["source"] == "fairseq" else None)
+    return FairseqLM(ckpt, lay.path("data_bin"), bpe, key=f"lms.{lm}.path" if entry["source"] == "fairseq" else None)
 
 
 try:  # transformers is optional for fairseq-only use

@@ -176,6 +176,19 @@ def encode_bpe(model_file: str | Path, in_file: str | Path, out_file: str | Path
     return {"lines": lines, "tokens": pieces + lines}
 
 
+def encode_words(in_file: str | Path, out_file: str | Path) -> dict:
+    """A WikiText file as its own whitespace tokens, one output line per input line (config 'bpe.type: none', a
+    word-level LM). Returns {'lines', 'tokens'} as encode_bpe (tokens: words + one <eos> per line)."""
+    lines = words = 0
+    with atomic_path(out_file) as tmp, open(in_file, encoding="utf-8") as fi, open(tmp, "w", encoding="utf-8") as fo:
+        for line in fi:
+            w = line.split()
+            fo.write(" ".join(w) + "\n")
+            lines += 1
+            words += len(w)
+    return {"lines": lines, "tokens": words + lines}
+
+
 def download_hf_dataset(cfg: dict) -> None:
     """Write the splits of config key 'data.hf_dataset' (a Hugging Face dataset) to the split files of 'data.dir':
     the rows of its text field, one line each (a row without a final newline gets one). Needs internet and the

@@ -163,16 +163,23 @@ class LMPass:
         self.n, self.d, self.states, self.identity, self.tokens = n, d, states, identity, tokens
 
 
-def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int, key: str | None = None) -> LMPass:
+def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int, key: str | None = None,
+                 adaptive_softmax: bool | None = None) -> LMPass:
     """A fairseq transformer_lm checkpoint over the run's binarised data (dict.txt must be the model's). key: the
     config key that names the checkpoint (e.g. 'lms.base.path'): the checkpoint is then checked first and any failure
-    to load it raises ArtifactError naming that key and the file (knnlm.pretrained.load_fairseq_lm)."""
+    to load it raises ArtifactError naming that key and the file (knnlm.pretrained.load_fairseq_lm).
+    adaptive_softmax: what the config declares (config 'lms.<lm>.adaptive_softmax'); ArtifactError naming the key
+    when the checkpoint disagrees (None: not checked). Log-probs come from the model's own normalisation either way."""
     if key:
         from .pretrained import load_fairseq_lm
 
         model, cfg = load_fairseq_lm(checkpoint, data_bin, key)
     else:
         model, cfg = load_lm(checkpoint, data_bin)
+    has = getattr(model.decoder, "adaptive_softmax", None) is not None
+    if adaptive_softmax is not None and has != adaptive_softmax:
+        raise ArtifactError(f"config key '{key or 'lms.<lm>'}.adaptive_softmax': {checkpoint} "
+                            f"{'has' if has else 'has no'} adaptive softmax, the config says {adaptive_softmax}")
     d = model.decoder.embed_dim if not hasattr(model.decoder, "output_embed_dim") else model.decoder.output_embed_dim
     d_att = model.decoder.layers[-1].fc1.in_features
     if d_att != d:

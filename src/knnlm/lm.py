@@ -29,12 +29,15 @@ def _env(threads: int) -> dict:
     return env
 
 
-def preprocess(bpe: dict[str, str | Path], out_dir: str | Path, workers: int = 2) -> None:
-    """fairseq-preprocess --only-source of the BPE files bpe[train|valid|test] into out_dir (atomic directory)."""
+def preprocess(bpe: dict[str, str | Path], out_dir: str | Path, workers: int = 2,
+               dictionary: str | Path | None = None) -> None:
+    """fairseq-preprocess --only-source of the BPE files bpe[train|valid|test] into out_dir (atomic directory), with
+    the fairseq dict.txt `dictionary` when given (--srcdict; else one built from train)."""
     with atomic_path(out_dir) as tmp:
         cmd = [sys.executable, "-m", "fairseq_cli.preprocess", "--only-source",
                "--trainpref", str(bpe["train"]), "--validpref", str(bpe["valid"]),
                "--testpref", str(bpe["test"]), "--destdir", str(tmp), "--workers", str(workers)]
+        cmd += ["--srcdict", str(dictionary)] if dictionary else []
         log.info("running %s", " ".join(cmd))
         subprocess.run(cmd, check=True, env=_env(workers))
 

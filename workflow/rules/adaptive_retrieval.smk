@@ -33,4 +33,4 @@ rule write_adaptive_retrieval:
         knnlm("adaptive_retrieval.table")
 
 
-TARGETS["adaptive_retrieval"] = tables("adaptive_retrieval")
+TARGETS["adaptive_retrieval"] = tables("adaptive_retrieval") if PLAIN_W_SM else []

@@ -39,6 +39,8 @@ PRETRAINED_BPE = ([str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
                   if SHIPPED and SHIPPED.path("bpe_model").is_file() else [])
 FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
+# The primary LM's output layer is one matrix W_sm (not an adaptive softmax): the jobs that read W_sm run for it
+PLAIN_W_SM = not CFG["lms"][PRIMARY]["adaptive_softmax"]
 DATASTORE_DATA = CFG["datastore"]["data"]  # the datastore's own corpus (domain adaptation), or None: the train split
 METRICS = CFG["index"]["metrics"]
 DATASTORE_SIZE = CFG["datastore_size"]  # (key, metric) pairs of Figures 2, 4 and 5
@@ -113,8 +115,8 @@ def cfg_of_lm(*sections):
     window resolved), so that adding another LM to 'lms' reruns nothing of the others."""
     def fn(wildcards):
         lm = CFG["lms"][wildcards.lm]
-        if lm["source"] != "hf":
-            return quoted_cfg(*sections)
+        if lm["source"] != "hf":  # an adaptive softmax is checked against the checkpoint when dumping
+            return quoted_cfg(*sections, **({"adaptive_softmax": True} if lm["adaptive_softmax"] else {}))
         return quoted_cfg(*sections, lms={wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}})
     return fn
 

@@ -22,23 +22,23 @@ rule write_findings:
         table3_table=artifact("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),
         # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
         table3_settings=artifact("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
-        parametric=artifact("table", table="parametric_comparisons", ext="csv"),
+        parametric=artifact("table", table="parametric_comparisons", ext="csv") if PLAIN_W_SM else [],
         which_words=artifact("table", table="which_words_comparisons", ext="csv"),  # App. D
-        hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv"),  # App. E.1-E.4
+        hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv") if PLAIN_W_SM else [],  # App. E.1-E.4
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)
-        interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS else [],
+        interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS and PLAIN_W_SM else [],
         ensembling=artifact("table", table="ensembling_comparisons", ext="csv") if ENSEMBLE else [],  # App. E.5
         overfitting=artifact("table", table="overfitting_comparisons", ext="csv") if OVERFIT else [],  # App. E.6.1
         soft_labels=artifact("table", table="soft_labels_comparisons", ext="csv") if SOFT_LABEL else [],  # App. E.6.2
         # beyond the paper: Drozdov et al. 2022's claims (per-token gains, λ by retrieval quality), He et al. 2021's
-        token_gains=artifact("table", table="token_gains_comparisons", ext="csv"),
-        lambda_by_quality=artifact("table", table="lambda_by_quality_comparisons", ext="csv"),
-        adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv"),  # He et al. 2021
+        token_gains=artifact("table", table="token_gains_comparisons", ext="csv") if PLAIN_W_SM else [],
+        lambda_by_quality=artifact("table", table="lambda_by_quality_comparisons", ext="csv") if PLAIN_W_SM else [],
+        adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv") if PLAIN_W_SM else [],  # He et al. 2021
         **SMALL_SETTINGS,
     output:
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
     params:
-        cfg=cfg_json("stats"),  # the bootstrap of the store-size claims
+        cfg=quoted_cfg("stats", adaptive_softmax=not PLAIN_W_SM),  # stats: the bootstrap of the store-size claims
         io=io(),
     log:
         log_of("write_findings", "lm"),

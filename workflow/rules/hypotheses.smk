@@ -37,7 +37,7 @@ rule write_hypotheses:
         knnlm("hypotheses.hypotheses")
 
 
-TARGETS["hypotheses"] = tables("hypotheses")
+TARGETS["hypotheses"] = tables("hypotheses") if PLAIN_W_SM else []  # E.1 and E.4 read W_sm
 
 
 # E.6.3: W_ds trained on the interpolated loss (parametric variant 'iloss<100 λ>', rule train_parametric) against
@@ -72,7 +72,7 @@ rule write_interpolated_loss:
 
 
 if ILOSS:
-    TARGETS["hypotheses"] = TARGETS["hypotheses"] + tables("interpolated_loss")
+    TARGETS["hypotheses"] = TARGETS["hypotheses"] + (tables("interpolated_loss") if PLAIN_W_SM else [])
 
 
 # E.5 (an extra, like Table 4): the other LMs of 'hypotheses.ensemble_lms' ensembled with the primary LM, against the

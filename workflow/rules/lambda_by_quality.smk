@@ -29,4 +29,4 @@ rule write_lambda_by_quality:
         knnlm("lambda_by_quality.table")
 
 
-TARGETS["lambda_by_quality"] = tables("lambda_by_quality")
+TARGETS["lambda_by_quality"] = tables("lambda_by_quality") if PLAIN_W_SM else []

@@ -88,4 +88,4 @@ rule write_parametric:
         knnlm("parametric.tables")
 
 
-TARGETS["parametric"] = tables(*PAR_TABLES)
+TARGETS["parametric"] = tables(*PAR_TABLES) if PLAIN_W_SM else []  # they read W_sm

@@ -19,6 +19,25 @@ if CFG["data"]["download"]:
             knnlm("spine.download")
 
 
+# config 'lms.<lm>.url': a published fairseq checkpoint fetched to 'lms.<lm>.path' (sha256 checked when given).
+for _name in [n for n in LMS if SOURCE[n] == "fairseq" and CFG["lms"][n]["url"]]:
+
+    rule:
+        name:
+            f"download_lm_{_name.replace('-', '_').replace('.', '_')}"
+        output:
+            checkpoint=CFG["lms"][_name]["path"],
+        params:
+            cfg=quoted_cfg(lms={_name: CFG["lms"][_name]}),
+            io=io(fixed={"lm": _name}),
+        log:
+            log_of(f"download_lm_{_name}"),
+        conda:
+            ENV
+        shell:
+            knnlm("spine.download_lm")
+
+
 # ancient(): the raw corpus (a folder or one archive) is often a shared, re-mounted directory or a fresh clone whose
 # mtimes change; its content is pinned by data.sha256 (checked by this job), so a newer mtime alone does not rerun
 # the whole DAG.
@@ -47,8 +66,8 @@ rule bpe:
         # config 'pretrained': the BPE model the shipped LMs were trained with, used instead of training one
         given=PRETRAINED_BPE,
     output:
-        model=artifact("bpe_model"),
-        vocab=artifact("bpe_vocab"),
+        # 'bpe.type: none' (a word-level LM): no BPE model, the splits' own whitespace tokens
+        **({"model": artifact("bpe_model"), "vocab": artifact("bpe_vocab")} if CFG["bpe"]["type"] != "none" else {}),
         bpe=[artifact("bpe_split", split=s) for s in SPLITS],
         stats=artifact("bpe_stats"),
     params:
@@ -68,6 +87,7 @@ rule bpe:
 rule preprocess:
     input:
         bpe=[artifact("bpe_split", split=s) for s in SPLITS],
+        dictionary=ancient(CFG["bpe"]["dictionary"]) if CFG["bpe"]["dictionary"] else [],  # a published LM's dict.txt
     output:
         data_bin=directory(artifact("data_bin")),
     params:
@@ -92,7 +112,8 @@ if DATASTORE_DATA:
         input:
             train=artifact("split_tokens", split="train") if DATASTORE_DATA["with_train"] else [],
             files=[ancient(f) for f in DATASTORE_DATA["files"]],
-            **({"bpe_model": artifact("bpe_model"), "data_bin": artifact("data_bin")} if FAIRSEQ_LMS else {}),
+            **({"data_bin": artifact("data_bin")} if FAIRSEQ_LMS else {}),
+            **({"bpe_model": artifact("bpe_model")} if FAIRSEQ_LMS and CFG["bpe"]["type"] != "none" else {}),
         output:
             text=artifact("datastore_text"),
             corpus=artifact("datastore_corpus"),

@@ -66,4 +66,4 @@ rule write_token_gains:
         knnlm("token_gains.table")
 
 
-TARGETS["token_gains"] = tables("token_gains")
+TARGETS["token_gains"] = tables("token_gains") if PLAIN_W_SM else []  # its features read W_sm

@@ -577,6 +577,9 @@ def findings(job: Job) -> dict:
             f"{ci_caption(cfg['stats'])}; 'units' = the test units a row rests on (its resampling unit, with Kish's "
             f"effective number n_eff that the interval and the minimum count)."
             + (" The base LM is under-trained: every verdict says so and is counted apart." if undertrained else "")
+            + (" The base LM has an adaptive softmax (config 'lms.<lm>.adaptive_softmax'): no single output matrix "
+               "W_sm, so the claims that need it (the parametric alternatives of Sec. 4 and App. B-C, App. E.1-E.4 and "
+               "E.6.3, and the follow-ups' per-token features) are not run." if cfg.get("adaptive_softmax") else "")
             + "\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "

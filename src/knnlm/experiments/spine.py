@@ -23,6 +23,29 @@ def download(job: Job) -> None:
     fetch(job.cfg)
 
 
+def download_lm(job: Job) -> dict:
+    """Fetch the checkpoint of fairseq LM {lm} from config 'lms.<lm>.url' to its 'path' (atomic; needs internet; no
+    test runs the download). Checked against 'lms.<lm>.sha256' when given (ConfigError naming the key otherwise); its
+    sha256 is logged either way, so that a config can pin it."""
+    import urllib.request
+
+    from ..config import ConfigError
+    from ..io import atomic_path, sha256_file
+
+    name = job.wildcards["lm"]
+    lm = job.cfg["lms"][name]
+    out = job.path("checkpoint")
+    with atomic_path(out) as tmp:
+        log.info("downloading %s", lm["url"])
+        urllib.request.urlretrieve(lm["url"], tmp)
+        got = sha256_file(tmp)
+        if lm.get("sha256") and got != lm["sha256"]:
+            raise ConfigError(f"config key 'lms.{name}.sha256': expected {lm['sha256']}, {lm['url']} has {got}")
+    if not lm.get("sha256"):
+        log.warning("config key 'lms.%s.sha256' is empty: %s has sha256 %s (pin it in the config)", name, out, got)
+    return {"params": {"url": lm["url"], "sha256": got}}
+
+
 def prepare_data(job: Job) -> dict:
     """The (sliced) splits and their word counts (WikiText convention: whitespace words + one <eos> per line)."""
     from ..data import prepare_splits
@@ -34,11 +57,18 @@ def prepare_data(job: Job) -> dict:
 
 
 def bpe(job: Job) -> dict:
-    """A sentencepiece BPE model trained on train, and every split encoded with it."""
+    """A sentencepiece BPE model trained on train, and every split encoded with it (config 'bpe.type: none': the
+    splits' own whitespace tokens)."""
     from ..data import encode_bpe, train_bpe
     from ..io import write_json
 
     b = job.cfg["bpe"]
+    if b["type"] == "none":  # a word-level LM: the corpus's own tokens
+        from ..data import encode_words
+
+        stats = {s: encode_words(src, dst) for s, src, dst in zip(SPLITS, job.paths("splits"), job.paths("bpe"))}
+        write_json(job.path("stats"), stats)
+        return {"metrics": {f"{s}_tokens": v["tokens"] for s, v in stats.items()}, "artifacts": [job.path("stats")]}
     model = job.path("model")
     if job.input.get("given"):  # config 'pretrained': the BPE model the shipped LMs were trained with
         import shutil
@@ -57,11 +87,12 @@ def bpe(job: Job) -> dict:
 
 
 def preprocess(job: Job) -> dict:
-    """fairseq-preprocess of the BPE splits (dictionary + binarised data)."""
+    """fairseq-preprocess of the BPE splits (dictionary + binarised data; config 'bpe.dictionary': that one)."""
     from ..lm import preprocess as fairseq_preprocess
 
     out = job.path("data_bin")
-    fairseq_preprocess(dict(zip(SPLITS, job.paths("bpe"))), out, workers=job.threads)
+    fairseq_preprocess(dict(zip(SPLITS, job.paths("bpe"))), out, workers=job.threads,
+                       dictionary=job.path("dictionary") if "dictionary" in job.input else None)
     return {"metrics": {"dict_size": sum(1 for _ in open(out / "dict.txt"))}}
 
 
@@ -71,7 +102,7 @@ def datastore_corpus(job: Job) -> dict:
     sha256, lines, words, label) and, for fairseq LMs, its BPE ('bpe') binarised with the LM's dictionary
     ('datastore_bin'). Raises ConfigError naming 'datastore.data.files' for a missing, non-UTF-8 or empty file."""
     from ..config import ConfigError
-    from ..data import count_words, encode_bpe
+    from ..data import count_words, encode_bpe, encode_words
     from ..io import atomic_path, sha256_file, write_json
     from ..lm import preprocess_with_dictionary
 
@@ -94,8 +125,9 @@ def datastore_corpus(job: Job) -> dict:
     label = spec.get("name") or " + ".join(f["name"] for f in files)
     corpus = {"label": label, "with_train": spec["with_train"], "files": files, "sha256": sha256_file(job.path("text")),
               **count_words(job.path("text"))}
-    if "bpe_model" in job.input:
-        corpus["bpe"] = encode_bpe(job.path("bpe_model"), job.path("text"), job.path("bpe"))
+    if "data_bin" in job.input:  # fairseq LMs: the LM's tokens (BPE, or words with 'bpe.type: none')
+        corpus["bpe"] = (encode_bpe(job.path("bpe_model"), job.path("text"), job.path("bpe")) if "bpe_model" in job.input
+                         else encode_words(job.path("text"), job.path("bpe")))
         preprocess_with_dictionary(job.path("bpe"), job.path("data_bin") / "dict.txt", job.path("datastore_bin"),
                                    job.threads)
     write_json(job.path("corpus"), corpus)
@@ -185,7 +217,7 @@ def lm_pass(job: Job, split: str):
                        lm_tokens_per_sample(job.cfg, job.wildcards["lm"]))
     lm = job.wildcards.get("lm", "")
     return fairseq_pass(job.path("checkpoint"), job.path("data_bin"), ev["context_window"], ev["max_tokens"],
-                        key=f"lms.{lm}")
+                        key=f"lms.{lm}", adaptive_softmax=bool(job.cfg.get("adaptive_softmax", False)))
 
 
 def dump_datastore(job: Job) -> dict:
