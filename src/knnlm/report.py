@@ -55,8 +55,8 @@ def resumed_seconds(layout: Layout, job: str) -> float | None:
 # Stages of a run ("each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
 STAGES = {
     "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "token_lines",
-                                                       "documents", "scope"],
-    "LM training": ["train_lm", "register_hf"],
+                                                       "documents", "scope", "datastore_corpus"],
+    "LM training": ["train_lm", "register_hf", "download_lm"],
     "dumps (datastore, queries)": ["dump_datastore", "dump_queries", "dump_queries_hf"],
     "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
     "exact search and real score": ["exact_search", "exact_search_nested", "exact_merge", "exact_merge_nested",
@@ -64,7 +64,7 @@ STAGES = {
     "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_table3_small",
                                             "write_datastore_size", "write_temperature", "write_store_table",
                                             "write_pca", "write_variance", "write_findings", "write_table4",
-                                            "write_probe_sweep"],
+                                            "write_probe_sweep", "write_speed"],
     "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
     "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
                                                          "write_interpolated_loss", "write_ensembling",
