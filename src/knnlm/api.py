@@ -386,9 +386,9 @@ class KNNLM:
     @torch.inference_mode()
     def next_token_log_probs(self, context_ids) -> np.ndarray:
         """Interpolated log-probs of the next token over the vocabulary, [V] float64, after token ids `context_ids`
-        (the start token is prepended; the last tokens_per_sample − 1 are fed)."""
+        (the start token is prepended; the last tokens_per_sample are fed, the LM's window)."""
         ids = np.concatenate([[self.lm.start], np.asarray(context_ids, dtype=np.int64)])
-        x = torch.as_tensor(ids[-(self.lm.tokens_per_sample - 1):])[None]
+        x = torch.as_tensor(ids[-self.lm.tokens_per_sample:])[None]
         att, ffn, logits = self.lm.forward(x)
         h = (att if self.key == "att" else ffn)[0, -1:].float().cpu().numpy()
         lp_lm = logits[0, -1:].float().log_softmax(-1).cpu().numpy()
