@@ -92,7 +92,7 @@ def preprocess(job: Job) -> dict:
 
     out = job.path("data_bin")
     fairseq_preprocess(dict(zip(SPLITS, job.paths("bpe"))), out, workers=job.threads,
-                       dictionary=job.path("dictionary") if "dictionary" in job.input else None)
+                       dictionary=job.path("dictionary") if job.input.get("dictionary") else None)
     return {"metrics": {"dict_size": sum(1 for _ in open(out / "dict.txt"))}}
 
 
@@ -125,8 +125,8 @@ def datastore_corpus(job: Job) -> dict:
     label = spec.get("name") or " + ".join(f["name"] for f in files)
     corpus = {"label": label, "with_train": spec["with_train"], "files": files, "sha256": sha256_file(job.path("text")),
               **count_words(job.path("text"))}
-    if "data_bin" in job.input:  # fairseq LMs: the LM's tokens (BPE, or words with 'bpe.type: none')
-        corpus["bpe"] = (encode_bpe(job.path("bpe_model"), job.path("text"), job.path("bpe")) if "bpe_model" in job.input
+    if job.input.get("data_bin"):  # fairseq LMs: the LM's tokens (BPE, or words with 'bpe.type: none')
+        corpus["bpe"] = (encode_bpe(job.path("bpe_model"), job.path("text"), job.path("bpe")) if job.input.get("bpe_model")
                          else encode_words(job.path("text"), job.path("bpe")))
         preprocess_with_dictionary(job.path("bpe"), job.path("data_bin") / "dict.txt", job.path("datastore_bin"),
                                    job.threads)
@@ -227,7 +227,7 @@ def dump_datastore(job: Job) -> dict:
     from ..io import read_json
 
     keys = {"att": job.path("keys_att"), "ffn": job.path("keys_ffn")}
-    corpus = read_json(job.path("corpus")) if "corpus" in job.input else None  # config 'datastore.data'
+    corpus = read_json(job.path("corpus")) if job.input.get("corpus") else None  # config 'datastore.data'
     man = dump(lm_pass(job, "train"), keys, job.path("vals"), job.path("manifest"), job.threads,
                extra={"corpus": corpus["label"] if corpus else "train split",
                       **({"corpus_files": corpus["files"], "corpus_sha256": corpus["sha256"]} if corpus else {})})
