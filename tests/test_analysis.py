@@ -193,10 +193,17 @@ def test_quarter_difference_against_a_loop_and_its_jackknife():
     se = np.sqrt(5 / 6 * ((np.array(loo) - np.mean(loo)) ** 2).sum())
     assert v[0] == pytest.approx(want) and lo[0] < want < hi[0] and hi[0] - want == pytest.approx(want - lo[0])
     assert (hi[0] - lo[0]) / 2 / se > 2  # a t quantile on few effective documents times the jackknife SE
-    # window positions: quarters of the range of positions over all tokens
+    # window positions: quarters of the range of positions over all tokens, or of a given range [lo, hi]
     w = np.array([0, 1, 2, 3, 4, 5, 6, 7])
     f = an.position_fraction(w)
     assert np.array_equal(f < 0.25, w < 2) and np.array_equal(f >= 0.75, w >= 6)
+    # the sliding windows (L = 8, C = 4): only the first block has fewer than C tokens of context; the quarters are
+    # those of positions 4..7, and the first block's tokens fall in none
+    w = an.window_positions(20, 8, 4)
+    f = an.position_fraction(w, lo=4, hi=7)
+    assert np.isnan(f[w < 4]).all() and np.array_equal(f < 0.25, w == 4) and np.array_equal(f >= 0.75, w == 7)
+    qs = an.quarter_sums(f, np.ones(20), np.zeros(20, dtype=int), 1)
+    assert qs[0, 1] == (w == 4).sum() and qs[0, 3] == (w == 7).sum()
 
 
 def test_memorisation_check_of_an_overfitted_lm():

@@ -156,15 +156,21 @@ def document_positions(doc: np.ndarray) -> np.ndarray:
     return t - np.maximum.accumulate(np.where(start, t, 0))
 
 
-def position_fraction(pos: np.ndarray, doc: np.ndarray | None = None) -> np.ndarray:
+def position_fraction(pos: np.ndarray, doc: np.ndarray | None = None, lo: float | None = None,
+                      hi: float | None = None) -> np.ndarray:
     """Where each token lies in its range of positions, in [0, 1): pos / its document's length when doc [T] is given
-    (document_positions), else (pos − min) / (max − min + 1) over all tokens (window_positions). [T] float64."""
+    (document_positions), else (pos − lo) / (hi − lo + 1), lo and hi by default the least and greatest position over
+    all tokens (window_positions). A position outside [lo, hi] gets nan, so it falls in no quarter (quarter_sums):
+    with lo = C, hi = L − 1 the window's quarters are those of the tokens scored with a full context window (the
+    split's first block, scored with fewer than C tokens of context, is left out). [T] float64."""
     pos = np.asarray(pos, dtype=np.float64)
     if doc is not None:
         doc = np.asarray(doc)
         return pos / np.bincount(doc)[doc]
-    lo, hi = (pos.min(), pos.max()) if len(pos) else (0.0, 0.0)
-    return (pos - lo) / (hi - lo + 1)
+    lo = (pos.min() if len(pos) else 0.0) if lo is None else float(lo)
+    hi = (pos.max() if len(pos) else 0.0) if hi is None else float(hi)
+    frac = (pos - lo) / (hi - lo + 1)
+    return np.where((pos >= lo) & (pos <= hi), frac, np.nan)
 
 
 def quarter_sums(frac: np.ndarray, y: np.ndarray, doc: np.ndarray, n_docs: int) -> np.ndarray:

@@ -224,7 +224,10 @@ def hypotheses(job: Job) -> dict:
     gain = variants[f"kNN-LM {key0}"][1][split] - lp_lm[split]
     in_window = window_positions(t, man["tokens_per_sample"], man["context_window"])
     in_doc = document_positions(doc)
-    for pos_name, pos, frac in (("context window", in_window, position_fraction(in_window)),
+    # the window's quarters over the tokens scored with a full context window (C to L - 1 tokens of context): the
+    # split's first block, with fewer, would be the only first-quarter tokens (one document: no interval)
+    full = position_fraction(in_window, lo=man["context_window"], hi=man["tokens_per_sample"] - 1)
+    for pos_name, pos, frac in (("context window", in_window, full),
                                 ("document", in_doc, position_fraction(in_doc, doc))):
         lev = regression_leverage(pos, doc, len(doc_words))
         for y_name, y in (("base-LM NLL", -lp_lm[split]), (f"kNN-LM ({key0}) gain in log p", gain)):
@@ -266,7 +269,9 @@ def hypotheses(job: Job) -> dict:
            f"search retrieved (their distances ignored; 'weighted by count' keeps duplicates), renormalised at a "
            f"temperature T chosen on valid from {hyp['sparsify_temperatures']}; λ tuned on valid for every row. E.3: "
            f"how the base LM's per-token NLL and the kNN-LM's gain (log p interpolated − log p_LM, nats) change with "
-           f"the token's position in its context window (tokens of context it was scored with) and in its document: "
+           f"the token's position in its context window (tokens of context it was scored with; the quarters of "
+           f"{man['context_window']} … {man['tokens_per_sample'] - 1}, the tokens scored with a full context window, "
+           f"so the split's first block is left out) and in its document: "
            f"the mean over the last quarter of positions minus the mean over the first (test tokens; the paper finds "
            f"no correlation: reproduced here when the CI lies inside ±{QUARTER_MARGIN:g} nats, a 2 % change of "
            f"per-token perplexity), with Pearson's r beside it. E.4: words of W_sm that cannot be the argmax of W_sm·h for any h (a quick "
