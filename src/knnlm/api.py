@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .io import ArtifactError, open_npy, read_json
+from .paths import DatastoreLayout
 
 log = logging.getLogger(__name__)
 MASKS = ("faiss", "exact")
@@ -268,8 +269,8 @@ class KNNLM:
                        nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
                        max_tokens: int = 4096, threads: int = 2) -> "KNNLM":
         """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout (knnlm.dump,
-        build_datastore or knnlm.importer: manifest.json, keys_<key>.npy, vals.npy). key: default the manifest's first
-        key type. The IVFPQ index folder/index/<key>_<metric>.faiss is built when missing (mask 'faiss'; parameters:
+        build_datastore or knnlm.importer; knnlm.paths.DatastoreLayout). key: default the manifest's first key
+        type. The IVFPQ index of (key, metric) in the folder is built when missing (mask 'faiss'; parameters:
         config section 'index', `index` overriding its defaults); nprobe defaults to the resolved 'auto'. Defaults of
         k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated file, a key type
         the datastore lacks, or keys of another dimension than the LM's."""
@@ -277,18 +278,18 @@ class KNNLM:
         from .dump import open_datastore
         from .index import build_ivfpq, resolve_index_params
 
-        folder = Path(folder)
-        man_path = folder / "manifest.json"
+        ds = DatastoreLayout(folder)
+        man_path = ds.path("manifest")
         if not man_path.is_file():
             raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.importer)")
         key = key or read_json(man_path)["key_types"][0]
-        keys, vals, man = open_datastore(man_path, folder / "vals.npy", folder / f"keys_{key}.npy", key)
+        keys, vals, man = open_datastore(man_path, ds.path("vals"), ds.path("keys", key=key), key)
         if man["D"] != lm.dim:
-            raise ArtifactError(f"{folder / f'keys_{key}.npy'}: keys of dim {man['D']}, the LM's hidden states have "
+            raise ArtifactError(f"{ds.path('keys', key=key)}: keys of dim {man['D']}, the LM's hidden states have "
                                 f"{lm.dim} (a datastore of another LM)")
         icfg = {**_fill_defaults({}, load_schema()["properties"]["index"]), **(index or {})}
         params = resolve_index_params(icfg, man["N"], man["D"], k)
-        ipath = folder / "index" / f"{key}_{metric}.faiss"
+        ipath = ds.path("index", key=key, metric=metric)
         if mask == "faiss" and not ipath.exists():
             ipath.parent.mkdir(exist_ok=True)
             build_ivfpq(keys, metric, params, ipath, threads)
@@ -427,9 +428,9 @@ class KNNLM:
     # ---- a datastore from other text ---------------------------------------------------------------------------
     def build_datastore(self, text: str | list[str], out_dir: str | Path, index: dict | None = None,
                         threads: int = 2) -> "KNNLM":
-        """Dump this LM's keys (att and ffn) and vals over `text` into out_dir (the pipeline's datastore files:
-        keys_att.npy, keys_ffn.npy [N, D] fp16, vals.npy [N] int32, manifest.json) and build an IVFPQ index of
-        key type self.key with self.metric (index/{key}_{metric}.faiss; parameters: config section 'index',
+        """Dump this LM's keys (att and ffn, [N, D] fp16) and vals ([N] int32) over `text` into out_dir with their
+        manifest (knnlm.paths.DatastoreLayout, the run's datastore files) and build an IVFPQ index of key type
+        self.key with self.metric (parameters: config section 'index',
         `index` overriding the defaults). Returns a KNNLM with the same LM and settings on that datastore (the
         domain-adaptation use of Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer
         tokens than k."""
@@ -457,8 +458,9 @@ class KNNLM:
                      identity=lambda split: {**self.lm.identity, "data_sha256": digest,
                                              "context_window": self.context_window,
                                              "tokens_per_sample": self.lm.tokens_per_sample})
-        paths = {kt: out / f"keys_{kt}.npy" for kt in ("att", "ffn")}
-        dump_datastore(lmp, paths, out / "vals.npy", out / "manifest.json", threads)
+        ds = DatastoreLayout(out)
+        paths = {kt: ds.path("keys", key=kt) for kt in ("att", "ffn")}
+        dump_datastore(lmp, paths, ds.path("vals"), ds.path("manifest"), threads)
         return KNNLM.from_datastore(self.lm, out, self.key, self.metric, k=self.k, temperature=self.temperature,
                                     lam=self.lam, mask=self.mask, score=self.score_from, nprobe=None,
                                     index={**(self.index_params or {}), **(index or {})},

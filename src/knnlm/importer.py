@@ -6,8 +6,8 @@ Layouts read:
   urvashik/knnlm (Khandelwal et al. 2020): <prefix>_keys.npy [N, D] float16 with --dstore-fp16 (float32 without),
                              <prefix>_vals.npy [N, 1] int16 with --dstore-fp16 (int64 without); N (--dstore-size)
                              and D (the LM's embedding dim) must be given.
-Written (knnlm.dump's files): keys_<key>.npy [N, D] float16, vals.npy [N] int32 and manifest.json, which records
-where the files came from. Copied in chunks: memory stays flat in N.
+Written (knnlm.dump's files, knnlm.paths.DatastoreLayout): keys [N, D] float16, vals [N] int32 and the manifest,
+which records where the files came from. Copied in chunks: memory stays flat in N.
 
     python -m knnlm.importer --keys dstore_gpt2_116988150_768_keys.npy --vals dstore_gpt2_116988150_768_vals.npy \\
         --key-type ffn --out my_datastore
@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from .io import ArtifactError, create_npy, release_rows, sha256_file, write_json
+from .paths import DatastoreLayout
 
 KNN_TRANSFORMERS = re.compile(r"dstore_(?P<model>.+)_(?P<n>\d+)_(?P<d>\d+)_(keys|vals)\.npy$")
 
@@ -41,8 +42,8 @@ def _memmap(path: Path, dtype, shape: tuple[int, ...], what: str) -> np.memmap:
 def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | Path, *, size: int | None = None,
                   dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "ffn",
                   vocab_size: int | None = None, checkpoint_sha256: str | None = None, chunk: int = 1 << 16) -> dict:
-    """Copy a memmap datastore into out_dir as keys_<key_type>.npy [N, D] float16, vals.npy [N] int32 and
-    manifest.json; returns the manifest.
+    """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
+    (knnlm.paths.DatastoreLayout); returns the manifest.
 
     size N and dim D default to those in knn-transformers file names. key_type: which hidden state the keys are
     ('ffn' for knn-transformers and urvashik/knnlm: the final layer's output; 'att' if they are the last FFN's
@@ -63,8 +64,9 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     keys = _memmap(keys_file, keys_dtype, (size, dim), "keys")
     vals = _memmap(vals_file, vals_dtype, (size, 1), "vals")
     out.mkdir(parents=True, exist_ok=True)
-    with create_npy(out / f"keys_{key_type}.npy", (size, dim), np.float16) as k_out, \
-         create_npy(out / "vals.npy", (size,), np.int32) as v_out:
+    ds = DatastoreLayout(out)
+    with create_npy(ds.path("keys", key=key_type), (size, dim), np.float16) as k_out, \
+         create_npy(ds.path("vals"), (size,), np.int32) as v_out:
         for s in tqdm(range(0, size, chunk), desc="import datastore", unit=" chunk", mininterval=10):
             e = min(size, s + chunk)
             with np.errstate(over="ignore"):
@@ -87,7 +89,7 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                 "imported_from": {"layout": layout, "keys": str(keys_file), "vals": str(vals_file),
                                   "keys_dtype": keys_dtype, "vals_dtype": vals_dtype,
                                   "keys_sha256": sha256_file(keys_file), "vals_sha256": sha256_file(vals_file)}}
-    write_json(out / "manifest.json", manifest)
+    write_json(ds.path("manifest"), manifest)
     return manifest
 
 
@@ -95,7 +97,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.importer", description=__doc__.split("\n")[0])
     ap.add_argument("--keys", required=True)
     ap.add_argument("--vals", required=True)
-    ap.add_argument("--out", required=True, help="folder for keys_<key>.npy, vals.npy, manifest.json")
+    ap.add_argument("--out", required=True, help="the datastore folder to write (keys, vals, manifest)")
     ap.add_argument("--size", type=int, help="N (default: from a knn-transformers file name)")
     ap.add_argument("--dim", type=int, help="D (default: from a knn-transformers file name)")
     ap.add_argument("--keys-dtype", default="float16", help="float16 (default) or float32")

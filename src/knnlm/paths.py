@@ -108,6 +108,15 @@ PRETRAINED_PATTERNS: dict[str, str] = {
     "dictionary": "bpe/dict.txt",
 }
 
+# A datastore folder outside a run (knnlm.api build_datastore / from_datastore, knnlm.importer): the run's datastore
+# file names, and the indexes beside them.
+DATASTORE_PATTERNS: dict[str, str] = {
+    "keys": "keys_{key}.npy",
+    "vals": "vals.npy",
+    "manifest": "manifest.json",
+    "index": "index/{key}_{metric}.faiss",
+}
+
 # Wildcard constraints (regexes) shared by every rule (workflow/rules/common.smk); {store} is constrained to
 # the registered store kinds (knnlm.stores.store_wildcard).
 WILDCARDS: dict[str, str] = {
@@ -171,3 +180,17 @@ class PretrainedLayout(Layout):
             return PRETRAINED_PATTERNS[name]
         except KeyError:
             raise KeyError(f"unknown file {name!r} of a pretrained folder; known: {sorted(PRETRAINED_PATTERNS)}") from None
+
+
+class DatastoreLayout(Layout):
+    """The files of a datastore folder (DATASTORE_PATTERNS): keys, vals and manifest as in a run's
+    lms/{lm}/datastore/, and its IVFPQ indexes under index/."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _rel(self, name: str) -> str:
+        try:
+            return DATASTORE_PATTERNS[name]
+        except KeyError:
+            raise KeyError(f"unknown file {name!r} of a datastore folder; known: {sorted(DATASTORE_PATTERNS)}") from None
