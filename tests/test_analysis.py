@@ -127,6 +127,20 @@ def test_subset_log_prob_against_a_dense_computation(dedup):
         assert got[i] == (pytest.approx(ref) if np.isfinite(ref) else -np.inf)
 
 
+@pytest.mark.parametrize("dedup", [False, True])
+def test_subset_grid_equals_one_temperature_at_a_time(dedup):
+    rng = np.random.default_rng(8)
+    logits, targets = rng.normal(size=(40, 20)) * 5, rng.integers(0, 20, 40)
+    ids = rng.integers(0, 20, (40, 6))
+    ids[0] = -1
+    ids[1, 3:] = -1
+    temps = [0.5, 1.0, 3.0]
+    tokens = an.unique_tokens(ids) if dedup else ids
+    grid = an.subset_log_prob_grid(logits, targets, tokens, temps)
+    for j, temp in enumerate(temps):
+        np.testing.assert_allclose(grid[j], an.subset_log_prob(logits, targets, ids, temp, dedup), rtol=1e-12)
+
+
 def test_topk_grid_equals_one_topk_at_a_time():
     rng = np.random.default_rng(6)
     logits, targets = rng.normal(size=(25, 40)), rng.integers(0, 40, 25)

@@ -86,6 +86,11 @@ def test_defaults_filled(tmp_path):
      "hypotheses.overfit_lms", "'s2'"),
     ({"lms": {"base": {"source": "train"}, "s2": {"source": "train"}, "s": {"source": "train", "teacher": "s2"}},
       "hypotheses": {"soft_label_lms": ["s"]}}, "hypotheses.soft_label_lms", "primary LM 'base'"),
+    # Table 4's rows: base LMs of 'lms' with the primary one
+    ({"lms": {"base": {"source": "train"}, "s2": {"source": "train"}}, "table4": {"lms": ["s2"]}}, "table4.lms",
+     "primary LM 'base'"),
+    ({"lms": {"base": {"source": "train"}, "o": {"source": "train", "init_from": "base"}}, "table4": {"lms": ["base", "o"]}},
+     "table4.lms", "['base', 'o']"),
 ])
 def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
     cfg = base_cfg(tmp_path)
@@ -94,6 +99,19 @@ def test_schema_errors_name_the_key(tmp_path, patch, key, expected):
         validate_config(cfg, "my.yaml")
     msg = str(e.value)
     assert f"'{key}'" in msg and expected in msg and "my.yaml" in msg
+
+
+def test_table4_lms_default_and_choice(tmp_path):
+    """table4_lms: every LM of 'lms' not trained from another one, or those of 'table4.lms' in the order of 'lms'."""
+    from knnlm.config import table4_lms
+
+    lms = {"base": {"source": "train"}, "s2": {"source": "train"}, "small": {"source": "train"},
+           "o": {"source": "train", "init_from": "base"}}
+    base = base_cfg(tmp_path)
+    cfg = validate_config({**base, "lms": lms})
+    assert table4_lms(cfg) == ["base", "s2", "small"]
+    cfg = validate_config({**base, "lms": lms, "table4": {"lms": ["small", "base"]}})
+    assert table4_lms(cfg) == ["base", "small"]
 
 
 def test_missing_data_dir_names_path_and_key(tmp_path):

@@ -104,6 +104,26 @@ def test_fused_backward_equals_autograd_through_logsumexp(metric, agg):
         torch.testing.assert_close(g_fused, q.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_blas_row_scores_equal_torch_matmul_and_its_gradients():
+    """row_scores (numpy's BLAS on the CPU, the W_ds training GEMMs) gives torch.mm's scores and gradients for both
+    inputs; under autocast it is torch's own matmul."""
+    from knnlm.parametric import row_scores
+
+    g = torch.Generator().manual_seed(3)
+    h, w, up = torch.randn(37, 11, generator=g), torch.randn(23, 11, generator=g), torch.randn(37, 23, generator=g)
+    grads = []
+    for fn in (row_scores, lambda a, b: a @ b.T):
+        a, b = h.clone().requires_grad_(), w.clone().requires_grad_()
+        out = fn(a, b)
+        (out * up).sum().backward()
+        grads.append((out.detach(), a.grad, b.grad))
+    for x, y in zip(*grads):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert row_scores(h, w).grad_fn is None  # no autograd graph when neither input requires a gradient
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert row_scores(h, w).dtype == torch.bfloat16
+
+
 def test_l2_temperature_tuned_on_valid_is_the_grid_argmin():
     """tune_l2_temperature picks the grid τ of lowest valid NLL (checked against evaluate_log_probs at every τ), and
     on unnormalised keys (|h| ~ 20) that τ is far above 1 and lowers the NLL by nats, as on wikitext2 (App. C.3)."""
@@ -331,6 +351,26 @@ def test_cached_result_is_recomputed_under_other_settings(tmp_path):
     d = cached(path, {"iters": 20}, compute(4))
     assert calls == [1, 3] and b["centroids"][0, 0] == 1 and c["centroids"][0, 0] == 3 and d["centroids"][0, 0] == 3
     assert a["settings"] == {"iters": 10} and torch.load(path, weights_only=False)["settings"] == {"iters": 20}
+
+
+def test_interpolated_loss_on_the_subset_is_trained_and_compared_as_nv1_sub():
+    """hypotheses.interpolated_loss.rows = subset: variant 'iloss<λ>-sub' has W_ds-on-the-subset's rows and settings and
+    is compared with nv1-sub; without a subset twin of W_ds (W_ds itself on the subset) it stays 'iloss<λ>' vs nv1."""
+    from knnlm.config import interpolated_loss_reference, interpolated_loss_variants, validate_config
+    from knnlm.parametric import parse_variant, training_settings
+
+    par = {"key_types": ["att", "ffn"], "n_values": [1, 3], "train_tokens": 1000}
+    cfg = validate_config({"name": "t", "data": {"dir": "."}, "parametric": par,
+                           "hypotheses": {"interpolated_loss": {"rows": "subset", "key_types": ["att"]}}})
+    assert interpolated_loss_variants(cfg) == [("iloss25-sub", "att")]
+    assert interpolated_loss_reference("iloss25-sub") == "nv1-sub" and interpolated_loss_reference("iloss25") == "nv1"
+    assert parse_variant("iloss25-sub") == {"kind": "nv", "n": 1, "interp_loss": 0.25, "subset": True}
+    p = cfg["parametric"]
+    assert training_settings(p, "iloss25-sub") == training_settings(p, "nv1-sub") != training_settings(p, "iloss25")
+    assert training_settings(p, "iloss25-sub")["train_tokens"] == 1000
+    same = validate_config({"name": "t", "data": {"dir": "."}, "parametric": {**par, "converge": {"train_tokens": 1000}},
+                            "hypotheses": {"interpolated_loss": {"rows": "subset", "key_types": ["att"]}}})
+    assert interpolated_loss_variants(same) == [("iloss25", "att")]
 
 
 def test_variants_are_compared_at_equal_training_rows():

@@ -106,7 +106,8 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 5 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
     #   retrieval
     # + 1 for the speed table (reads the timings the jobs above recorded)
-    assert jobs == 169
+    # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
+    assert jobs == 170
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -517,24 +518,38 @@ def test_small_store_on_every_token(tiny_run):
     every token."""
     where = dict(key="ffn", metric="l2")
     s = read_json(art(tiny_run, "settings", store="r0.2-alltokens", **where))
+    sample = np.load(art(tiny_run, "tuning_sample", split="valid"))
+    docs = np.load(art(tiny_run, "documents", split="valid"))["doc"]
+    # valid: the tuning sample, 'retrieval.tuning_documents' whole documents; test: every token
+    assert len(np.unique(docs[sample])) == TINY["retrieval"]["tuning_documents"] < len(np.unique(docs))
+    assert np.isin(docs, docs[sample]).sum() == len(sample)  # whole documents
+    assert s["tuning_sample"] == {"valid": [TINY["retrieval"]["tuning_documents"], int(docs.max()) + 1]}
     for split in ("valid", "test"):
         sc = np.load(art(tiny_run, "scope", split=split))
         t = read_json(art(tiny_run, "queries_manifest", split=split))["T"]
-        assert len(sc) < t and s["scope"] == "all tokens" and s["scope_tokens"][split] == t
+        rows = sample if split == "valid" else np.arange(t)
+        assert len(sc) < t and s["scope"] == "all tokens" and s["scope_tokens"][split] == len(rows)
         e_all = np.load(art(tiny_run, "exact_dists", store="r0.2-alltokens", split=split, **where))
-        assert e_all.shape[0] == t
-        np.testing.assert_allclose(e_all[sc], np.load(art(tiny_run, "exact_dists", store="r0.2", split=split, **where)),
-                                   rtol=1e-5, atol=1e-3)
+        assert e_all.shape[0] == len(rows)
+        both, in_all, in_scope = np.intersect1d(rows, sc, return_indices=True)
+        assert len(both) > 0
+        np.testing.assert_allclose(e_all[in_all], np.load(art(tiny_run, "exact_dists", store="r0.2", split=split,
+                                                               **where))[in_scope], rtol=1e-5, atol=1e-3)
         assert not art(tiny_run, "index", store="r0.2-alltokens", **where).exists()  # it searched r0.2's index
         f_all = np.load(art(tiny_run, "nb_ids", store="r0.2-alltokens", split=split, **where))
         d_all = np.load(art(tiny_run, "nb_dists", store="r0.2-alltokens", split=split, **where))
         # the same index and queries: the same neighbours, but faiss's batched PQ tables round distances by ~1e-5
         # differently in another batch, so near-tied neighbours may swap places
-        np.testing.assert_allclose(d_all[sc], np.load(art(tiny_run, "nb_dists", store="r0.2", split=split, **where)),
-                                   rtol=1e-4, atol=1e-4)
-        assert (f_all[sc] != np.load(art(tiny_run, "nb_ids", store="r0.2", split=split, **where))).any(1).mean() < 0.01
+        assert len(d_all) == len(rows)
+        np.testing.assert_allclose(d_all[in_all], np.load(art(tiny_run, "nb_dists", store="r0.2", split=split,
+                                                              **where))[in_scope], rtol=1e-4, atol=1e-4)
+        assert (f_all[in_all] != np.load(art(tiny_run, "nb_ids", store="r0.2", split=split,
+                                             **where))[in_scope]).any(1).mean() < 0.01
     md = art(tiny_run, "table", table="table3_small", ext="md").read_text()
-    assert "on the 20% datastore subset (r0.2-alltokens)" in md and "scope: all tokens of valid and test" in md
+    n = TINY["retrieval"]["tuning_documents"]
+    assert "on the 20% datastore subset (r0.2-alltokens)" in md and (
+        f"scope: all tokens of test; on valid, where λ and τ are tuned, a seeded sample of {n} whole documents "
+        f"({n} of its {int(docs.max()) + 1})") in md
     df = pd.read_csv(art(tiny_run, "table", table="table3_small", ext="csv"))
     assert len(df) == 2 * 7 and (df["documents"] > 5).all()  # splits x (base + 3 settings x {τ = 1, τ*}); > the scope's 5
 

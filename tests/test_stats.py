@@ -91,6 +91,26 @@ def test_scope_is_whole_documents_up_to_the_budget():
     assert len(np.unique(doc[scope_tokens(doc, 1, seed=0)])) == 1  # a budget below every document: one document
 
 
+def test_tuning_sample_is_n_whole_documents_uniformly():
+    """document_sample: exactly n whole documents (every token of each), seeded; every document equally likely
+    whatever its length (inclusion counts over seeds flat in length); None or n >= D: every token; n < 1 refused."""
+    from knnlm.scope import document_sample
+
+    sizes = np.array([5, 80, 3, 12, 7, 60, 9, 4, 10, 2])
+    doc = np.repeat(np.arange(10), sizes)
+    sc = document_sample(doc, 4, seed=3)
+    chosen = np.unique(doc[sc])
+    assert len(chosen) == 4 and np.array_equal(sc, np.flatnonzero(np.isin(doc, chosen)))
+    assert np.array_equal(document_sample(doc, 4, seed=3), sc)
+    assert len(document_sample(doc, None, seed=0)) == len(document_sample(doc, 10, seed=0)) == len(doc)
+    counts = np.zeros(10)
+    for seed in range(2000):
+        counts[np.unique(doc[document_sample(doc, 4, seed)])] += 1
+    assert np.allclose(counts / 2000, 0.4, atol=0.04)  # 4 of 10, the long documents no likelier than the short
+    with pytest.raises(ValueError, match="n_documents"):
+        document_sample(doc, 0, seed=0)
+
+
 def test_findings_verdicts():
     from knnlm.experiments.findings import verdict
 

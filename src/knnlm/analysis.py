@@ -331,6 +331,29 @@ def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarr
         return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)
 
 
+def subset_log_prob_grid(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarray,
+                         temperatures: list[float]) -> np.ndarray:
+    """subset_log_prob (dedup=False) at every temperature of `temperatures`: [len(temperatures), t] float64, from one
+    gather of the retrieved tokens' logits (App. E.2b's sweep: the gather, the hits and the target's logit do not
+    depend on T). Callers pass unique_tokens(token_ids) for the deduplicated variant."""
+    logits = np.asarray(logits, dtype=np.float64)
+    t = len(token_ids)
+    valid = token_ids >= 0
+    ids = np.where(valid, token_ids, 0)
+    s0 = np.where(valid, np.take_along_axis(logits, ids, 1), -np.inf)
+    m0 = s0.max(1, keepdims=True)
+    m0 = np.where(np.isfinite(m0), m0, 0.0)
+    d0 = s0 - m0  # ≤ 0, −inf where no neighbour: the shifted logits once, divided by each T below
+    hit = ((ids == targets[:, None]) & valid).sum(1)
+    tl = logits[np.arange(t), targets]
+    out = np.empty((len(temperatures), t))
+    for j, temp in enumerate(temperatures):
+        with np.errstate(divide="ignore"):
+            lse = m0[:, 0] / temp + np.log(np.exp(d0 / temp).sum(1))
+            out[j] = np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl / temp - lse, -np.inf)
+    return out
+
+
 # --- ensembles (E.5) -----------------------------------------------------------------------------------------------
 
 

@@ -125,6 +125,27 @@ def derived_lm(cfg: dict, name: str) -> bool:
     return bool(lm.get("init_from") or lm.get("teacher"))
 
 
+def table4_lms(cfg: dict) -> list[str]:
+    """The base LMs of Table 4 (App. A), in the order of 'lms': config 'table4.lms', or every LM of 'lms' that is not
+    trained from another one (derived_lm) when it is null."""
+    chosen = cfg["table4"]["lms"]
+    return [n for n in cfg["lms"] if not derived_lm(cfg, n) and (chosen is None or n in chosen)]
+
+
+def _check_table4_lms(cfg: dict, source: str) -> None:
+    """ConfigError for a 'table4.lms' entry that is not a base LM of 'lms' (not derived_lm), or that leaves out the
+    primary LM."""
+    chosen = cfg["table4"]["lms"]
+    if chosen is None:
+        return
+    base = [n for n in cfg["lms"] if not derived_lm(cfg, n)]
+    bad = [n for n in chosen if n not in base]
+    primary = next(iter(cfg["lms"]))
+    if bad or primary not in chosen:
+        raise ConfigError(f"{source}: config key 'table4.lms': expected names of 'lms' not trained from another LM "
+                          f"({base}) including the primary LM {primary!r}, found {chosen}")
+
+
 def _check_derived_lms(cfg: dict, source: str) -> None:
     """ConfigError for an 'init_from' or 'teacher' that is not another LM of 'lms' of the right source (init_from:
     'train' with the same architecture; teacher: 'train' or 'fairseq'), for a cycle of 'init_from', and for
@@ -205,6 +226,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
         except ValueError as e:
             raise ConfigError(f"{source}: config key 'stores.extra': {e}") from None
     _check_keys_and_metrics(cfg, source)
+    _check_table4_lms(cfg, source)
     t = cfg["temperature"]
     if t["stop"] < t["start"]:
         raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
@@ -254,7 +276,7 @@ def tau_edge(taus: list[float], i: int, cfg: dict) -> str:
 
 
 VARIANT_RE = re.compile(r"^(nv(?P<n>\d+)(?P<sub>-sub)?|adaptive-(?P<by>freq|loss)|mos(?P<r>\d+)-(?P<mos>only|embed)|cluster(?P<m>\d+)"
-                        r"|iloss(?P<il>\d+))$")
+                        r"|iloss(?P<il>\d+)(?P<ilsub>-sub)?)$")
 
 
 def parametric_variants(cfg: dict) -> list[tuple[str, str]]:
@@ -282,9 +304,19 @@ def subset_references(cfg: dict, variants: list[tuple[str, str]]) -> list[str]:
 
 def interpolated_loss_variants(cfg: dict) -> list[tuple[str, str]]:
     """The (variant, key type) of W_ds trained on the interpolated loss (Xu et al. 2023, App. E.6.3; config
-    'hypotheses.interpolated_loss'): 'iloss<100 λ>', e.g. 'iloss25' for λ = 0.25."""
+    'hypotheses.interpolated_loss'): 'iloss<100 λ>', e.g. 'iloss25' for λ = 0.25, or 'iloss25-sub' on the shrunk
+    subset (interpolated_loss.rows: subset, where W_ds has its subset twin nv1-sub)."""
     il = cfg["hypotheses"]["interpolated_loss"]
-    return [(f"iloss{round(100 * il['lambda'])}", k) for k in il["key_types"]]
+    subset = il["rows"] == "subset"
+    refs = parametric_variants(cfg) if subset else []
+    return [(f"iloss{round(100 * il['lambda'])}" + ("-sub" if ("nv1-sub", k) in refs else ""), k)
+            for k in il["key_types"]]
+
+
+def interpolated_loss_reference(variant: str) -> str:
+    """The W_ds an interpolated-loss variant is compared with (App. E.6.3): W_ds on the same rows and settings, nv1, or
+    nv1-sub for 'iloss<100 λ>-sub' (config 'hypotheses.interpolated_loss.rows': subset)."""
+    return "nv1-sub" if variant.endswith("-sub") else "nv1"
 
 
 def parametric_tables(cfg: dict) -> list[str]:

@@ -57,8 +57,11 @@ def iter_split(model, cfg, data_bin: str | Path, split: str, context_window: int
 
 
 @torch.no_grad()
-def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, targets: torch.Tensor | None = None):
-    """Run the decoder once; return {'att': [B, L, D], 'ffn': [B, L, D]} (+ 'lp': [B, L] log p(target), fp32).
+def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, targets: torch.Tensor | None = None,
+                   keep: torch.Tensor | None = None):
+    """Run the decoder once; return {'att': [B, L, D], 'ffn': [B, L, D]} (+ 'lp': [B, L] log p(target), fp32; with
+    `keep` [B, L] bool, 'lp' [n] of the kept positions only, in row-major order: the output layer and its softmax over
+    V, most of an eval pass's cost at small D, then run for the scored positions and not for a window's context).
 
     att is captured by a forward hook on layers[-1].fc1 (its input, after the pre-FFN LayerNorm).
     """
@@ -71,9 +74,11 @@ def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, target
     att = captured["att"].transpose(0, 1)  # fairseq's layers run time-first: [L, B, D] -> [B, L, D]
     out = {"att": att, "ffn": x}
     if with_log_probs:
-        logits = model.decoder.output_layer(x)
+        h, tg = (x, targets) if keep is None else (x[keep].unsqueeze(0), targets[keep].unsqueeze(0))
+        logits = model.decoder.output_layer(h)
         lprobs = model.get_normalized_probs((logits, extra), log_probs=True).float()
-        out["lp"] = lprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        lp = lprobs.gather(-1, tg.unsqueeze(-1)).squeeze(-1)
+        out["lp"] = lp if keep is None else lp[0]
     return out
 
 
@@ -87,10 +92,10 @@ def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_lo
             continue
         src, tgt = sample["net_input"]["src_tokens"].to(dev), sample["target"].to(dev)
         starts = sample.get("start_indices", [0] * src.shape[0])
-        st = forward_states(model, src, with_log_probs, tgt)
         pos = torch.arange(tgt.shape[1], device=dev).unsqueeze(0)
         keep = (tgt != pad) & (pos >= torch.as_tensor(starts, device=dev).unsqueeze(1))
-        batch = {k: v[keep].cpu() for k, v in st.items()}  # row-major: row by row, positions in order
+        st = forward_states(model, src, with_log_probs, tgt, keep)  # 'lp' of the kept positions only
+        batch = {k: (v if k == "lp" else v[keep]).cpu() for k, v in st.items()}  # row-major: positions in order
         batch["target"] = tgt[keep].cpu()
         bar.update(int(keep.sum()))
         yield batch

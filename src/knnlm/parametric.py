@@ -109,6 +109,34 @@ class _TargetLogProb(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+class _RowScores(torch.autograd.Function):
+    """h [B, D] · W [R, D]ᵀ → [B, R] float32 through numpy's BLAS on the CPU (forward and both gradients): the GEMMs
+    of a W_ds training step, at numpy's GEMM rate instead of torch.mm's (benchmarks/bench_wds.py prints both)."""
+
+    @staticmethod
+    def forward(ctx, h, w):
+        ctx.save_for_backward(h, w)
+        return torch.from_numpy(np.matmul(h.detach().numpy(), w.detach().numpy().T))
+
+    @staticmethod
+    def backward(ctx, g):
+        h, w = ctx.saved_tensors
+        g = g.contiguous().numpy()
+        gh = torch.from_numpy(np.matmul(g, w.detach().numpy())) if ctx.needs_input_grad[0] else None
+        gw = torch.from_numpy(np.matmul(g.T, h.detach().numpy())) if ctx.needs_input_grad[1] else None
+        return gh, gw
+
+
+def row_scores(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[B, R] h · wᵀ (h [B, D], w [R, D]); on the CPU in fp32 outside autocast through numpy's BLAS (_RowScores,
+    differentiable in both), else torch's matmul in h's dtype."""
+    fp32_cpu = (h.device.type == "cpu" and h.dtype == w.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu"))
+    if fp32_cpu and h.is_contiguous() and w.is_contiguous():
+        return _RowScores.apply(h, w)
+    return h @ w.to(h.dtype).T
+
+
 class AggregatedSoftmax(nn.Module):
     """p(w | h) = Σ_r M[r, w] softmax(score(h, W_r)) over R rows (Xu et al. Eq. 5 with a parametric W_ds).
 
@@ -157,12 +185,12 @@ class AggregatedSoftmax(nn.Module):
         autocast their rounding moved logits by nats. IP scores follow autocast (tested to 0.05 nats)."""
         if self.metric == "l2":
             return self.l2_scores(h) * torch.exp(-self.log_temperature)
-        return (h @ self.weight.to(h.dtype).T).float()
+        return row_scores(h, self.weight).float()
 
     def l2_scores(self, h: torch.Tensor) -> torch.Tensor:
         """[B, R] float32 2 h·W_r − |W_r|² (−|h − W_r|² up to a constant in h), before τ; always in fp32."""
         with torch.autocast(h.device.type, enabled=False):
-            return 2 * (h.float() @ self.weight.T) - (self.weight * self.weight).sum(1)
+            return 2 * row_scores(h.float().contiguous(), self.weight) - (self.weight * self.weight).sum(1)
 
     def log_prob(self, h: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """[B] log p(target | h) (natural log)."""
@@ -524,7 +552,7 @@ def parse_variant(name: str) -> dict:
         lam = int(m["il"]) / 100
         if not 0 < lam < 1:
             raise ValueError(f"parametric variant {name!r}: the interpolated loss needs 0 < λ < 1, found {lam}")
-        return {"kind": "nv", "n": 1, "interp_loss": lam}
+        return {"kind": "nv", "n": 1, "interp_loss": lam} | ({"subset": True} if m["ilsub"] else {})
     return {"kind": "cluster", "m": int(m["m"])}
 
 
@@ -626,7 +654,7 @@ def training_settings(p: dict, variant: str) -> dict:
     """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch', 'plateau'} of a variant: config 'parametric.converge' for
     the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
     keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch", "plateau")
-    if variant.startswith("iloss"):  # W_ds on another loss: trained exactly as W_ds (nv1), on the same rows
-        variant = "nv1"
+    if variant.startswith("iloss"):  # W_ds on another loss: trained exactly as its W_ds (nv1 or nv1-sub), same rows
+        variant = "nv1-sub" if variant.endswith("-sub") else "nv1"
     src = p["converge"] if variant in p["converge"]["variants"] else p
     return {k: src[k] for k in keys} | {"until_converged": variant in p["converge"]["variants"]}

@@ -56,6 +56,8 @@ PATTERNS: dict[str, str] = {
     "token_lines": "lms/{lm}/queries/{split}/token_lines.npz",
     "documents": "lms/{lm}/queries/{split}/documents.npz",
     "scope": "lms/{lm}/queries/{split}/scope.npy",
+    # the valid tokens of the stores scored on every token (config 'retrieval.tuning_documents': whole documents)
+    "tuning_sample": "lms/{lm}/queries/{split}/tuning_sample.npy",
     # features of every scored token of a split (knnlm.quality: retrieval quality, the LM's entropy)
     "token_features": "lms/{lm}/queries/{split}/token_features.npz",
     # one datastore variant (store) of that LM
@@ -125,7 +127,7 @@ WILDCARDS: dict[str, str] = {
     "metric": r"l2|ip",
     "split": r"valid|test",
     "shard": r"[0-9]+",
-    "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+|iloss\d+",
+    "variant": r"nv\d+(-sub)?|adaptive-(freq|loss)|mos\d+-(only|embed)|cluster\d+|iloss\d+(-sub)?",
 }
 
 

@@ -55,7 +55,7 @@ def resumed_seconds(layout: Layout, job: str) -> float | None:
 # Stages of a run ("each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
 STAGES = {
     "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "token_lines",
-                                                       "documents", "scope", "datastore_corpus"],
+                                                       "documents", "scope", "tuning_sample", "datastore_corpus"],
     "LM training": ["train_lm", "register_hf", "download_lm"],
     "dumps (datastore, queries)": ["dump_datastore", "dump_queries", "dump_queries_hf"],
     "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],

@@ -13,7 +13,8 @@ Kinds (name regex -> prepare function, registered with @store_kind):
   <any>-np<n>  (full and subsets, after any '-ivf<k>') the same store and index searched with nprobe = n lists
               instead of config 'index.nprobe': one point of the approximation-strength sweep ('probe_sweep'
               table and figure); its exact search is the store's own
-  <any>-alltokens  (full and subsets, after any '-ivf<k>') the same store, scored on every token of valid and test
+  <any>-alltokens  (full and subsets, after any '-ivf<k>') the same store, scored on every token of test and of valid
+                   (of valid's tuning sample with config 'retrieval.tuning_documents')
               instead of the retrieval scope (exact search over the 5 % subset costs 1/20 of the full
               store's, so its claims can be tested on whole splits; 'retrieval.small_store_all_tokens')
 
@@ -128,12 +129,13 @@ def nested_shards(ratios: list[float], shards: int) -> list[tuple[int, int, int]
 
 IVF_SUFFIX = r"(?:-ivf(?P<ivf>[0-9]+))?"  # '-ivf<k>': the IVFPQ index of the store is trained with seed k
 PROBE_SUFFIX = r"(?:-np(?P<np>[0-9]+))?"  # '-np<n>': the store's index searched with nprobe = n
-ALL_TOKENS = "-alltokens"  # a store named '<store>-alltokens' is scored on every token of valid and test
+ALL_TOKENS = "-alltokens"  # a store named '<store>-alltokens' is scored on every token (valid: its tuning sample, if any)
 SCOPE_SUFFIX = f"(?:{ALL_TOKENS})?"
 
 
 def scores_every_token(name: str) -> bool:
-    """True for a store scored on every token of valid and test ('<store>-alltokens'), False for one scored on the
+    """True for a store scored on every token ('<store>-alltokens'; on valid, its tuning sample when config
+    'retrieval.tuning_documents' sets one), False for one scored on the
     retrieval scope (knnlm.scope; config 'retrieval.max_queries'). The full store's FAISS search covers every token
     either way (Table 1 reads it)."""
     return name.endswith(ALL_TOKENS)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
 from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
-                          lm_tokens_per_sample, parametric_tables, parametric_variants, split_files, temperatures,
-                          validate_config)
+                          interpolated_loss_reference, lm_tokens_per_sample, parametric_tables, parametric_variants,
+                          split_files, table4_lms, temperatures, validate_config)
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.front_page import front_page
 from knnlm.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
@@ -57,7 +57,7 @@ TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["k
                   metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0])
 # App. E.6.3: W_ds trained on the interpolated loss, for the key types of 'hypotheses.interpolated_loss' that W_ds
 # (nv1) is trained for (rules/hypotheses.smk; its comparisons go to the findings).
-ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in parametric_variants(CFG)]
+ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in parametric_variants(CFG)]  # and W_ds
 # App. E.5 (an extra): other LMs of 'lms' over this run's tokens, ensembled with the primary LM (rules/hypotheses.smk)
 ENSEMBLE = CFG["hypotheses"]["ensemble_lms"]
 for _name in ENSEMBLE:
@@ -68,7 +68,7 @@ for _name in ENSEMBLE:
 # by knnlm.config), each alone and interpolated with it (rules/hypotheses.smk); they get no row of Table 4
 OVERFIT = CFG["hypotheses"]["overfit_lms"]
 SOFT_LABEL = CFG["hypotheses"]["soft_label_lms"]
-BASE_LMS = [n for n in LMS if not derived_lm(CFG, n)]  # Table 4's base LMs
+BASE_LMS = table4_lms(CFG)  # Table 4's base LMs (config 'table4.lms'; LMs trained from another one never)
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:
@@ -289,6 +289,17 @@ def scope_of(full_is_all=False, both_splits=False):
     return fn
 
 
+def tuning_sample_of(both_splits=False):
+    """Input function: for a store scored on every token, the tuning sample of valid (config
+    'retrieval.tuning_documents', rule tuning_sample) when the job scores valid (or `both_splits`); else nothing."""
+    def fn(wc):
+        if not (RETRIEVAL["tuning_documents"] and scores_every_token(wc.store)) or \
+                not (both_splits or wc.split == "valid"):
+            return []
+        return artifact("tuning_sample", lm=wc.lm, split="valid")
+    return fn
+
+
 def nested_shards_of(name):
     """Input function: artifact `name` of the nested scan's shards (knnlm.stores.nested_shards of the datastore sizes,
     config 'retrieval.exact_shards') up to the end of store {store}, one of the sizes' stores in ascending order."""
@@ -316,6 +327,7 @@ def search_of(name, both_splits=False):
 
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "store": artifact("store_prep"), "scope": scope_of(both_splits=True),
+    "tuning_sample": tuning_sample_of(both_splits=True),
     **{n: search_of(n, both_splits=True) for n in ("nb_ids", "nb_dists", "nb_meta")},
     **{n: per_split(n) for n in ("real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},

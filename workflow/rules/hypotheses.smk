@@ -51,8 +51,10 @@ rule write_interpolated_loss:
         documents=per_split("documents"),
         **{f"iloss_result_{k}": artifact("parametric_result", variant=v, key=k) for v, k in ILOSS},
         **{f"iloss_{k}": per_split("parametric_logprobs", variant=v, key=k) for v, k in ILOSS},
-        **{f"w_ds_result_{k}": artifact("parametric_result", variant="nv1", key=k) for _, k in ILOSS},
-        **{f"w_ds_{k}": per_split("parametric_logprobs", variant="nv1", key=k) for _, k in ILOSS},
+        **{f"w_ds_result_{k}": artifact("parametric_result", variant=interpolated_loss_reference(v), key=k)
+           for v, k in ILOSS},
+        **{f"w_ds_{k}": per_split("parametric_logprobs", variant=interpolated_loss_reference(v), key=k)
+           for v, k in ILOSS},
     output:
         csv=artifact("table", table="interpolated_loss", ext="csv"),
         md=report(artifact("table", table="interpolated_loss", ext="md"), caption=report_caption("hypotheses"),

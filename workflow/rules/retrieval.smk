@@ -20,6 +20,28 @@ rule scope:
         knnlm("retrieval.scope")
 
 
+# The valid tokens of the stores scored on every token (config 'retrieval.tuning_documents'): whole documents, where
+# their λ and τ are tuned; their test tokens stay every token.
+rule tuning_sample:
+    input:
+        documents=artifact("documents"),
+    output:
+        out=artifact("tuning_sample"),
+    wildcard_constraints:
+        split="valid",
+    params:
+        cfg=cfg_with_keys("retrieval", ["tuning_documents", "scope_seed"]),
+        io=io(),
+    log:
+        log_of("tuning_sample", "lm", "split"),
+    benchmark:
+        bench_of("tuning_sample", "lm", "split")
+    conda:
+        ENV
+    shell:
+        knnlm("retrieval.tuning_sample")
+
+
 rule prepare_store:
     input:
         **datastore("{key}"),
@@ -70,6 +92,7 @@ rule search:
         index=index_of("index"),
         index_meta=index_of("index_meta"),
         scope=scope_of(full_is_all=True),
+        tuning_sample=tuning_sample_of(),
     output:
         ids=artifact("nb_ids"),
         dists=artifact("nb_dists"),
@@ -94,6 +117,7 @@ rule real_score:
         **queries("{split}", "{key}"),
         store=artifact("store_prep"),
         scope=scope_of(),
+        tuning_sample=tuning_sample_of(),
         nb_ids=search_of("nb_ids"),
         nb_meta=search_of("nb_meta"),
     output:
@@ -127,6 +151,7 @@ rule exact_search:
         **queries("{split}", "{key}"),
         store=artifact("store_prep"),
         scope=scope_of(),
+        tuning_sample=tuning_sample_of(),
     output:
         **(EXACT_OUTPUTS if EXACT_SHARDS == 1 else
            # a shard's top-k is deleted once merged (temp): T x k x 8 bytes per shard, 2 GB at WikiText-103's test split
@@ -190,7 +215,8 @@ rule settings:
 
 
 # Table 3 ('table3'): the full store on the retrieval scope. With 'retrieval.table3_all_tokens', also
-# 'table3_all': the full store on every token of valid and test for the paper's (key, metric) (TABLE3_KEY).
+# 'table3_all': the full store on every token of test and of valid (or valid's tuning sample, config
+# 'retrieval.tuning_documents') for the paper's (key, metric) (TABLE3_KEY).
 # With 'retrieval.small_store_all_tokens', also 'table3_small': the smallest swept store (the paper's 5 %) on
 # every token. Same job, same columns; only the settings it reads differ.
 TABLE3_SETTINGS = {"table3": settings_of("full", RETRIEVAL),

@@ -319,7 +319,8 @@ def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _every_token(settings: dict | None) -> bool:
-    """Whether a settings JSON (rule settings) was scored on every token of valid and test (an '-alltokens' store)."""
+    """Whether a settings JSON (rule settings) was scored on every test token (an '-alltokens' store; on valid, every
+    token or its tuning sample)."""
     return settings is not None and settings.get("scope") == "all tokens"
 
 

@@ -66,7 +66,7 @@ def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
 def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float]) -> tuple[dict, dict]:
     """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ),
     E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}."""
-    from ..analysis import output_embedding_scores, subset_log_prob, topk_log_prob_grid, unique_tokens
+    from ..analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
     from ..scoring import neighbour_hits, sweep_temperature
 
     hyp = job.cfg["hypotheses"]
@@ -96,8 +96,7 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
                 valid = ids >= 0
                 nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
                 for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))):  # E.2b: retrieved tokens
-                    for j, temp in enumerate(temps):
-                        r["subset"][(key, dd)][j, a:b] = subset_log_prob(lg, tg, tokens, temp, False)
+                    r["subset"][(key, dd)][:, a:b] = subset_log_prob_grid(lg, tg, tokens, temps)
                 # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
                 scores = output_embedding_scores(s["queries"][key][a:b], w_sm, nb_vals)
                 hit, ok = neighbour_hits(ids, vals, tg.astype(np.int32))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, 
                   write_json)
 from ..results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
-from ..scope import scope_caption, scope_tokens
+from ..scope import scope_caption, scope_tokens, tuning_caption
 from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scheme_label
 
 log = logging.getLogger(__name__)
@@ -40,29 +41,59 @@ def _store(job: Job):
     return open_store(job.path("store"), keys, man), man
 
 
-def _scoped(job: Job, man: dict, everything: bool | None = None):
-    """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the retrieval scope
-    (input 'scope'), or every token when `everything` (default: when the job's store is scored on every token,
-    knnlm.stores.scores_every_token); then the queries stay a memmap, read in chunks."""
+def scope_file(job: Job, split: str | None = None) -> Path | None:
+    """The token indices file of the tokens the job scores on `split` (the job's own split when None), or None for
+    every token. A store scored on every token (knnlm.stores.scores_every_token) reads no retrieval scope: every
+    test token, and on valid its input 'tuning_sample' when config 'retrieval.tuning_documents' gives one (whole
+    valid documents, where λ and τ are tuned); any other store reads the retrieval scope (input 'scope', a list per
+    split for a job of both splits)."""
     from ..stores import scores_every_token
 
-    if everything is None:
-        everything = scores_every_token(job.wildcards.get("store", ""))  # nested exact search: no store wildcard
+    split = split or job.wildcards["split"]
+    if scores_every_token(job.wildcards.get("store", "")):  # a nested exact search has no store wildcard: scoped
+        sample = job.input.get("tuning_sample")
+        return Path(sample) if sample and split == "valid" else None
+    return by_split(job, "scope")[split] if isinstance(job.input.get("scope"), list) else job.path("scope")
+
+
+def scope_indices(job: Job, split: str, n_tokens: int) -> np.ndarray:
+    """[t] sorted int64 indices of the tokens the job scores on `split` (scope_file; np.arange(n_tokens) for every
+    token). Raises ArtifactError when the file indexes beyond the split's n_tokens tokens."""
+    path = scope_file(job, split)
+    sc = np.arange(n_tokens) if path is None else np.load(path)
+    if len(sc) and sc[-1] >= n_tokens:
+        raise ArtifactError(f"{path}: token {sc[-1]} beyond the {n_tokens} tokens of split {split}")
+    return sc
+
+
+def _scoped(job: Job, man: dict, everything: bool = False):
+    """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the tokens it scores
+    (scope_indices), or every token when `everything`; every token's queries stay a memmap, read in chunks."""
     q = open_split(job, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"])
-    sc = np.arange(q["manifest"]["T"]) if everything else np.load(job.path("scope"))
-    if len(sc) and sc[-1] >= q["manifest"]["T"]:
-        raise ArtifactError(f"{job.path('scope')}: token {sc[-1]} beyond the {q['manifest']['T']} queries of the split")
-    return q, (q["queries"] if everything else np.asarray(q["queries"][sc])), sc
+    t = q["manifest"]["T"]
+    path = None if everything else scope_file(job)
+    sc = np.arange(t) if path is None else scope_indices(job, job.wildcards["split"], t)
+    return q, (q["queries"] if path is None else np.asarray(q["queries"][sc])), sc
 
 
 def scoped_targets(job: Job, split: str) -> np.ndarray:
-    """[t] int64: the targets of the tokens that load_settings scores on `split` (the retrieval scope, or every token
-    of a store scored on every token), in the same order."""
-    from ..stores import scores_every_token
-
+    """[t] int64: the targets of the tokens that load_settings scores on `split` (scope_indices), in the same order."""
     q = open_split(job, split)
     tg = np.asarray(q["targets"], dtype=np.int64)
-    return tg if scores_every_token(job.wildcards["store"]) else tg[np.load(by_split(job, "scope")[split])]
+    return tg[scope_indices(job, split, len(tg))]
+
+
+def tuning_sample(job: Job) -> dict:
+    """The tuning sample of valid (config 'retrieval.tuning_documents'; knnlm.scope.document_sample): the valid tokens
+    of the stores scored on every token."""
+    from ..scope import document_sample
+
+    docs = np.load(job.path("documents"))
+    r = job.cfg["retrieval"]
+    sc = document_sample(docs["doc"], r["tuning_documents"], r["scope_seed"])
+    save_npy(job.path("out"), sc)
+    return {"metrics": {"tokens": len(sc), "documents": len(np.unique(docs["doc"][sc])),
+                        "split_tokens": len(docs["doc"]), "split_documents": len(docs["tokens"])}}
 
 
 def scope(job: Job) -> dict:
@@ -135,8 +166,9 @@ def search(job: Job) -> dict:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
     params = _index_params(job, store, man)
     check_index_matches(idx_meta, params, job.path("index"))
-    everything = job.wildcards["store"] == "full" or scores_every_token(job.wildcards["store"])  # Table 1 reads full's
+    everything = job.wildcards["store"] == "full"  # Table 1 reads the full store's search of every token
     q, queries, sc = _scoped(job, man, everything)
+    everything = len(sc) == q["manifest"]["T"]
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
                          params["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
@@ -349,15 +381,14 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
 
     _, vals, man = open_datastore(job, with_keys=False)
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
-    every = scores_every_token(job.wildcards["store"])  # then the job has no 'scope' input
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
-                                                     "exact_dists", "exact_meta", "documents") + ("scope",) * (not every)}
+                                                     "exact_dists", "exact_meta", "documents")}
     lp_lm, words, docs, recall = {}, {}, {}, {}
     lp_knn, sweep, sweep_seconds = {s: {} for s in SETTINGS}, {s: {} for s in SETTINGS}, 0.0
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
         q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
-        sc = np.arange(len(q["targets"])) if every else np.load(f["scope"])
+        sc = scope_indices(job, split, len(q["targets"]))
         t = len(sc)
         tg = np.asarray(q["targets"])[sc]
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
@@ -445,12 +476,23 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
             "scope": "all tokens" if scores_every_token(job.wildcards["store"]) else "retrieval scope",
+            "tuning_sample": _tuning_sample_counts(job, docs),
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
             "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": documents_scheme(job),
             "scan": _scan(job),
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
+
+
+def _tuning_sample_counts(job: Job, docs: dict) -> dict | None:
+    """{'valid': [sampled documents, all documents]} when the job's valid tokens are a tuning sample (scope_file),
+    else None."""
+    path = scope_file(job, "valid")
+    if path is None or job.input.get("tuning_sample") is None:
+        return None
+    all_docs = len(np.load(by_split(job, "documents")["valid"])["tokens"])
+    return {"valid": [len(docs["valid"][2]), all_docs]}
 
 
 def _scan(job: Job) -> dict:
@@ -580,7 +622,7 @@ def table3(job: Job) -> dict:
     stores = sorted({s["store"] for s in jsons})
     on = ("" if [same_index_store(x) for x in stores] == ["full"] else
           f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})")
-    scope = ("all tokens of valid and test" if all(s.get("scope") == "all tokens" for s in jsons)
+    scope = (tuning_caption(cfg, jsons[0].get("tuning_sample")) if all(s.get("scope") == "all tokens" for s in jsons)
              else scope_caption(cfg))
     for s in jsons:
         key, metric = s["key_type"], s["metric"]

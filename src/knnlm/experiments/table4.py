@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cli import Job
-from ..config import derived_lm
+from ..config import table4_lms
 from ..io import read_json
 from ..results import METRIC_NAME
 from ..scoring import interpolate
@@ -73,7 +73,7 @@ def table4(job: Job) -> dict:
     from ..tables import write_table
 
     cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
-    names = [n for n in cfg["lms"] if not derived_lm(cfg, n)]  # the LMs trained from another one are App. E.6's
+    names = table4_lms(cfg)  # config 'table4.lms'; the LMs trained from another one are App. E.6's
     scores = [read_json(p) for p in job.paths("scores")]
     summaries = [lm_summary(p) for p in job.paths("models")]
     rows, m, cross = [], {}, []
@@ -104,7 +104,8 @@ def table4(job: Job) -> dict:
     scheme = str(docs[0]["scheme"]) if "scheme" in docs[0] else st["documents"]
     note = (f"Documents ({scheme}) differ between LMs, so gains of different LMs are not compared with each other."
             if not cross else "")
-    cap = (f"Table 4 ({cfg['name']}; Xu et al. 2023, App. A): the kNN-LM of Sec. 3 on every base LM of config 'lms' "
+    which = "every base LM of config 'lms'" if t4.get("lms") is None else f"the base LMs of config 'table4.lms' ({', '.join(names)})"
+    cap = (f"Table 4 ({cfg['name']}; Xu et al. 2023, App. A): the kNN-LM of Sec. 3 on {which} "
            f"(each with its own datastore from its own pass over train): h_ds = {t4['key_type']}, ⊗ = "
            f"{METRIC_NAME[t4['metric']]}, full store, FAISS mask + score, k = {cfg['knn']['k']}, τ = "
            f"{cfg['knn']['temperature']} (and τ tuned on valid), λ tuned on valid. Per word = total NLL / (whitespace "
