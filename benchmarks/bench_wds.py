@@ -11,6 +11,13 @@ BLAS path buys on this machine.
 """
 from __future__ import annotations
 
+import os
+
+# as knnlm/__init__.py: OpenBLAS threads stop spinning soon after each GEMM (before numpy loads OpenBLAS), and torch's
+# OpenMP threads sleep when idle, so the two pools do not take turns spinning on the same cores
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import sys
 import time

@@ -30,6 +30,26 @@ def test_exact_topk_matches_faiss_flat(data, metric):
 
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_both_cpu_gemms_give_the_same_neighbours(data, metric, monkeypatch):
+    """The CPU GEMM of the exact search (exact.cpu_gemm: numpy's OpenBLAS or torch's MKL, by CPU vendor or
+    KNNLM_CPU_GEMM) only changes float32 rounding: the same neighbours and distances either way."""
+    from knnlm import exact
+
+    keys, queries = data
+    out = {}
+    for lib in ("numpy", "torch"):
+        monkeypatch.setenv("KNNLM_CPU_GEMM", lib)
+        assert exact.cpu_gemm() == lib
+        monkeypatch.setattr(exact, "_CPU_GEMM", lib)
+        out[lib] = exact_topk(keys, queries, 50, metric, key_chunk=450, query_chunk=32, progress=False)
+    np.testing.assert_allclose(out["numpy"][1], out["torch"][1], rtol=1e-5, atol=1e-5)
+    assert np.mean(out["numpy"][0] == out["torch"][0]) > 0.99
+    monkeypatch.setenv("KNNLM_CPU_GEMM", "blas")
+    with pytest.raises(ValueError, match="KNNLM_CPU_GEMM"):
+        exact.cpu_gemm()
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_exact_topk_subset_and_seeded_thresholds(data, metric, tmp_path):
     """A datastore subset (rows), a memmap read with pread, several query blocks, and the sampled thresholds."""
     keys, queries = data

@@ -208,11 +208,32 @@ class _RunningTopKCPU:
         return s, torch.from_numpy(self.i).gather(1, order)
 
 
+def cpu_gemm() -> str:
+    """The library of the exact search's GEMM on the CPU: 'torch' (torch.mm, MKL) on Intel CPUs, 'numpy' (numpy's
+    OpenBLAS) on others, or environment variable KNNLM_CPU_GEMM ('numpy' | 'torch'). Measured at the search's shape
+    (1,024 × 129 · 129 × 32,768, 2 threads): on an AMD EPYC OpenBLAS 172 GFLOP/s against MKL's 105; on an Intel
+    Xeon (avx512) MKL 31.6 ms against OpenBLAS's 36.7 ms. One choice per machine, so a rerun there gives the same
+    sums."""
+    choice = os.environ.get("KNNLM_CPU_GEMM")
+    if choice:
+        if choice not in ("numpy", "torch"):
+            raise ValueError(f"environment variable KNNLM_CPU_GEMM must be 'numpy' or 'torch', found {choice!r}")
+        return choice
+    try:
+        with open("/proc/cpuinfo") as f:
+            intel = any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        intel = False
+    return "torch" if intel else "numpy"
+
+
+_CPU_GEMM = cpu_gemm()
+
+
 def _scores(q: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
-    """out [m, n] = q [m, D+1] · x[n, D+1]ᵀ in fp32. On the CPU through numpy's BLAS (OpenBLAS in numpy's wheels):
-    measured 172 GFLOP/s against torch.mm's 105 on this project's 2-core AMD EPYC at the exact search's shapes
-    (1,024 × 257 · 257 × 32,768), the same sums to float32 rounding; torch.mm elsewhere."""
-    if q.device.type == "cpu":
+    """out [m, n] = q [m, D+1] · x[n, D+1]ᵀ in fp32: on the CPU through the faster BLAS of the machine (cpu_gemm), the
+    same sums to float32 rounding; torch.mm elsewhere."""
+    if q.device.type == "cpu" and _CPU_GEMM == "numpy":
         np.matmul(q.numpy(), x.numpy().T, out=out.numpy())
     else:
         torch.mm(q, x.T, out=out)
