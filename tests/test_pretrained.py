@@ -30,6 +30,8 @@ def test_shipped_lm_loads_matches_its_card_and_reproduces_its_perplexity(card_pa
     assert sha256_file(shipped.path("bpe_model")) == card["bpe_sha256"]
     state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
     assert state["last_optimizer_state"] is None and state["optimizer_history"][-1]["num_updates"] == card["checkpoint_update"]
+    # weights of this LM only: a soft-label LM's teacher (saved in its criterion's state) ships as its own LM
+    assert not any(k.startswith("teacher.") for k in (state.get("criterion") or {}))
     assert card["checkpoint_update"] <= card["updates"]
     got = slice_perplexity(ckpt, shipped.root, PROJECT_ROOT / card["config"], card["valid_slice"]["lines"])
     assert got["tokens"] == card["valid_slice"]["tokens"]

@@ -91,8 +91,9 @@ def load_fairseq_lm(checkpoint: str | Path, data_bin: str | Path, key: str):
 
 def strip_checkpoint(src: str | Path, dst: str | Path, fp16: bool) -> None:
     """Write the weights of fairseq checkpoint `src` to `dst` atomically: 'model' (fp16 when asked), 'cfg', 'args',
-    'criterion', 'task_state' and the update count ('optimizer_history', without the optimizer's moments and the
-    data iterator's state)."""
+    'criterion' (less a soft-label teacher's weights, knnlm.soft_labels: the teacher is an LM of its own, and only
+    training reads them), 'task_state' and the update count ('optimizer_history', without the optimizer's moments
+    and the data iterator's state)."""
     import torch
 
     st = torch.load(src, map_location="cpu", weights_only=False)
@@ -103,7 +104,8 @@ def strip_checkpoint(src: str | Path, dst: str | Path, fp16: bool) -> None:
         if ptr not in done:
             done[ptr] = v.half() if fp16 and v.is_floating_point() else v
         model[k] = done[ptr]
-    keep = {"args": st.get("args"), "cfg": st["cfg"], "model": model, "criterion": st.get("criterion"),
+    criterion = {k: v for k, v in (st.get("criterion") or {}).items() if not k.startswith("teacher.")} or None
+    keep = {"args": st.get("args"), "cfg": st["cfg"], "model": model, "criterion": criterion,
             "optimizer_history": st["optimizer_history"][-1:], "task_state": st.get("task_state", {}),
             "extra_state": {k: v for k, v in st.get("extra_state", {}).items() if k in ("val_loss", "best")},
             "last_optimizer_state": None}
