@@ -524,6 +524,7 @@ def test_small_store_on_every_token(tiny_run):
     assert len(np.unique(docs[sample])) == TINY["retrieval"]["tuning_documents"] < len(np.unique(docs))
     assert np.isin(docs, docs[sample]).sum() == len(sample)  # whole documents
     assert s["tuning_sample"] == {"valid": [TINY["retrieval"]["tuning_documents"], int(docs.max()) + 1]}
+    assert read_json(art(tiny_run, "settings", store="r0.2", **where))["tuning_sample"] is None  # a scoped store
     for split in ("valid", "test"):
         sc = np.load(art(tiny_run, "scope", split=split))
         t = read_json(art(tiny_run, "queries_manifest", split=split))["T"]

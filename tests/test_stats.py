@@ -111,6 +111,30 @@ def test_tuning_sample_is_n_whole_documents_uniformly():
         document_sample(doc, 0, seed=0)
 
 
+def test_tokens_a_store_scores_per_split(tmp_path):
+    """retrieval.scope_indices: a scoped store reads the retrieval scope on both splits and records no tuning sample
+    (an empty optional input included); a store scored on every token reads every test token and, on valid, the
+    tuning sample when it has one, whose document counts its settings record."""
+    from knnlm.cli import Job
+    from knnlm.experiments.retrieval import _tuning_sample_counts, scope_indices
+
+    for name, arr in (("scope_valid", [1, 2]), ("scope_test", [0, 3]), ("sample", [2, 3, 4])):
+        np.save(tmp_path / f"{name}.npy", np.array(arr))
+    np.savez(tmp_path / "docs_valid.npz", tokens=np.array([3, 2, 1]))
+    scope = [str(tmp_path / "scope_valid.npy"), str(tmp_path / "scope_test.npy")]
+    docs = {"valid": (None, None, [0, 1])}
+    scoped = Job(cfg={}, input={"scope": scope, "tuning_sample": [], "documents": [str(tmp_path / "docs_valid.npz")] * 2},
+                 wildcards={"store": "r0.2"})
+    assert scope_indices(scoped, "valid", 6).tolist() == [1, 2] and scope_indices(scoped, "test", 6).tolist() == [0, 3]
+    assert _tuning_sample_counts(scoped, docs) is None
+    every = Job(cfg={}, input={"tuning_sample": str(tmp_path / "sample.npy"),
+                               "documents": [str(tmp_path / "docs_valid.npz")] * 2}, wildcards={"store": "r0.2-alltokens"})
+    assert scope_indices(every, "valid", 6).tolist() == [2, 3, 4] and scope_indices(every, "test", 6).tolist() == list(range(6))
+    assert _tuning_sample_counts(every, docs) == {"valid": [2, 3]}
+    with pytest.raises(Exception, match="beyond the 4 tokens"):
+        scope_indices(every, "valid", 4)
+
+
 def test_findings_verdicts():
     from knnlm.experiments.findings import verdict
 

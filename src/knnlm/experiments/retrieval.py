@@ -488,8 +488,9 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
 def _tuning_sample_counts(job: Job, docs: dict) -> dict | None:
     """{'valid': [sampled documents, all documents]} when the job's valid tokens are a tuning sample (scope_file),
     else None."""
-    path = scope_file(job, "valid")
-    if path is None or job.input.get("tuning_sample") is None:
+    from ..stores import scores_every_token
+
+    if not (scores_every_token(job.wildcards["store"]) and job.input.get("tuning_sample")):
         return None
     all_docs = len(np.load(by_split(job, "documents")["valid"])["tokens"])
     return {"valid": [len(docs["valid"][2]), all_docs]}
