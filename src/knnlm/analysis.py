@@ -314,21 +314,7 @@ def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarr
     number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True, the same as dedup=False on
     unique_tokens(token_ids), which callers sweeping T compute once); −inf for a target not retrieved.
     logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour)."""
-    if dedup:
-        token_ids = unique_tokens(token_ids)
-    logits = np.asarray(logits, dtype=np.float64)
-    t = len(token_ids)
-    valid = token_ids >= 0
-    ids = np.where(valid, token_ids, 0)
-    s = np.where(valid, np.take_along_axis(logits, ids, 1) / temperature, -np.inf)
-    m = s.max(1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
-        lse = m[:, 0] + np.log(np.exp(s - m).sum(1))
-    hit = ((ids == targets[:, None]) & valid).sum(1)
-    tl = logits[np.arange(t), targets] / temperature
-    with np.errstate(divide="ignore"):
-        return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)
+    return subset_log_prob_grid(logits, targets, unique_tokens(token_ids) if dedup else token_ids, [temperature])[0]
 
 
 def subset_log_prob_grid(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarray,
