@@ -88,12 +88,16 @@ class _TargetLogProb(torch.autograd.Function):
     [B, R] logits (sub, exp, mul, a zero-filled gather gradient and its sum, each a fresh allocation). Here the
     forward keeps log_softmax(logits) (one fused kernel) and the backward turns it into the gradient in place:
     ∂/∂logits[b, r] = g_b (w_{b,r} − softmax(logits)[b, r]), with w the target entries' share of p(target_b)
-    (a sparse index_put). Single backward only (the saved log-softmax is overwritten).
+    (a sparse index_put). Single backward only (the saved log-softmax is overwritten). The log-softmax is computed
+    in place over `logits`, which every caller passes as its own temporary (no autograd node saves it): a W_ds step
+    then allocates one [B, R] array instead of two. Each such array (131 MB at B = 4,096, R = 8,000) is a fresh mmap
+    whose pages the kernel zeroes on first touch; measured on 2 cores, a W_ds training process spent 30-45 % of
+    its CPU time in the kernel.
     """
 
     @staticmethod
     def forward(ctx, logits, b, rows, lw, n):
-        logsm = torch.log_softmax(logits, 1)
+        logsm = torch._log_softmax(logits, 1, False, out=logits)
         vals = logsm[b, rows] + lw
         out = _segment_logsumexp(vals, b, n)
         w = torch.exp(vals - out[b])
