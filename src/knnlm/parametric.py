@@ -97,7 +97,7 @@ class _TargetLogProb(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, b, rows, lw, n):
-        logsm = torch._log_softmax(logits, 1, False, out=logits)
+        logsm = torch.log_softmax(logits, 1, out=logits)
         vals = logsm[b, rows] + lw
         out = _segment_logsumexp(vals, b, n)
         w = torch.exp(vals - out[b])
