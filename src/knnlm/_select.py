@@ -283,6 +283,7 @@ def select_tile(sc, col_ids, thr, buf_s, buf_i, fill, top_s, top_i):
                 v = row[j]
                 if v < t:
                     continue
+                # written out as in select_groups: an inline helper returning (t, f) measured ~4 % slower here
                 if f == cap:
                     kth = merge_row(top_s[r], top_i[r], buf_s[r], buf_i[r], f)
                     f = 0

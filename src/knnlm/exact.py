@@ -423,6 +423,9 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
     sample_runs: contiguous runs of keys (key_chunk keys in all) scored first to seed the thresholds (0 = off).
     Peak memory ≈ query_chunk × key_chunk × 4 bytes (score buffer) + query_block × k × 12 bytes (running
     top-k) + one key chunk, independent of N. Raises ValueError on a bad metric, k, rows or stops.
+    On the CPU, torch.get_num_threads() worker threads share the scan (module doc); while they run, the process's
+    GEMM library is held at one thread per call (torch.set_num_threads(1), or numpy's BLAS through threadpoolctl)
+    and restored after each key chunk, so other torch work in the same process meanwhile also runs on one thread.
     stops: nested subsets in one scan (Sec. 5's datastore sizes): increasing positions in the scanned rows, the
     last = N (or len(rows)); the result at stop s is the exact top-k of rows[:s], taken when the scan passes s.
     Then returns [(ids, dists)], one pair per stop ([T, k] each), instead of one pair.
