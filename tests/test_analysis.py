@@ -230,3 +230,40 @@ def test_memorisation_check_of_an_overfitted_lm():
     row = memorisation("overfit", {**tr, "train_loss_last": np.log2(40.0)})
     assert row["verdict"] == "not memorised"
     assert memorisation("overfit", None)["verdict"] == "unknown"
+
+
+def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
+    """App. E.1-E.2's per-token pass (experiments.hypotheses._per_token) in small chunks on two threads gives the same
+    numbers, bit for bit, as one chunk on one thread: every quantity is per token, so neither the chunking nor the
+    order the threads finish in may change a value. Also its LM drift check: exactly 0 when the dumped log p_LM is
+    the recomputed one."""
+    from types import SimpleNamespace
+
+    from knnlm.experiments import hypotheses as hy
+
+    rng = np.random.default_rng(4)
+    t, d, v, k, n = 300, 8, 40, 16, 500
+    w_sm = rng.standard_normal((v, d)).astype(np.float32)
+    vals = rng.integers(0, v, n)
+    ffn = rng.standard_normal((t, d)).astype(np.float32)
+    lg = (ffn @ w_sm.T).astype(np.float64)
+    targets = rng.integers(0, v, t)
+    lm = lg[np.arange(t), targets] - np.log(np.exp(lg).sum(1))
+    ids = rng.integers(0, n, (t, k)).astype(np.int32)
+    ids[5, 3:] = -1  # a token with few neighbours
+    inputs = {split: {"targets": targets, "lm": lm, "ffn": ffn, "queries": {"att": rng.standard_normal((t, d)).astype(
+        np.float32)}, "ids": {"att": (ids, np.arange(t))}} for split in ("valid", "test")}
+    monkeypatch.setattr(hy, "_split_inputs", lambda job, split, keys: inputs[split])
+    cfg = {"hypotheses": {"topk": [4, 16, 64], "sparsify_temperatures": [0.5, 1.0, 2.0]}}
+    runs = []
+    for chunk, threads in ((t, 1), (7, 2)):
+        monkeypatch.setattr(hy, "CHUNK", chunk)
+        runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0]))
+    (one, drift1), (many, drift2) = runs
+    assert drift1 == drift2 and drift1["ks"] == [4, 16] and drift1["valid"] < 1e-12
+    for split in ("valid", "test"):
+        np.testing.assert_array_equal(one[split]["e1"]["att"], many[split]["e1"]["att"])
+        np.testing.assert_array_equal(one[split]["topk"], many[split]["topk"])
+        for dd in (False, True):
+            np.testing.assert_array_equal(one[split]["subset"][("att", dd)], many[split]["subset"][("att", dd)])
+        assert np.isfinite(one[split]["topk"]).any() and np.isfinite(one[split]["e1"]["att"]).any()  # not all −inf

@@ -362,3 +362,49 @@ def test_nested_shards_plan():
     assert nested_shards([0.05, 0.1, 1.0], 4) == [(0, 0, 1), (1, 0, 1), (2, 0, 4), (2, 1, 4), (2, 2, 4), (2, 3, 4)]
     with pytest.raises(ValueError, match="shards"):
         nested_shards([1.0], 0)
+
+
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_tiles_match_faiss_flat(metric, threads, monkeypatch):
+    """Chunks after the first go through the CPU's tiles (_scan_tiles): several key tiles per chunk and a short last
+    one, several row tiles per worker and a short last one, one or two worker threads; the neighbours are faiss
+    Flat's, and the GEMM's thread count is restored afterwards. Fails if the tiles are skipped or drop a score."""
+    import faiss
+    import torch
+
+    import knnlm.exact as ex
+
+    calls = []
+    real = ex._scan_tiles
+    monkeypatch.setattr(ex, "_scan_tiles", lambda *a: calls.append(a[1].shape[0]) or real(*a))
+    rng = np.random.default_rng(5)
+    keys = rng.standard_normal((12003, 16)).astype(np.float16)
+    q = rng.standard_normal((300, 16)).astype(np.float32)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ids, d = ex.exact_topk(keys, q, 64, metric, key_chunk=4992, query_chunk=300, progress=False)
+        if threads > 1:  # the one-thread GEMM's setting is undone (numba's parallel kernels reset OpenMP's count to
+            assert torch.get_num_threads() == threads  # their own, so threads = 1 cannot be checked this way)
+    finally:
+        torch.set_num_threads(before)
+    assert calls == [4992, 2019]  # key chunks 2 and 3 (the first seeds the thresholds); 2,019 = 126 groups + 3
+    want_d, want_i = _flat_search(keys, q, 64, metric)
+    np.testing.assert_allclose(d, want_d, rtol=1e-5, atol=1e-5)
+    assert np.mean([len(set(ids[i]) & set(want_i[i])) / 64 for i in range(len(q))]) > 0.999
+
+
+def test_cpu_tile_follows_the_l2_cache(tmp_path):
+    """cpu_l2_bytes reads the level-2 data/unified cache of Linux's cache directory (not L1 or L3, not the
+    instruction cache) and falls back to 1 MiB; the tile width is that size over 128 rows of fp32, in 1,024..4,096."""
+    from knnlm.exact import TILE_KEYS, TILE_QUERIES, cpu_l2_bytes
+
+    for name, level, kind, size in (("index0", 1, "Data", "48K"), ("index1", 2, "Instruction", "64K"),
+                                    ("index2", 2, "Unified", "2048K"), ("index3", 3, "Unified", "260M")):
+        (tmp_path / name).mkdir()
+        for f, text in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / f).write_text(f"{text}\n")
+    assert cpu_l2_bytes(str(tmp_path)) == 2 << 20
+    assert cpu_l2_bytes(str(tmp_path / "missing")) == 1 << 20
+    assert TILE_KEYS in (1024, 2048, 4096) and TILE_KEYS * TILE_QUERIES * 4 <= max(cpu_l2_bytes(), 1 << 19)

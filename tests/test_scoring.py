@@ -232,6 +232,34 @@ def test_temperature_sweep_sorted_rows_hits_near_and_far_from_the_best():
         np.testing.assert_allclose(sweep[i][fin], direct[fin], rtol=1e-5, atol=1e-5)
 
 
+_SWEEP_IN_A_PROCESS = """
+import sys
+import numpy as np
+from knnlm.scoring import sweep_temperature
+rng = np.random.default_rng(5)
+scores = -np.sort(rng.gamma(2.0, 30.0, size=(2000, 200)).astype(np.float32), axis=1)
+hit = rng.random(scores.shape) < 0.1
+np.save(sys.argv[1], sweep_temperature(scores, hit, np.ones(scores.shape, bool), [0.5, 1.0, 4.0, 16.0]))
+"""
+
+
+def test_temperature_sweep_same_bits_compiled_or_loaded_from_numba_cache(tmp_path):
+    """The τ sweep's kernel gives the same bits in a process that compiles it and in one that loads it from numba's
+    cache: its sums run in a fixed order (knnlm._sweep.FAST has no 'reassoc'), so a job and its recomputation in
+    another process agree exactly, whichever compiled the kernel first."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = [tmp_path / "compiled.npy", tmp_path / "cached.npy"]
+    for f in out:  # the first run compiles and writes the cache, the second loads it
+        subprocess.run([sys.executable, "-c", _SWEEP_IN_A_PROCESS, str(f)], env=env, check=True)
+    assert any((tmp_path / "numba").rglob("*sweep_kernel*.nbc"))
+    a, b = np.load(out[0]), np.load(out[1])
+    assert np.isfinite(a).mean() > 0.5 and np.array_equal(a, b, equal_nan=True)
+
+
 def test_best_lambda_per_tau_is_the_grid_argmin():
     """The binary search over λ (the NLL is convex in λ) finds nll_grid's first minimum for every τ, including
     τ rows where p_kNN = 0 for some tokens (λ = 1 costs inf) and flat rows (p_kNN = p_LM: every λ ties)."""

@@ -241,3 +241,81 @@ def neighbour_distances_f32(keys, queries, ids, l2, out):
         for j in range(ids.shape[1]):
             i = ids[t, j]
             out[t, j] = (np.inf if l2 else -np.inf) if i < 0 else _distance(keys[i], np.float32(1.0), q, l2)
+
+
+TILE_GROUP = 16  # scores per group in select_tile (a passing group costs TILE_GROUP strided reads)
+
+
+@njit(nogil=True, cache=True, fastmath={'nnan', 'nsz'})
+def select_tile(sc, col_ids, thr, buf_s, buf_i, fill, top_s, top_i):
+    """Offer a [m, n] tile of scores (col_ids [n] int64) to the running top-k of its m rows, in the calling thread.
+
+    The single-threaded twin of select_groups for a tile that the same thread has just computed (still in its L2
+    cache): group g of a row holds the scores g, g + n/G, g + 2n/G, ... (G = TILE_GROUP), so the group maxima are
+    an elementwise max of G contiguous slabs (vectorised; unsigned indices keep numba's negative-index wrap out of
+    the loop: 9 G scores/s per core against 2.5 with signed ones); the groups whose maximum reaches the row's
+    threshold are read score by score, and the n mod G trailing scores one by one. thr [m] float32, buf_s/buf_i
+    [m, cap], fill [m] int64, top_s/top_i [m, k]: the running state of these rows, updated in place. nogil: the
+    exact search's worker threads run it side by side on disjoint rows."""
+    m, n = sc.shape
+    ng = np.uint64(n // TILE_GROUP)
+    cap = buf_s.shape[1]
+    mx = np.empty(max(n // TILE_GROUP, 1), dtype=np.float32)
+    for r in range(m):
+        t = thr[r]
+        f = fill[r]
+        row = sc[r]
+        for g in range(ng):
+            mx[g] = row[g]
+        for s in range(np.uint64(1), np.uint64(TILE_GROUP)):
+            o = s * ng
+            for g in range(ng):
+                mx[g] = max(mx[g], row[o + g])
+        for g in range(ng + np.uint64(n) - ng * np.uint64(TILE_GROUP)):
+            if g < ng:
+                if mx[g] < t:
+                    continue
+                j0, step, cnt = g, ng, np.uint64(TILE_GROUP)
+            else:  # a trailing score
+                j0, step, cnt = ng * np.uint64(TILE_GROUP) + (g - ng), np.uint64(1), np.uint64(1)
+            for a in range(cnt):
+                j = j0 + a * step
+                v = row[j]
+                if v < t:
+                    continue
+                # written out as in select_groups: an inline helper returning (t, f) measured ~4 % slower here
+                if f == cap:
+                    kth = merge_row(top_s[r], top_i[r], buf_s[r], buf_i[r], f)
+                    f = 0
+                    if kth > t:
+                        t = kth
+                    if v < t:
+                        continue
+                buf_s[r, f] = v
+                buf_i[r, f] = col_ids[j]
+                f += 1
+        fill[r] = f
+        thr[r] = t
+
+
+@njit(parallel=True, cache=True)
+def ties_by_id(ids, dists):
+    """Within each row of (ids [m, k] int64, dists [m, k] float32) already in distance order, reorder every run of
+    equal distances by ascending id, in place (insertion sort: runs are short). Together with the distance order this
+    is knnlm.exact.canonical_order, in O(k) per row instead of a lexsort."""
+    for r in prange(ids.shape[0]):
+        d, i = dists[r], ids[r]
+        k = d.shape[0]
+        a = 0
+        while a < k:
+            b = a + 1
+            while b < k and d[b] == d[a]:
+                b += 1
+            for x in range(a + 1, b):  # ids of the run [a, b)
+                v = i[x]
+                y = x - 1
+                while y >= a and i[y] > v:
+                    i[y + 1] = i[y]
+                    y -= 1
+                i[y + 1] = v
+            a = b

@@ -293,9 +293,9 @@ def output_embedding_scores(queries: np.ndarray, w_sm: np.ndarray, token_ids: np
     w = np.asarray(w_sm, dtype=np.float32)
     valid = token_ids >= 0
     ids = np.where(valid, token_ids, 0)
-    qw = (q @ w.T).astype(np.float64)
+    qw = np.take_along_axis(q @ w.T, ids, 1).astype(np.float64)  # the [t, k] gathered, not the [t, V] product, in fp64
     w_sq = (w.astype(np.float64) ** 2).sum(1)
-    s = 2 * np.take_along_axis(qw, ids, 1) - w_sq[ids] - (q.astype(np.float64) ** 2).sum(1)[:, None]
+    s = 2 * qw - w_sq[ids] - (q.astype(np.float64) ** 2).sum(1)[:, None]
     return np.where(valid, s, -np.inf)
 
 
