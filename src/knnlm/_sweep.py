@@ -46,14 +46,21 @@ def _exp_terms(z, w, inv_tau, frac, expo):
         expo[j] = (np.int32(n) + np.int32(127)) << np.int32(23)
 
 
+@njit(cache=True, inline='always')
+def _fold_size(w):
+    """The power of two n ≥ max(w, 8) that _fold_sum folds: the length its scratch needs."""
+    n = 8
+    while n < w:
+        n *= 2
+    return n
+
+
 @njit(cache=True, fastmath=FAST, inline='always')
 def _fold_sum(e, w):
     """Σ_{j < w} e[j] in float32 by pairwise folding, a fixed order: e[w:n] set to 0 for the power of two n ≥ w, then
     e[j] += e[j + n/2] for j < n/2 while n > 8 (elementwise: vectorised without reassociation), then a tree of the
-    last 8. e: [≥ max(n, 8)] float32 scratch, overwritten."""
-    n = 8
-    while n < w:
-        n *= 2
+    last 8. e: [≥ _fold_size(w)] float32 scratch, overwritten."""
+    n = _fold_size(w)
     for j in range(w, n):
         e[j] = np.float32(0.0)
     while n > 8:
@@ -67,7 +74,7 @@ def _fold_sum(e, w):
 @njit(cache=True, fastmath=FAST)  # not inlined at numba's IR level: the caller runs without fast-math
 def _exp_sum(z, w, inv_tau, frac, expo):
     """Σ_{j < w} exp(z[j] · inv_tau) for z ≤ 0 (float32, _exp_terms, summed by _fold_sum). frac/expo: float32/int32
-    scratch of at least the power of two ≥ max(w, 8)."""
+    scratch of at least _fold_size(w)."""
     _exp_terms(z, w, inv_tau, frac, expo)
     scale = expo.view(np.float32)
     for j in range(w):
@@ -117,11 +124,8 @@ def sweep_kernel(scores, hit, valid, inv_taus, cut, out):
         z = np.empty(k, dtype=np.float32)
         hz = np.empty(k, dtype=np.float64)
         hmask = np.zeros(k, dtype=np.float32)
-        n2 = 8  # the scratch of _fold_sum: a power of two ≥ k
-        while n2 < k:
-            n2 *= 2
-        frac = np.empty(n2, dtype=np.float32)
-        expo = np.empty(n2, dtype=np.int32)
+        frac = np.empty(_fold_size(k), dtype=np.float32)  # _fold_sum's scratch, for any w ≤ k
+        expo = np.empty(_fold_size(k), dtype=np.int32)
         m = 0
         nh = 0
         best = -np.inf
