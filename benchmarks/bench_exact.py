@@ -8,7 +8,7 @@ with the first t of its valid att queries -- the threshold filter behaves differ
 1. exact_topk GFLOP/s over numpy's matmul GFLOP/s (its OpenBLAS, all threads) on the same product in blocks of
    --query-chunk x --key-chunk, fp32 keys in RAM, output buffer reused (goal >= 0.8): streaming, fp16->fp32
    conversion and top-k selection should cost little next to the matmul. Also over torch.mm (MKL on Intel CPUs),
-   the GEMM exact_topk calls there (knnlm.exact.cpu_gemm).
+   the GEMM exact_topk calls there (knnlm.search.exact.cpu_gemm).
 2. exact_topk time over faiss brute force (faiss.knn on the same fp32 keys already in RAM, same k, same threads;
    goal > 1: faster than the library a user would otherwise pick), and whether the two agree (ids up to ties,
    distances to 1e-4 relative, and each one's error against float64 distances over |q|² + |x|², the scale of fp32
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from knnlm.exact import exact_topk  # noqa: E402
+from knnlm.search.exact import exact_topk  # noqa: E402
 
 from _data import make_keys  # noqa: E402  (benchmarks/_data.py, beside this script)
 

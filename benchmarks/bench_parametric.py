@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from knnlm.experiments.parametric import checkpoint_output_matrix  # noqa: E402
 from knnlm.paths import Layout  # noqa: E402
-from knnlm.dump import forward_states, iter_split, load_lm, open_datastore  # noqa: E402
+from knnlm.lm.fairseq import forward_states, iter_split, load_lm
+from knnlm.datastore.dump import open_datastore  # noqa: E402
 from knnlm.parametric import Aggregation, AggregatedSoftmax, KeyBatches  # noqa: E402
 
 
@@ -55,7 +56,7 @@ def paper_shape(tokens: int, batch: int, block: int = 512, vocab: int = 33_000, 
     from fairseq.models.transformer_lm import TransformerLanguageModel, TransformerLanguageModelConfig
     from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-    from knnlm.dump import forward_states
+    from knnlm.lm.fairseq import forward_states
 
     d = Dictionary()
     for i in range(vocab - len(d)):

@@ -2,7 +2,7 @@
 
   python benchmarks/bench_scoring.py [--n 1000000] [--d 256] [--t 2048] [--k 1024]
 
-1. "Real score" (exact distances of given neighbours, knnlm.exact.recompute_distances: a numba kernel reading
+1. "Real score" (exact distances of given neighbours, knnlm.search.exact.recompute_distances: a numba kernel reading
    each neighbour's fp16 row from the memmap) vs numpy (gather the rows, then einsum) and vs faiss
    (IndexFlatL2.compute_distance_subset, fp32 keys already in RAM). Goal: faster than both; same distances.
 2. recall@k of approximate vs exact neighbours (knnlm.experiments.retrieval.recall_at_k: per-row sort and binary
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from knnlm.exact import recompute_distances  # noqa: E402
+from knnlm.search.exact import recompute_distances  # noqa: E402
 from knnlm.experiments.retrieval import recall_at_k  # noqa: E402
 
 from _data import make_keys  # noqa: E402  (benchmarks/_data.py, beside this script)

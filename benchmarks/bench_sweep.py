@@ -22,10 +22,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from knnlm.dump import open_datastore, open_queries  # noqa: E402
+from knnlm.datastore.dump import open_datastore, open_queries  # noqa: E402
 from knnlm.io import read_json  # noqa: E402
 from knnlm.paths import Layout  # noqa: E402
-from knnlm.scoring import best_lambda_per_tau, lambda_grid, neighbour_hits, scores_from_distances, sweep_temperature  # noqa: E402,E501
+from knnlm.scoring.interpolation import (best_lambda_per_tau, lambda_grid, neighbour_hits, scores_from_distances,
+                                         sweep_temperature)  # noqa: E402,E501
 
 
 def main() -> None:
@@ -89,7 +90,7 @@ def main() -> None:
           f"(fastest of {a.repeat}, all {', '.join(f'{x:.2f}' for x in t_searches)}); "
           f"ratio {t_sweep / t_search:.3f} (goal <= 0.05)")
     if a.exact:
-        from knnlm.exact import exact_topk
+        from knnlm.search.exact import exact_topk
 
         t0 = time.perf_counter()
         exact_topk(keys, queries, k, a.metric, progress=False)

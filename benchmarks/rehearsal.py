@@ -12,9 +12,9 @@
    on this machine), one job at a time so that each job's time is its own. The run with S = --index-shards also
    builds the store's IVFPQ index (train on a sample, add in chunks: rule build_index).
 3. Prints, from each job's Snakemake benchmark: per-shard seconds (the job's, and the scan's own from its meta) and
-   peak RSS, the merge's seconds and RSS, the index build's; the GFLOP/s of each shard; and checks that every S gives the same merged ids and distances bit
-   for bit (S = 1 is one unsharded scan through the same rule), and how one in-process scan (knnlm.exact.exact_topk)
-   of the first --check queries agrees with them. Writes <results-dir>/rehearsal.json.
+   peak RSS, the merge's seconds and RSS, the index build's; the GFLOP/s of each shard; and checks that every S gives
+   the same merged ids and distances bit for bit (S = 1 is one unsharded scan through the same rule), and how one
+   in-process scan (knnlm.search.exact.exact_topk) of the first --check queries agrees with them. Writes <results-dir>/rehearsal.json.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def main() -> None:
         merged[s] = (np.load(layout.path("exact_ids", **wc)), np.load(layout.path("exact_dists", **wc)))
         print(json.dumps({s: out}, indent=1, default=str)[:3000], flush=True)
     # every shard count gives the same real mask, and it equals one in-process scan of the first queries
-    from knnlm.exact import exact_topk
+    from knnlm.search.exact import exact_topk
 
     base = merged[a.shards[0]]
     report["shard_counts_agree"] = {s: bool(np.array_equal(m[0], base[0]) and np.array_equal(m[1], base[1]))

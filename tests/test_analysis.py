@@ -1,9 +1,10 @@
-"""The analyses of App. D and App. E (knnlm.analysis) against brute-force references and hand-computed cases."""
+"""The analyses of App. D and App. E (knnlm.scoring.analysis) against brute-force references and hand-computed cases."""
 import numpy as np
 import pytest
 
-from knnlm import analysis as an
-from knnlm.stats import jackknife_sums
+from knnlm.scoring import analysis as an
+from knnlm.statistics import regression as rg
+from knnlm.statistics.intervals import jackknife_sums
 
 pytestmark = pytest.mark.unit
 
@@ -35,9 +36,9 @@ def test_slope_and_correlation_from_sums_match_numpy():
     rng = np.random.default_rng(1)
     x, y, doc = rng.normal(size=200), rng.normal(size=200), rng.integers(0, 5, 200)
     y = y + 0.3 * x
-    s = an.regression_sums(x, y, doc, 5).sum(0)
-    assert an.slope_of(s)[0] == pytest.approx(np.polyfit(x, y, 1)[0])
-    assert an.correlation_of(s)[0] == pytest.approx(np.corrcoef(x, y)[0, 1])
+    s = rg.regression_sums(x, y, doc, 5).sum(0)
+    assert rg.slope_of(s)[0] == pytest.approx(np.polyfit(x, y, 1)[0])
+    assert rg.correlation_of(s)[0] == pytest.approx(np.corrcoef(x, y)[0, 1])
 
 
 def test_type_slope_matches_a_direct_regression_and_its_jackknife():
@@ -46,14 +47,14 @@ def test_type_slope_matches_a_direct_regression_and_its_jackknife():
     target, doc = rng.choice([1, 3, 4, 7, 9], t), np.sort(rng.integers(0, n_docs, t))
     f_real, f_faiss = rng.random(t) < 0.4, rng.random(t) < 0.5
     x = np.array([2.0, 5.0, 3.0, 9.0])
-    counts = an.type_counts(target, doc, n_docs, [f_real, f_faiss], types)
+    counts = rg.type_counts(target, doc, n_docs, [f_real, f_faiss], types)
     assert counts.shape == (n_docs, 4, 3) and counts[..., 0].sum() == np.isin(target, types).sum()
 
     def direct(mask):
         y = [f_real[mask & (target == v)].mean() - f_faiss[mask & (target == v)].mean() for v in types]
         return np.polyfit(x, y, 1)[0]
 
-    stat = an.type_slope(x)
+    stat = rg.type_slope(x)
     assert stat(counts.reshape(n_docs, -1).sum(0))[0] == pytest.approx(direct(np.ones(t, bool)))
     left_out = counts.reshape(n_docs, -1).sum(0) - counts[3].reshape(-1)
     assert stat(left_out)[0] == pytest.approx(direct(doc != 3))
@@ -62,7 +63,7 @@ def test_type_slope_matches_a_direct_regression_and_its_jackknife():
 
 
 def test_window_positions_follow_the_sliding_windows_of_the_dump():
-    from knnlm.hf import windows
+    from knnlm.lm.windows import windows
 
     n, L, C = 50, 12, 4
     ref = np.empty(n, dtype=np.int64)

@@ -211,8 +211,9 @@ def word_level_adaptive_lm(tmp_path_factory, wikitext2_dir):
 def test_word_level_adaptive_softmax_lm(word_level_adaptive_lm, tmp_path):
     """A word-level fairseq LM with an adaptive softmax scores text as fairseq's own pass over its binarised split
     does, its next-token distribution sums to 1, and it gets a datastore and a kNN-LM."""
-    from knnlm.api import FairseqLM, KNNLM
-    from knnlm.dump import fairseq_pass
+    from knnlm.lm.fairseq import FairseqLM
+    from knnlm.api import KNNLM
+    from knnlm.lm.fairseq import fairseq_pass
 
     d = word_level_adaptive_lm
     lm = FairseqLM(d / "ckpt/checkpoint_last.pt", d / "bin", None)
@@ -230,7 +231,7 @@ def test_word_level_adaptive_softmax_lm(word_level_adaptive_lm, tmp_path):
 
 def test_adaptive_softmax_declared_in_the_config(word_level_adaptive_lm):
     """A dump checks config 'lms.<lm>.adaptive_softmax' against the checkpoint: a mismatch names the key."""
-    from knnlm.dump import fairseq_pass
+    from knnlm.lm.fairseq import fairseq_pass
     from knnlm.io import ArtifactError
 
     d = word_level_adaptive_lm
@@ -262,8 +263,8 @@ def _datastore_of(lm, d, tmp_path):
 def test_import_memmap_datastore(tmp_path, layout):
     """Headerless memmaps of the knn-transformers and urvashik/knnlm layouts become this layout's keys, vals and
     manifest, row for row; a wrong size or an overflowed val is refused naming the file."""
-    from knnlm.dump import open_datastore
-    from knnlm.importer import import_memmap
+    from knnlm.datastore.dump import open_datastore
+    from knnlm.datastore.importer import import_memmap
     from knnlm.io import ArtifactError
 
     rng = np.random.default_rng(0)

@@ -24,7 +24,7 @@ def base_cfg(tmp_path):
 
 def test_temperature_grid_and_store_names():
     from knnlm.config import temperatures
-    from knnlm.stores import store_name, store_ratio
+    from knnlm.datastore.stores import store_name, store_ratio
 
     cfg = {"temperature": {"start": 0.0, "stop": 3.0, "step": 0.1}}
     taus = temperatures(cfg)
@@ -37,7 +37,7 @@ def test_temperature_grid_and_store_names():
 def test_stores_sharing_keys_or_index():
     """An '-ivf<k>' store shares its base store's exact search, not its index; an '-alltokens' store shares its base
     store's index (same rows and seed), not its exact search (its scope differs)."""
-    from knnlm.stores import same_index_store, same_keys_store
+    from knnlm.datastore.stores import same_index_store, same_keys_store
 
     assert same_index_store("r0.05-alltokens") == "r0.05" and same_keys_store("r0.05-alltokens") == "r0.05-alltokens"
     assert same_index_store("full-ivf2-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-alltokens") == "full-alltokens"
@@ -46,7 +46,7 @@ def test_stores_sharing_keys_or_index():
     # '-np<n>': the same index and exact search, searched with n lists (a point of the probe sweep)
     assert same_index_store("r0.05-np4") == "r0.05" and same_keys_store("r0.05-np4") == "r0.05"
     assert same_index_store("full-ivf2-np8-alltokens") == "full-ivf2" and same_keys_store("full-ivf2-np8-alltokens") == "full-alltokens"
-    from knnlm.stores import probe_store, same_search_store
+    from knnlm.datastore.stores import probe_store, same_search_store
     # the full store's own FAISS search covers every token: 'full-alltokens' reads it; a subset's covers the scope
     assert same_search_store("full-alltokens") == "full" and same_search_store("r0.05-alltokens") == "r0.05-alltokens"
     assert probe_store("r0.05-alltokens", 4) == "r0.05-np4-alltokens" and probe_store("full", 16) == "full-np16"
@@ -305,7 +305,8 @@ def test_dump_refuses_keys_outside_fp16(tmp_path):
     leaves no datastore behind."""
     import torch
 
-    from knnlm.dump import LMPass, dump_datastore
+    from knnlm.lm import LMPass
+    from knnlm.datastore.dump import dump_datastore
 
     def states(split, with_log_probs):
         for start in (0, 4):
@@ -461,7 +462,7 @@ def test_nothing_reads_outside_the_repository():
 def test_lm_schedule_is_passed_to_fairseq():
     """Config 'lm.lr_scheduler': 'cosine' (a half-cosine to 0 at max_update, how the shipped wikitext2 LMs reached
     their plateau) or the default 'inverse_sqrt', as fairseq-train arguments."""
-    from knnlm.lm import train_command
+    from knnlm.lm.training import train_command
 
     cfg = load_config(PROJECT_ROOT / "configs" / "wikitext2.yaml")
     cmd = train_command(cfg["lm"], "data-bin", "save", 2)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from conftest import rss_mb
-from knnlm.exact import exact_topk, recompute_distances
+from knnlm.search.exact import exact_topk, recompute_distances
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_exact_topk_matches_faiss_flat(data, metric):
 def test_both_cpu_gemms_give_the_same_neighbours(data, metric, monkeypatch):
     """The CPU GEMM of the exact search (exact.cpu_gemm: numpy's OpenBLAS or torch's MKL, by CPU vendor or
     KNNLM_CPU_GEMM) only changes float32 rounding: the same neighbours and distances either way."""
-    from knnlm import exact
+    from knnlm.search import exact
 
     keys, queries = data
     out = {}
@@ -153,9 +153,9 @@ def test_recompute_distances_every_fp16_class(tmp_path, dtype, metric):
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_nested_subsets_in_one_scan_equal_separate_searches(metric):
-    """exact_topk with stops over knnlm.stores.nested_scan rows gives, at each stop, the exact search of that
+    """exact_topk with stops over knnlm.datastore.stores.nested_scan rows gives, at each stop, the exact search of that
     subset alone (Sec. 5's datastore sizes in one pass); the first chunk seeds every subset's threshold."""
-    from knnlm.stores import nested_scan, subsample_rows
+    from knnlm.datastore.stores import nested_scan, subsample_rows
 
     rng = np.random.default_rng(3)
     keys = rng.normal(size=(6000, 16)).astype(np.float16)
@@ -181,7 +181,7 @@ def test_kth_bound_is_a_lower_bound_that_filters():
     and on normal scores it lets through under 1.5x the exact k-th best's share (3.5 % vs 3.1 % measured)."""
     import torch
 
-    from knnlm.exact import _kth_best, _kth_bound
+    from knnlm.search.exact import _kth_best, _kth_bound
 
     rng = np.random.default_rng(0)
     k = 64
@@ -205,7 +205,7 @@ def test_first_chunk_is_seeded_by_kth_bound(monkeypatch):
     exact (faiss Flat's distances). Fails if the first chunk is seeded by anything else (e.g. np.partition)."""
     import faiss
 
-    import knnlm.exact as ex
+    import knnlm.search.exact as ex
 
     calls = []
     real = ex._kth_bound
@@ -226,7 +226,7 @@ def test_kth_largest_radix_select():
     normal values, values of both signs with ties, −inf padding (an unfilled top-k), denormals and ±0, for every
     split of the values between its two arrays. Fails if the order key mishandles negatives or a bucket walk is
     off by one."""
-    from knnlm._select import kth_largest
+    from knnlm.search._select import kth_largest
 
     rng = np.random.default_rng(5)
     cases = [rng.standard_normal(300).astype(np.float32),
@@ -278,7 +278,7 @@ def test_subset_key_reads_keep_the_rss_flat(tmp_path):
 def _shards_then_merge(keys, q, k, metric, key_chunk, spans, rows=None):
     """The sharded exact search as the DAG runs it: exact_topk per span (k capped at the span's keys, empty spans
     give no candidates), then merge_topk."""
-    from knnlm.exact import merge_topk
+    from knnlm.search.exact import merge_topk
 
     parts = []
     for a, b in spans:
@@ -295,11 +295,11 @@ def _shards_then_merge(keys, q, k, metric, key_chunk, spans, rows=None):
 
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_sharded_exact_search_equals_one_scan_ties_included(metric):
-    """Shards of whole key chunks (knnlm.stores.shard_spans) searched apart and merged give the very ids and distances
-    of one scan over every key, with exact ties (a third of the keys duplicated, so equally distant keys straddle
-    shard ends and the k-th place): ids in canonical order (closest first, ties by ascending id). Also over a subset
-    (rows) and with more shards than chunks (empty shards)."""
-    from knnlm.stores import shard_spans
+    """Shards of whole key chunks (knnlm.datastore.stores.shard_spans) searched apart and merged give the very ids and
+    distances of one scan over every key, with exact ties (a third of the keys duplicated, so equally distant keys
+    straddle shard ends and the k-th place): ids in canonical order (closest first, ties by ascending id). Also over a
+    subset (rows) and with more shards than chunks (empty shards)."""
+    from knnlm.datastore.stores import shard_spans
 
     rng = np.random.default_rng(5)
     keys = rng.normal(size=(5000, 16)).astype(np.float16)
@@ -326,7 +326,7 @@ def test_merge_lifts_k_and_keeps_ties_by_id(metric):
     """merge_topk takes any k up to the shards' candidates (here k = 2,500, above faiss-GPU's 2,048 limit, from shards
     of 1,000 keys that each return all of theirs) and equals faiss Flat on all keys; among equal distances it keeps
     the smallest ids; shapes it cannot merge raise."""
-    from knnlm.exact import merge_topk
+    from knnlm.search.exact import merge_topk
 
     rng = np.random.default_rng(9)
     keys = rng.normal(size=(4000, 8)).astype(np.float32)
@@ -355,7 +355,7 @@ def test_merge_lifts_k_and_keeps_ties_by_id(metric):
 
 def test_nested_shards_plan():
     """nested_shards cuts each segment of the nested scan by its share; no shard straddles a subset's end."""
-    from knnlm.stores import nested_shards
+    from knnlm.datastore.stores import nested_shards
 
     assert nested_shards([1.0], 3) == [(0, 0, 3), (0, 1, 3), (0, 2, 3)]
     assert nested_shards([0.2, 1.0], 2) == [(0, 0, 1), (1, 0, 2), (1, 1, 2)]
@@ -373,7 +373,7 @@ def test_cpu_tiles_match_faiss_flat(metric, threads, monkeypatch):
     import faiss
     import torch
 
-    import knnlm.exact as ex
+    import knnlm.search.exact as ex
 
     calls = []
     real = ex._scan_tiles
@@ -398,7 +398,7 @@ def test_cpu_tiles_match_faiss_flat(metric, threads, monkeypatch):
 def test_cpu_tile_follows_the_l2_cache(tmp_path):
     """cpu_l2_bytes reads the level-2 data/unified cache of Linux's cache directory (not L1 or L3, not the
     instruction cache) and falls back to 1 MiB; the tile width is that size over 128 rows of fp32, in 1,024..4,096."""
-    from knnlm.exact import TILE_KEYS, TILE_QUERIES, cpu_l2_bytes
+    from knnlm.search.exact import TILE_KEYS, TILE_QUERIES, cpu_l2_bytes
 
     for name, level, kind, size in (("index0", 1, "Data", "48K"), ("index1", 2, "Instruction", "64K"),
                                     ("index2", 2, "Unified", "2048K"), ("index3", 3, "Unified", "260M")):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from knnlm.exact import exact_topk
+from knnlm.search.exact import exact_topk
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU paths are tested on GPU machines)")
 
@@ -24,10 +24,10 @@ def test_exact_search_on_cuda_equals_cpu(metric):
 @cuda
 @pytest.mark.parametrize("metric", ["l2", "ip"])
 def test_sharded_exact_search_on_cuda_equals_one_cuda_scan(metric):
-    """Shards of whole key chunks searched on CUDA (exact_topk's span) and merged (knnlm.exact.merge_topk) equal one
-    CUDA scan: the same chunks give the same float32 sums on the GPU too; k = 2,500 is above faiss-GPU's limit."""
-    from knnlm.exact import merge_topk
-    from knnlm.stores import shard_spans
+    """Shards of whole key chunks searched on CUDA (exact_topk's span) and merged (knnlm.search.exact.merge_topk) equal
+    one CUDA scan: the same chunks give the same float32 sums on the GPU too; k = 2,500 is above faiss-GPU's limit."""
+    from knnlm.search.exact import merge_topk
+    from knnlm.datastore.stores import shard_spans
 
     rng = np.random.default_rng(1)
     keys = rng.normal(size=(30000, 64)).astype(np.float16)
@@ -47,7 +47,7 @@ def test_sharded_exact_search_on_cuda_equals_one_cuda_scan(metric):
 def test_faiss_gpu_ivfpq_agrees_with_cpu(tmp_path):
     import faiss
 
-    from knnlm.index import build_ivfpq, gpu_resources, search
+    from knnlm.search.index import build_ivfpq, gpu_resources, search
 
     if gpu_resources() is None:
         pytest.skip("faiss is a CPU build (scripts/setup.sh --gpu installs faiss-gpu)")
@@ -70,7 +70,7 @@ def test_faiss_gpu_ivfpq_agrees_with_cpu(tmp_path):
 def test_hf_dump_on_cuda_equals_cpu(tmp_path, wikitext2_dir):
 
     from hf_tiny import make_tiny_hf
-    from knnlm import hf
+    from knnlm.lm import hf
 
     train = wikitext2_dir / "wiki.train.tokens"
     d = make_tiny_hf(tmp_path / "m", train, "gpt2")

@@ -1,11 +1,12 @@
-"""Hugging Face base LMs (knnlm.hf): keys equal the hooked modules of an ordinary forward, log-probs the
+"""Hugging Face base LMs (knnlm.lm.hf): keys equal the hooked modules of an ordinary forward, log-probs the
 model's own token losses, words add up to the WikiText count, windows match fairseq-eval-lm's semantics."""
 import numpy as np
 import pytest
 import torch
 
 from hf_tiny import make_tiny_hf
-from knnlm import hf
+from knnlm.lm import hf
+from knnlm.lm.windows import windows
 from knnlm.data import count_words
 
 # the modules whose outputs are att (the last block's pre-MLP norm) and ffn (the final norm), named per class
@@ -53,12 +54,12 @@ def test_tokenize_split_words_add_up(tiny_hf, tmp_path, train_lines):
 @pytest.mark.parametrize("n,L,C", [(10, 4, 2), (100, 64, 32), (5, 64, 32), (65, 64, 0)])
 def test_windows_cover_each_target_once_with_context(n, L, C):
     seen = []
-    for a, s, e in hf.windows(n, L, C):
+    for a, s, e in windows(n, L, C):
         assert e - a <= L and a == max(0, s - C) and e - s <= L - C
         seen += range(s, e)
     assert seen == list(range(n))
     with pytest.raises(ValueError, match="context window"):
-        hf.windows(n, 4, 4)
+        windows(n, 4, 4)
 
 
 def test_keys_and_log_probs_equal_an_ordinary_forward(tiny_hf, tmp_path, train_lines):
@@ -89,7 +90,7 @@ def test_sliding_windows_score_with_their_context(tiny_hf, tmp_path, train_lines
     L, C = 32, 12
     got = torch.cat([b["lp"] for b in hf.iter_states(model, stream, L, C, max_tokens=64, with_log_probs=True)]).numpy()
     want = []
-    for a, s, e in hf.windows(len(ids), L, C):
+    for a, s, e in windows(len(ids), L, C):
         with torch.no_grad():
             lp = model(input_ids=torch.as_tensor(stream[None, a:e])).logits[0].log_softmax(-1)
         want += [lp[t - a, stream[t + 1]].item() for t in range(s, e)]

@@ -1,4 +1,4 @@
-"""The approximation regime of the FAISS mask (knnlm.index): stated relative to k and held at every store size,
+"""The approximation regime of the FAISS mask (knnlm.search.index): stated relative to k and held at every store size,
 measured (keys scanned per query), never short of k neighbours, and PCA stores at the full keys' code size."""
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from knnlm.config import load_config
-from knnlm.index import build_ivfpq, resolve_index_params, search
+from knnlm.search.index import build_ivfpq, resolve_index_params, search
 
 from conftest import PROJECT_ROOT
 

@@ -1,16 +1,17 @@
-"""The artifact layout has one owner (knnlm.paths), stores are prepared and opened by kind (knnlm.stores), jobs
-find their files by name (knnlm.cli)."""
+"""The artifact layout has one owner (knnlm.paths), stores are prepared and opened by kind (knnlm.datastore.stores),
+jobs find their files by name (knnlm.cli)."""
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from knnlm.cli import Job, resolve
+from knnlm.job import Job
+from knnlm.cli import resolve
 from knnlm.config import PROJECT_ROOT, ConfigError, validate_config
 from knnlm.io import ArtifactError
 from knnlm.paths import PATTERNS, WILDCARDS, Layout
-from knnlm.stores import open_store, prepare_store, store_kind_of, store_wildcard
+from knnlm.datastore.stores import open_store, prepare_store, store_kind_of, store_wildcard
 
 
 def test_layout_patterns_and_paths(tmp_path):
@@ -61,7 +62,7 @@ CFG = {"datastore_size": {"seed": 1}, "index": {"seed": 1}}
 
 
 def test_subsets_are_nested():
-    from knnlm.stores import subsample_rows
+    from knnlm.datastore.stores import subsample_rows
 
     small, large = subsample_rows(10_000, 0.05, 7), subsample_rows(10_000, 0.25, 7)
     assert len(small) == 500 and len(large) == 2500 and np.isin(small, large).all()
@@ -79,7 +80,7 @@ def test_subset_store(tmp_path):
 
 
 def test_pca_store_projects_keys_and_queries(tmp_path):
-    from knnlm.exact import exact_topk
+    from knnlm.search.exact import exact_topk
 
     keys, man = _datastore()
     meta = prepare_store("pca6", "att", keys, man, CFG, tmp_path / "p")
@@ -143,7 +144,7 @@ def test_recall_at_k_against_bruteforce():
 
 def test_approximation_strength_is_held_constant_across_sizes():
     """Index defaults: the paper's 1 byte per 16 dims and probed fraction 32/4096 at every datastore size."""
-    from knnlm.index import resolve_index_params
+    from knnlm.search.index import resolve_index_params
 
     cfg = {"ncentroids": "auto", "code_size": "auto", "train_size": "auto", "nprobe": "auto",
            "probe_fraction": 32 / 4096, "add_chunk": 65536, "seed": 1}
@@ -158,7 +159,7 @@ def test_approximation_strength_is_held_constant_across_sizes():
 def test_a_stale_index_is_refused_not_searched():
     """An index built under other defaults (here 32 B codes, the old D/8) must not be searched silently when the
     config now resolves to D/16: the search names the index and says how to rebuild it."""
-    from knnlm.index import check_index_matches, resolve_index_params
+    from knnlm.search.index import check_index_matches, resolve_index_params
     from knnlm.io import ArtifactError
 
     cfg = {"ncentroids": "auto", "code_size": "auto", "train_size": "auto", "nprobe": "auto",

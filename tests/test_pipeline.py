@@ -13,7 +13,8 @@ import yaml
 
 from conftest import PROJECT_ROOT, TINY_HF, TINY_OVERFIT, TINY_SEED2, TINY_SOFT, run_snakemake
 from knnlm.config import load_config, temperatures
-from knnlm.dump import load_lm, open_datastore, open_queries
+from knnlm.lm.fairseq import load_lm
+from knnlm.datastore.dump import open_datastore, open_queries
 from knnlm.io import ArtifactError, read_json, write_json
 from knnlm.paths import Layout
 from knnlm.tracking import count_runs
@@ -174,7 +175,7 @@ def test_token_gains(tiny_run):
     ids = np.load(art(tiny_run, "nb_ids", store="full", key="ffn", metric="l2", split="test"))
     dists = np.load(art(tiny_run, "nb_dists", store="full", key="ffn", metric="l2", split="test"))
     np.testing.assert_array_equal(f["nn_distance"], dists[:, 0])
-    from knnlm.quality import longest_common_suffix
+    from knnlm.scoring.quality import longest_common_suffix
     np.testing.assert_array_equal(f["ngram_overlap"][:500], longest_common_suffix(targets, np.arange(500), vals,
                                                                                   ids[:500, 0].astype(np.int64),
                                                                                   TINY["quality"]["max_overlap"]))
@@ -383,7 +384,7 @@ def test_table3_exact_neighbours_are_closest(tiny_run):
     for split in ("valid", "test"):
         sc = np.load(art(tiny_run, "scope", split=split))
         doc = np.load(art(tiny_run, "documents", split=split))["doc"]
-        want_docs = int(np.ceil((doc.max() + 1) * TINY["retrieval"]["max_queries"] / len(doc)))  # knnlm.scope
+        want_docs = int(np.ceil((doc.max() + 1) * TINY["retrieval"]["max_queries"] / len(doc)))  # knnlm.search.scope
         assert (df[df["split"] == split]["tokens"] == len(sc)).all() and len(np.unique(doc[sc])) == want_docs
     for metric in ("l2", "ip"):
         where = {"store": "full", "key": "ffn", "metric": metric, "split": "valid"}
@@ -483,7 +484,7 @@ def _dry_run_job(tiny_run, target):
     import json
     import shlex
 
-    from knnlm.cli import Job
+    from knnlm.job import Job
 
     r = run_snakemake("-n", "-p", "-f", str(target), "--configfile", *tiny_run["configfiles"], "--config",
                       f"results_dir={tiny_run['results_dir']}")
@@ -732,7 +733,7 @@ def test_findings_report(tiny_run):
 def test_report_stage_shares_and_results_page(tiny_run, tmp_path):
     """`python -m knnlm.report <run> --results <page>` writes the results page from the findings report and the
     stage shares (no hand-typed numbers)."""
-    from knnlm.report import MAIN_BUDGET, main, stage_shares, stage_table
+    from knnlm.report.times import MAIN_BUDGET, main, stage_shares, stage_table
 
     root = Path(tiny_run["results_dir"]) / "tiny"
     shares = stage_shares(stage_table(root))
@@ -790,9 +791,9 @@ def test_which_words_and_hypotheses_tables(tiny_run):
     search). E.2: a top-k row and the kNN-LM rows each compare against the base LM on the same documents."""
     import json
 
-    from knnlm.analysis import lp_argmaxable
+    from knnlm.scoring.analysis import lp_argmaxable
     from knnlm.experiments.which_words import ATTRIBUTES, SLOPE
-    from knnlm.parametric import checkpoint_output_matrix
+    from knnlm.lm.fairseq import checkpoint_output_matrix
 
     pts = json.loads(art(tiny_run, "table", table="which_words_points", ext="json").read_text())
     y = np.array(pts["share_real"]) - np.array(pts["share_faiss"])
@@ -821,8 +822,8 @@ def test_ensembling_table8_and_figure8(tiny_run):
     """App. E.5: Table 8 and Figure 8 from the base LM, the LM trained with another seed and Table 1's kNN component;
     every mixture's weights sum to 1 and the two-LM ensemble equals a direct mixture of the two LMs' log-probs at its
     weights; the K − 1 LMs + kNN vs K LMs comparison is in the findings."""
-    from knnlm.analysis import mixture_log_prob, mixture_weights
-    from knnlm.scoring import summarize
+    from knnlm.scoring.analysis import mixture_log_prob, mixture_weights
+    from knnlm.scoring.interpolation import summarize
 
     df = pd.read_csv(art(tiny_run, "table", table="table8", ext="csv"))
     # Figure 8's points '1 LM', '2 LMs', '1 LM + kNN' are the same mixtures as rows of the table: not repeated
@@ -847,8 +848,8 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
     at the EM weights tuned on valid, the oracle the per-token better LM; their findings rows have verdicts."""
     import torch
 
-    from knnlm.analysis import mixture_log_prob, mixture_weights
-    from knnlm.scoring import oracle_log_prob, summarize
+    from knnlm.scoring.analysis import mixture_log_prob, mixture_weights
+    from knnlm.scoring.interpolation import oracle_log_prob, summarize
 
     log = (Path(tiny_run["root"]) / "logs" / f"train_lm_{TINY_OVERFIT}.fairseq.log").read_text()
     base_ckpt = art(tiny_run, "checkpoint", lm="base")

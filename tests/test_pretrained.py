@@ -1,4 +1,4 @@
-"""The LMs shipped under pretrained/ (knnlm.pretrained): each loads, matches its sha256 and reproduces the valid
+"""The LMs shipped under pretrained/ (knnlm.lm.shipped): each loads, matches its sha256 and reproduces the valid
 perplexity its model card records on a slice; a corrupt checkpoint, a file that is not a fairseq LM and an LM trained
 with another dictionary fail before any work with an error naming the config key and the file; config 'pretrained'
 replaces the training of the LMs it holds, and --config pretrained=null trains them again."""
@@ -20,7 +20,8 @@ SHIPPED = sorted(PretrainedLayout(p.parent).path("model_card", lm=p.name)
 
 @pytest.mark.parametrize("card_path", SHIPPED, ids=[f"{p.parent.parent.name}/{p.parent.name}" for p in SHIPPED])
 def test_shipped_lm_loads_matches_its_card_and_reproduces_its_perplexity(card_path):
-    from knnlm.pretrained import check_checkpoint, slice_perplexity
+    from knnlm.lm.fairseq import check_checkpoint
+    from knnlm.lm.shipped import slice_perplexity
 
     card = json.loads(card_path.read_text())
     shipped = PretrainedLayout(card_path.parent.parent)
@@ -48,7 +49,7 @@ def test_all_shipped_lms_are_small():
 
 
 def test_bad_checkpoints_fail_naming_the_key_and_the_file(tmp_path):
-    from knnlm.pretrained import check_checkpoint, check_dictionary, load_fairseq_lm
+    from knnlm.lm.fairseq import check_checkpoint, check_dictionary, load_fairseq_lm
 
     good = tmp_path / "good.pt"
     torch.save({"model": {"w": torch.zeros(3)}}, good)
@@ -73,7 +74,7 @@ def test_bad_checkpoints_fail_naming_the_key_and_the_file(tmp_path):
 
 
 def test_pretrained_job_refuses_an_lm_trained_with_another_config(tmp_path):
-    from knnlm.cli import Job
+    from knnlm.job import Job
     from knnlm.experiments.spine import pretrained_lm
 
     ckpt = tmp_path / "lm" / "checkpoint.pt"

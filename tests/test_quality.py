@@ -1,10 +1,10 @@
-"""knnlm.quality (when retrieval helps, token by token) against brute-force references on small data."""
+"""knnlm.scoring.quality (when retrieval helps, token by token) against brute-force references on small data."""
 import numpy as np
 import pytest
 
-from knnlm.quality import (bucket_lambdas, bucket_of, gain_concentration, interpolate_per_token, lm_entropy,
-                           longest_common_suffix, quantile_edges)
-from knnlm.scoring import interpolate, lambda_grid
+from knnlm.scoring.quality import (bucket_lambdas, bucket_of, gain_concentration, interpolate_per_token, lm_entropy,
+                                   longest_common_suffix, quantile_edges)
+from knnlm.scoring.interpolation import interpolate, lambda_grid
 
 
 def _suffix_brute(q, t, s, i, cap):
@@ -83,7 +83,7 @@ def test_gain_concentration():
 def test_context_ngram_features_against_brute_force():
     from collections import Counter, defaultdict
 
-    from knnlm.quality import context_features, context_ngram_stats
+    from knnlm.scoring.quality import context_features, context_ngram_stats
 
     rng = np.random.default_rng(3)
     train = rng.integers(0, 4, 300)
@@ -105,8 +105,8 @@ def test_context_ngram_features_against_brute_force():
 def test_lambda_model_learns_where_retrieval_helps():
     """The retrieval adaptor: where a feature says the kNN distribution is good, the predicted λ is high, where it
     says it is bad, low; its held-out NLL beats the best single λ's, and it stops by patience."""
-    from knnlm.quality import fit_lambda_model, interpolate_per_token, lambda_features
-    from knnlm.scoring import tune_lambda
+    from knnlm.scoring.quality import fit_lambda_model, interpolate_per_token, lambda_features
+    from knnlm.scoring.interpolation import tune_lambda
 
     rng = np.random.default_rng(4)
     n = 6000

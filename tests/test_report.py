@@ -1,8 +1,8 @@
-"""knnlm.report's budgets: which jobs count against the main tables' run-time target."""
+"""knnlm.report.times's budgets: which jobs count against the main tables' run-time target."""
 import pandas as pd
 import pytest
 
-from knnlm.report import EXTRA_BUDGETS, MAIN_BUDGET, budget_shares, stage_shares
+from knnlm.report.times import EXTRA_BUDGETS, MAIN_BUDGET, budget_shares, stage_shares
 
 
 def test_budget_shares_split_the_main_tables_from_the_extras():
@@ -32,7 +32,7 @@ def _fairseq_lines(records):
 
 
 def test_fairseq_log_seconds_counts_each_update_once_across_resumes():
-    from knnlm.lm import fairseq_log_seconds
+    from knnlm.lm.training import fairseq_log_seconds
 
     one = [(25, 100), (50, 200), (75, 300)]
     assert fairseq_log_seconds(_fairseq_lines(one)) == (300.0, 300.0, 1)
@@ -48,7 +48,7 @@ def test_stage_table_times_resumed_training_from_its_logs(tmp_path):
     """A resumed job's benchmark file times only its last segment; the report takes the training logs' total."""
     import json
 
-    from knnlm.report import stage_table
+    from knnlm.report.times import stage_table
 
     root = tmp_path / "run"
     (root / "benchmarks").mkdir(parents=True)
@@ -68,10 +68,10 @@ def test_stage_table_times_resumed_training_from_its_logs(tmp_path):
 
 
 def test_base_lm_convergence_from_its_valid_curve():
-    """knnlm.lm.convergence: an LM whose last valid evaluation is its best and gained >= 1 % perplexity is
+    """knnlm.lm.training.convergence: an LM whose last valid evaluation is its best and gained >= 1 % perplexity is
     under-trained; one whose curve flattened (or rose) converged; a resumed log's repeated evaluations count once;
     the caption sentence says which."""
-    from knnlm.lm import convergence, convergence_label
+    from knnlm.lm.training import convergence, convergence_label
 
     falling = {"valid_loss": [(500, 7.0), (1000, 6.5), (1500, 6.3), (1500, 6.3), (2000, 6.2)],
                "train_loss": [(2000, 6.0), (2010, 5.9)]}
@@ -98,7 +98,7 @@ def test_fairseq_log_epoch_average_is_the_last_training_loss():
     """A run shorter than one log interval logs its training loss only in the epoch's average ('train_loss' with
     'train_num_updates' at the epoch's end): the curve keeps it apart from the interval records and
     convergence's 'train_loss_last' and 'updates' read it."""
-    from knnlm.lm import convergence, parse_fairseq_json_log
+    from knnlm.lm.training import convergence, parse_fairseq_json_log
 
     lines = ['2026-01-01 00:00:00 | INFO | train_inner | {"epoch": 1, "loss": "8.729", "num_updates": "25", "wps": "9"}',
              '2026-01-01 00:00:01 | INFO | valid | {"epoch": 1, "valid_loss": "7.785", "valid_num_updates": "40"}',

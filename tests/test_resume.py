@@ -133,7 +133,7 @@ def test_killed_lm_training_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL during fairseq-train once checkpoint_last.pt exists (end of the first epoch); the same command then
     resumes from it (fairseq logs "Loaded checkpoint"), stops at max_update exactly, and writes the LM with the
     whole validation curve. The LM trains 3 epochs here (about 3 s) so that the kill lands inside the run."""
-    from knnlm.lm import parse_fairseq_json_log, trained_updates
+    from knnlm.lm.training import parse_fairseq_json_log, trained_updates
 
     results = tmp_path / "results"
     ckpt = results / "tiny" / "lms" / "base" / "checkpoint.pt"
@@ -167,8 +167,8 @@ def test_killed_lm_training_resumes_from_its_last_checkpoint(tmp_path):
 
 
 def test_fairseq_log_survives_a_kill_of_the_job_that_follows_it(tmp_path):
-    """knnlm.lm._run_fairseq: every line fairseq wrote before a SIGKILL of the whole job is in its log file, even
-    when the job was still behind in following it (here: a slow on_log), because the operating system, not the job,
+    """knnlm.lm.training._run_fairseq: every line fairseq wrote before a SIGKILL of the whole job is in its log file,
+    even when the job was still behind in following it (here: a slow on_log), because the operating system, not the job,
     writes fairseq's output to the file. A finished run whose last records were lost could never be completed."""
     n = 200
     done = tmp_path / "printed"
@@ -178,7 +178,7 @@ def test_fairseq_log_survives_a_kill_of_the_job_that_follows_it(tmp_path):
              f"pathlib.Path({str(done)!r}).touch()\n"
              "time.sleep(120)\n")
     parent = ("import sys, time\n"
-              "from knnlm.lm import _run_fairseq\n"
+              "from knnlm.lm.training import _run_fairseq\n"
               f"_run_fairseq([sys.executable, '-c', {child!r}], 1, {str(tmp_path / 'fairseq.log')!r},\n"
               "             on_log=lambda step, values: time.sleep(0.05), poll_s=0.05)\n")
     proc = subprocess.Popen([sys.executable, "-c", parent], cwd=PROJECT_ROOT, start_new_session=True,
@@ -189,7 +189,7 @@ def test_fairseq_log_survives_a_kill_of_the_job_that_follows_it(tmp_path):
     assert done.exists(), "the fake fairseq did not run"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    from knnlm.lm import parse_fairseq_json_log
+    from knnlm.lm.training import parse_fairseq_json_log
 
     with open(tmp_path / "fairseq.log") as lf:
         assert [u for u, _ in parse_fairseq_json_log(lf)["valid_loss"]] == list(range(n))

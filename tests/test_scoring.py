@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from knnlm.scoring import (interpolate, knn_log_prob, knn_log_prob_from_cache, oracle_log_prob, perplexity,
-                           scores_from_distances, tune_lambda)
+from knnlm.scoring.interpolation import (interpolate, knn_log_prob, knn_log_prob_from_cache, oracle_log_prob,
+                                         perplexity, scores_from_distances, tune_lambda)
 
 
 def brute_p_knn(scores, vals, target, tau, valid=None):
@@ -126,7 +126,7 @@ def test_bad_arguments_raise():
 
 
 def test_temperature_sweep_equals_per_tau_scoring():
-    from knnlm.scoring import neighbour_hits, nll_grid, sweep_temperature
+    from knnlm.scoring.interpolation import neighbour_hits, nll_grid, sweep_temperature
 
     rng = np.random.default_rng(4)
     N, T, k = 200, 40, 12
@@ -160,7 +160,7 @@ def test_temperature_sweep_equals_per_tau_scoring():
 
 def test_sweep_from_cache_in_chunks_equals_per_tau_scoring():
     """The chunked τ sweep over a whole cache (Table 1's tuned τ) equals knn_log_prob_from_cache at each τ > 0."""
-    from knnlm.scoring import knn_log_prob_from_cache, sweep_temperature_from_cache, tune_temperature
+    from knnlm.scoring.interpolation import knn_log_prob_from_cache, sweep_temperature_from_cache, tune_temperature
 
     rng = np.random.default_rng(0)
     t, k, n = 300, 16, 500
@@ -173,7 +173,7 @@ def test_sweep_from_cache_in_chunks_equals_per_tau_scoring():
     for i, tau in enumerate(taus):
         np.testing.assert_allclose(sw[i], knn_log_prob_from_cache(ids, dists, vals, targets, "l2", tau), rtol=1e-5,
                                    atol=1e-5)
-    from knnlm.scoring import interpolated_nll
+    from knnlm.scoring.interpolation import interpolated_nll
 
     lp_lm = np.log(rng.uniform(0.001, 0.05, size=t))  # a weak LM: the kNN term helps, differently per τ
     best = tune_temperature(lp_lm, sw, taus, 51)
@@ -184,7 +184,7 @@ def test_sweep_from_cache_in_chunks_equals_per_tau_scoring():
 def test_temperature_sweep_with_l2_scale_scores_and_unsorted_columns():
     """Squared-L2 scores in the hundreds (wikitext2 keys), columns in no particular order (the real score of FAISS
     neighbours): the sweep's truncated denominators (terms below e^−30 left out) match direct scoring."""
-    from knnlm.scoring import neighbour_hits, sweep_temperature
+    from knnlm.scoring.interpolation import neighbour_hits, sweep_temperature
 
     rng = np.random.default_rng(7)
     N, T, k = 500, 64, 256
@@ -207,8 +207,8 @@ def test_temperature_sweep_sorted_rows_hits_near_and_far_from_the_best():
     """Rows sorted best first (neighbour caches): the hits' mass comes from the denominator's pass while the best
     hit's term is within e^−HIT_SHIFT of the best neighbour's, else from its own pass, and the prefix covers the hits
     above e^−cut of the best hit. Both branches, at every τ, match direct float64 scoring."""
-    from knnlm._sweep import HIT_SHIFT
-    from knnlm.scoring import neighbour_hits, sweep_temperature
+    from knnlm.scoring._sweep import HIT_SHIFT
+    from knnlm.scoring.interpolation import neighbour_hits, sweep_temperature
 
     rng = np.random.default_rng(11)
     N, T, k = 400, 96, 128
@@ -235,7 +235,7 @@ def test_temperature_sweep_sorted_rows_hits_near_and_far_from_the_best():
 _SWEEP_IN_A_PROCESS = """
 import sys
 import numpy as np
-from knnlm.scoring import sweep_temperature
+from knnlm.scoring.interpolation import sweep_temperature
 rng = np.random.default_rng(5)
 scores = -np.sort(rng.gamma(2.0, 30.0, size=(2000, 200)).astype(np.float32), axis=1)
 hit = rng.random(scores.shape) < 0.1
@@ -245,7 +245,7 @@ np.save(sys.argv[1], sweep_temperature(scores, hit, np.ones(scores.shape, bool),
 
 def test_temperature_sweep_same_bits_compiled_or_loaded_from_numba_cache(tmp_path):
     """The τ sweep's kernel gives the same bits in a process that compiles it and in one that loads it from numba's
-    cache: its sums run in a fixed order (knnlm._sweep.FAST has no 'reassoc'), so a job and its recomputation in
+    cache: its sums run in a fixed order (knnlm.scoring._sweep.FAST has no 'reassoc'), so a job and its recomputation in
     another process agree exactly, whichever compiled the kernel first."""
     import os
     import subprocess
@@ -263,7 +263,7 @@ def test_temperature_sweep_same_bits_compiled_or_loaded_from_numba_cache(tmp_pat
 def test_best_lambda_per_tau_is_the_grid_argmin():
     """The binary search over λ (the NLL is convex in λ) finds nll_grid's first minimum for every τ, including
     τ rows where p_kNN = 0 for some tokens (λ = 1 costs inf) and flat rows (p_kNN = p_LM: every λ ties)."""
-    from knnlm.scoring import best_lambda_per_tau, lambda_grid, nll_grid
+    from knnlm.scoring.interpolation import best_lambda_per_tau, lambda_grid, nll_grid
 
     rng = np.random.default_rng(11)
     T, n_tau = 3000, 12
@@ -282,7 +282,7 @@ def test_best_lambda_per_tau_is_the_grid_argmin():
 def test_neighbour_hits_matches_numpy_and_refuses_ids_past_the_datastore():
     """The numba pass equals numpy's gather (−1 = no neighbour), and an id ≥ len(vals) is an IndexError, not a read
     past the array."""
-    from knnlm.scoring import neighbour_hits
+    from knnlm.scoring.interpolation import neighbour_hits
 
     rng = np.random.default_rng(3)
     vals = rng.integers(0, 7, 500).astype(np.int32)
@@ -299,7 +299,7 @@ def test_neighbour_hits_matches_numpy_and_refuses_ids_past_the_datastore():
 def test_tied_temperatures_give_the_smallest_tau():
     """τ* is the first value within rounding (TIE_RTOL) of the minimum: a flat valid curve (p_kNN one-hot for every
     τ past some point) gives the same τ* on every run, whatever order the parallel sums rounded in."""
-    from knnlm.scoring import first_minimum
+    from knnlm.scoring.interpolation import first_minimum
 
     assert first_minimum([5.0, 4.0, 3.0, 3.0 * (1 + 1e-12), 3.0 * (1 - 1e-12)]) == 2
     assert first_minimum([5.0, 3.0 * (1 + 1e-6), 3.0]) == 2  # a real difference still counts
@@ -307,12 +307,12 @@ def test_tied_temperatures_give_the_smallest_tau():
 
 
 def test_soft_label_loss_matches_a_dense_computation():
-    """App. E.6.2's objective (knnlm.soft_labels.soft_label_loss) equals the cross-entropy of the student against the
+    """App. E.6.2's objective (knnlm.lm.soft_labels.soft_label_loss) equals the cross-entropy of the student against the
     label (1 − w)·one-hot + w·teacher, computed token by token in float64 numpy, with padding skipped; w = 0 is the
     plain NLL, and torch's gradient of the objective is softmax(student) − label per kept token."""
     import torch
 
-    from knnlm.soft_labels import soft_label_loss
+    from knnlm.lm.soft_labels import soft_label_loss
 
     rng = np.random.default_rng(0)
     T, V, pad = 13, 7, 1

@@ -1,14 +1,14 @@
-"""Intervals over documents (knnlm.stats): measured coverage, shrinkage with more documents, pairing, the
+"""Intervals over documents (knnlm.statistics.intervals): measured coverage, shrinkage with more documents, pairing, the
 minimum-evidence rule, documents without configuration, an unbiased scope."""
 import re
 
 import numpy as np
 import pytest
 
-from knnlm.stats import (bootstrap_ppl, bpe_token_lines, compare, documents_label, effective_documents, estimate,
-                         interval, leave_one_out_ppl,
-                         line_documents, line_token_documents, per_document, resample_counts, split_token_documents,
-                         unit_count)
+from knnlm.statistics.intervals import (bootstrap_ppl, compare, effective_documents, estimate, interval,
+                                        leave_one_out_ppl, per_document, resample_counts)
+from knnlm.statistics.documents import (bpe_token_lines, documents_label, line_documents, line_token_documents,
+                                        split_token_documents, unit_count)
 
 PCT = {"interval": "percentile", "min_documents": 2}
 
@@ -78,7 +78,7 @@ def test_documents_of_a_wikitext_split(tmp_path):
 
 
 def test_scope_is_whole_documents_up_to_the_budget():
-    from knnlm.scope import scope_tokens
+    from knnlm.search.scope import scope_tokens
 
     sizes = np.array([5, 8, 3, 12, 7, 6, 9, 4, 10, 2])
     doc = np.repeat(np.arange(10), sizes)
@@ -94,7 +94,7 @@ def test_scope_is_whole_documents_up_to_the_budget():
 def test_tuning_sample_is_n_whole_documents_uniformly():
     """document_sample: exactly n whole documents (every token of each), seeded; every document equally likely
     whatever its length (inclusion counts over seeds flat in length); None or n >= D: every token; n < 1 refused."""
-    from knnlm.scope import document_sample
+    from knnlm.search.scope import document_sample
 
     sizes = np.array([5, 80, 3, 12, 7, 60, 9, 4, 10, 2])
     doc = np.repeat(np.arange(10), sizes)
@@ -115,7 +115,7 @@ def test_tokens_a_store_scores_per_split(tmp_path):
     """retrieval.scope_indices: a scoped store reads the retrieval scope on both splits and records no tuning sample
     (an empty optional input included); a store scored on every token reads every test token and, on valid, the
     tuning sample when it has one, whose document counts its settings record."""
-    from knnlm.cli import Job
+    from knnlm.job import Job
     from knnlm.experiments.retrieval import _tuning_sample_counts, scope_indices
 
     for name, arr in (("scope_valid", [1, 2]), ("scope_test", [0, 3]), ("sample", [2, 3, 4])):
@@ -136,12 +136,12 @@ def test_tokens_a_store_scores_per_split(tmp_path):
 
 
 def test_findings_verdicts():
-    from knnlm.experiments.findings import verdict
+    from knnlm.statistics.verdicts import paper_verdict as verdict
 
     assert verdict("lower", -1) == "reproduced" and verdict("higher", -1) == "contradicted"
     assert verdict("higher", 1) == "reproduced" and verdict("inconclusive", -1) == "inconclusive"
     # "τ = 1 is close to optimal": tuning may gain less than the margin (1 %)
-    from knnlm.experiments.findings import within_verdict
+    from knnlm.statistics.verdicts import within_verdict
 
     assert within_verdict(-0.004, 0.002, 0.01) == "reproduced"
     assert within_verdict(-0.05, -0.02, 0.01) == "contradicted"
@@ -255,7 +255,7 @@ def test_every_interval_method_matches_a_brute_force_reference(method):
     """The vectorised estimate against a loop over resamples / left-out documents."""
     from scipy.stats import norm, t as student_t
 
-    from knnlm.stats import effective_documents
+    from knnlm.statistics.intervals import effective_documents
 
     rng = np.random.default_rng(4)
     nll, words = synthetic(rng, 12, -0.03)
@@ -285,8 +285,8 @@ def test_every_interval_method_matches_a_brute_force_reference(method):
 
 def test_coverage_of_the_default_interval_on_wikitext_like_documents():
     """The chosen interval covers 92-98 % at 20, 60 and 200 WikiText-like documents (ratio and share of a gain),
-    where the percentile bootstrap under-covers at 5 and 20 (knnlm.coverage; the full table: docs/statistics.md)."""
-    from knnlm.coverage import coverage
+    where the percentile bootstrap under-covers at 5 and 20 (knnlm.statistics.coverage; the full table: docs/statistics.md)."""
+    from knnlm.statistics.coverage import coverage
 
     for n in (5, 10, 20, 60, 200):
         c = coverage(n, "jackknife_t", reps=500, seed=100 + n)
@@ -297,10 +297,10 @@ def test_coverage_of_the_default_interval_on_wikitext_like_documents():
 
 def test_coverage_in_realistic_scenarios_and_why_the_unit_is_the_article():
     """Articles resampled as units cover the truth although their paragraphs share one effect; paragraphs of the
-    same articles treated as independent units do not (knnlm.coverage.scenario_coverage; docs/coverage.md). Heavy
-    tails are covered; an effect that grows with the document's length is the measured shortfall of the interval
+    same articles treated as independent units do not (knnlm.statistics.coverage.scenario_coverage; docs/coverage.md).
+    Heavy tails are covered; an effect that grows with the document's length is the measured shortfall of the interval
     (docs/coverage.md names it), and this test fails if it silently gets worse."""
-    from knnlm.coverage import scenario_coverage
+    from knnlm.statistics.coverage import scenario_coverage
 
     for n in (20, 60):
         assert scenario_coverage("nested_articles", n, 300, seed=n)["coverage"] >= 0.92
@@ -311,8 +311,8 @@ def test_coverage_in_realistic_scenarios_and_why_the_unit_is_the_article():
 
 def test_coverage_of_the_slope_intervals_on_wikitext_like_documents():
     """The jackknife-t interval of a slope over tokens (E.3) and of App. D's slope over word types holds the truth
-    in 93-99.5 % of simulated WikiText-like splits at 20 and 60 documents (knnlm.coverage.slope_coverage)."""
-    from knnlm.coverage import slope_coverage
+    in 93-99.5 % of simulated WikiText-like splits at 20 and 60 documents (knnlm.statistics.coverage.slope_coverage)."""
+    from knnlm.statistics.coverage import slope_coverage
 
     for n in (20, 60):
         c = slope_coverage(n, reps=200, seed=300 + n)
@@ -370,7 +370,7 @@ def test_auto_documents_follow_the_stated_rule(tmp_path, articles, want):
 def test_scope_inclusion_does_not_depend_on_document_length():
     """Over many seeds, long and short documents enter the scope equally often (a fill up to the budget favours
     short ones), each scope is whole documents, and the scope holds the budget on average."""
-    from knnlm.scope import scope_tokens
+    from knnlm.search.scope import scope_tokens
 
     rng = np.random.default_rng(6)
     sizes = np.exp(rng.normal(np.log(2500), 1.2, 60)).astype(int) + 1
@@ -421,8 +421,9 @@ def test_claims_about_a_value_equal_settings_and_tuning_contrasts():
     contrast of two gains of tuning."""
     import pandas as pd
 
-    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, FAISS_REAL as FR, PAPER_SHARE, TUNED as T, _tested,
-                                            band_verdict, tuning_contrasts)
+    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, FAISS_REAL as FR, PAPER_SHARE, TUNED as T,
+                                            _tested, tuning_contrasts)
+    from knnlm.statistics.verdicts import band_verdict
 
     assert PAPER_SHARE == pytest.approx(0.526, abs=1e-3)  # Table 2's pair: W_ds att (IP) of the att/IP kNN-LM
     assert band_verdict(0.50, 0.60, 0.426, 0.626) == "reproduced"

@@ -10,20 +10,22 @@ The model is Eq. 5 of Xu et al. (2023) (Khandelwal et al. 2020, Eq. 2 with τ):
 with keys of type att or ffn, s the negative squared L2 distance or the inner product, the top-k from the IVFPQ
 index ("FAISS mask") or an exact search ("real mask"), and s from the index's PQ codes ("FAISS score") or recomputed
 from the keys ("real score"). Text is scored as the pipeline scores a split: the LM's tokens of every line plus
-one end of line, fairseq-eval-lm's sliding windows (knnlm.dump.window_states), so `score` over a run's test split
+one end of line, fairseq-eval-lm's sliding windows (knnlm.lm.windows.window_states), so `score` over a run's test split
 gives the run's Table 1 numbers.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .io import ArtifactError, open_npy, read_json
+from .lm import LanguageModel, backend, text_lines
+from .lm.fairseq import FairseqLM  # noqa: F401 (the API's LMs)
+from .lm.hf import HuggingFaceLM
 from .paths import DatastoreLayout
 
 log = logging.getLogger(__name__)
@@ -31,104 +33,9 @@ MASKS = ("faiss", "exact")
 SCORES = ("faiss", "real")
 
 
-def _lines(text: str | list[str]) -> list[str]:
-    """Lines of `text` (a string, or a list of lines), each ending with a newline (as a split file's lines)."""
-    if isinstance(text, str):
-        lines = text.splitlines(keepends=True)
-    else:
-        lines = [str(x) for x in text]
-    return [x if x.endswith("\n") else x + "\n" for x in lines]
-
-
 def count_words(lines: list[str]) -> int:
     """WikiText words of `lines`: whitespace words plus one <eos> per line (knnlm.data.count_words)."""
     return sum(len(x.split()) for x in lines) + len(lines)
-
-
-class FairseqLM:
-    """A fairseq transformer_lm with the dictionary (and sentencepiece model) it was trained with.
-
-    checkpoint: the .pt file (a plain or an adaptive softmax); data_bin: a folder holding its dict.txt; bpe_model:
-    the sentencepiece .model, or None for a word-level LM (urvashik/knnlm's WikiText-103 LM: its dictionary holds
-    whitespace words). Tokens of a line are its pieces (or words; unknown ones map to <unk>) and the end of line,
-    as fairseq-preprocess makes them.
-    """
-
-    def __init__(self, checkpoint: str | Path, data_bin: str | Path, bpe_model: str | Path | None,
-                 key: str | None = None):
-        import sentencepiece as spm
-
-        from .dump import fairseq_forward, load_lm
-
-        if key:
-            from .pretrained import load_fairseq_lm
-
-            self.model, cfg = load_fairseq_lm(checkpoint, data_bin, key)
-        else:
-            self.model, cfg = load_lm(checkpoint, data_bin)
-        self.dictionary = self.model.decoder.dictionary
-        self.sp = spm.SentencePieceProcessor(model_file=str(bpe_model)) if bpe_model else None
-        self.start = self.dictionary.eos()
-        self.vocab_size = len(self.dictionary)
-        self.tokens_per_sample = int(cfg.task.tokens_per_sample)
-        self.dim = int(self.model.decoder.layers[-1].fc1.in_features)
-        self.forward = fairseq_forward(self.model)
-        self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
-
-    def encode(self, lines: list[str]) -> np.ndarray:
-        """[n] int64 token ids of `lines`: each line's BPE pieces then the end-of-line token."""
-        out = []
-        for line in lines:
-            s = line.strip()
-            pieces = (self.sp.encode(s, out_type=str) if self.sp else s.split()) if s else []
-            out += [self.dictionary.index(p) for p in pieces] + [self.dictionary.eos()]
-        return np.asarray(out, dtype=np.int64)
-
-    def encode_prompt(self, text: str) -> np.ndarray:
-        """Token ids of a prompt to continue: its BPE pieces, no end of line after its last line."""
-        return self.encode(_lines(text))[:-1]
-
-    def decode(self, ids) -> str:
-        """Text of token ids (ends of line become newlines)."""
-        eos, words = self.dictionary.eos(), []
-        line: list[str] = []
-        join = self.sp.decode if self.sp else " ".join
-        for i in ids:
-            if int(i) == eos:
-                words.append(join(line) + "\n")
-                line = []
-            else:
-                line.append(self.dictionary[int(i)])
-        return "".join(words) + (join(line) if line else "")
-
-
-class HuggingFaceLM:
-    """A Hugging Face causal LM (knnlm.hf) and its fast tokenizer; tokens are the tokenizer's over the text with its
-    newlines, the stream starts with BOS (else EOS), as the pipeline's dumps."""
-
-    def __init__(self, path: str, dtype: str = "float32", revision: str | None = None,
-                 tokens_per_sample: int | None = None):
-        from . import hf
-
-        self.model, self.tok = hf.load_hf(path, dtype, revision)
-        self.start = hf.start_token(self.tok)
-        self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self.tokens_per_sample = int(tokens_per_sample or self.model.config.max_position_embeddings)
-        self.dim = int(self.model.get_output_embeddings().weight.shape[1])
-        self._capture = hf.key_capture(self.model)
-        self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
-        self.identity = {"source": "hf", "model": path}
-
-    def encode(self, lines: list[str]) -> np.ndarray:
-        from .hf import tokenize_lines
-
-        return tokenize_lines(self.tok, lines)["ids"]
-
-    def encode_prompt(self, text: str) -> np.ndarray:
-        return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-
-    def decode(self, ids) -> str:
-        return self.tok.decode([int(i) for i in ids])
 
 
 @dataclasses.dataclass
@@ -175,7 +82,7 @@ class KNNLM:
     key: 'att' | 'ffn' (Xu et al. 2023, Sec. 3); metric: 'l2' | 'ip'; k neighbours; temperature τ > 0; lam λ in
     [0, 1]; nprobe: lists probed per query; mask: 'faiss' (IVFPQ top-k) | 'exact'; score: 'faiss' (PQ distances)
     | 'real' (recomputed from the keys; mask 'exact' always has real scores). context_window, max_tokens: the
-    sliding windows of scoring (knnlm.dump.window_states). Raises ValueError on a bad setting.
+    sliding windows of scoring (knnlm.lm.windows.window_states). Raises ValueError on a bad setting.
     """
 
     def __init__(self, lm, keys, vals, *, key: str, metric: str, k: int, temperature: float, lam: float,
@@ -224,7 +131,7 @@ class KNNLM:
         (temperature=, lam=, k=, nprobe=). Raises ArtifactError naming the file when an artifact is missing.
         """
         from .config import load_config, validate_config
-        from .index import resolve_index_params
+        from .search.index import resolve_index_params
         from .paths import Layout
 
         if store != "full":
@@ -268,20 +175,20 @@ class KNNLM:
                        temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
                        nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
                        max_tokens: int = 4096, threads: int = 2) -> "KNNLM":
-        """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout (knnlm.dump,
-        build_datastore or knnlm.importer; knnlm.paths.DatastoreLayout). key: default the manifest's first key
-        type. The IVFPQ index of (key, metric) in the folder is built when missing (mask 'faiss'; parameters:
-        config section 'index', `index` overriding its defaults); nprobe defaults to the resolved 'auto'. Defaults of
-        k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated file, a key type
-        the datastore lacks, or keys of another dimension than the LM's."""
+        """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout
+        (knnlm.datastore.dump, build_datastore or knnlm.datastore.importer; knnlm.paths.DatastoreLayout). key: default
+        the manifest's first key type. The IVFPQ index of (key, metric) in the folder is built when missing (mask
+        'faiss'; parameters: config section 'index', `index` overriding its defaults); nprobe defaults to the resolved
+        'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated
+        file, a key type the datastore lacks, or keys of another dimension than the LM's."""
         from .config import _fill_defaults, load_schema
-        from .dump import open_datastore
-        from .index import build_ivfpq, resolve_index_params
+        from .datastore.dump import open_datastore
+        from .search.index import build_ivfpq, resolve_index_params
 
         ds = DatastoreLayout(folder)
         man_path = ds.path("manifest")
         if not man_path.is_file():
-            raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.importer)")
+            raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.datastore.importer)")
         key = key or read_json(man_path)["key_types"][0]
         keys, vals, man = open_datastore(man_path, ds.path("vals"), ds.path("keys", key=key), key)
         if man["D"] != lm.dim:
@@ -301,7 +208,7 @@ class KNNLM:
     def lm_pass(self, ids: np.ndarray, with_log_probs: bool = True) -> dict:
         """The LM over token ids [n] int64 (the stream after the start token): {'keys' [n, D] float32 (of key type
         self.key), 'targets' [n] int64, 'lp_lm' [n] float64}, in the pipeline's sliding windows."""
-        from .dump import window_states
+        from .lm.windows import window_states
 
         stream = np.concatenate([[self.lm.start], np.asarray(ids, dtype=np.int64)])
         parts: dict[str, list] = {"keys": [], "targets": [], "lp_lm": []}
@@ -318,8 +225,8 @@ class KNNLM:
     def neighbours(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k neighbours of queries [B, D] float32: (ids [B, k] int64 datastore rows, −1 where missing; dists [B, k]
         float32 in faiss convention: squared L2 or inner product), by self.mask with self.score's distances."""
-        from .exact import exact_topk, recompute_distances
-        from .index import search_filled
+        from .search.exact import exact_topk, recompute_distances
+        from .search.index import search_filled
 
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if self.mask == "exact":
@@ -337,14 +244,14 @@ class KNNLM:
     def knn_log_prob(self, queries: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """log p_kNN(target) per query: queries [B, D] float32, targets [B] int. Returns [B] float64 (−inf where no
         neighbour's val is the target)."""
-        from .scoring import knn_log_prob_from_cache
+        from .scoring.interpolation import knn_log_prob_from_cache
 
         ids, dists = self.neighbours(queries)
         return knn_log_prob_from_cache(ids, dists, self.vals, np.asarray(targets), self.metric, self.temperature)
 
     def knn_distribution(self, queries: np.ndarray) -> np.ndarray:
         """p_kNN over the whole vocabulary: [B, V] float64 (the neighbours' softmax(s/τ) summed per val, Eq. 5's M)."""
-        from .scoring import scores_from_distances
+        from .scoring.interpolation import scores_from_distances
 
         ids, dists = self.neighbours(queries)
         valid = ids >= 0
@@ -368,9 +275,9 @@ class KNNLM:
         """Score a text (a string, or its lines) as the pipeline scores a split: every line's tokens and its end of
         line are targets, the first predicted from the start token. Returns Scored (per-token log-probs, perplexity
         per word and per token, and the settings used). Raises ValueError for an empty text."""
-        from .scoring import interpolate
+        from .scoring.interpolation import interpolate
 
-        lines = _lines(text)
+        lines = text_lines(text)
         if not lines:
             raise ValueError("score: empty text")
         run = self.lm_pass(self.lm.encode(lines))
@@ -434,11 +341,13 @@ class KNNLM:
         `index` overriding the defaults). Returns a KNNLM with the same LM and settings on that datastore (the
         domain-adaptation use of Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer
         tokens than k."""
-        from .dump import LMPass, dump_datastore, window_states
+        from .lm import LMPass
+        from .datastore.dump import dump_datastore
+        from .lm.windows import window_states
 
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        lines = _lines(text)
+        lines = text_lines(text)
         ids = self.lm.encode(lines)
         if len(ids) < self.k:
             raise ValueError(f"build_datastore: {len(ids)} tokens, fewer than k = {self.k}")
@@ -467,27 +376,13 @@ class KNNLM:
                                     context_window=self.context_window, max_tokens=self.max_tokens, threads=threads)
 
 
-def load_run_lm(cfg: dict, lm: str):
-    """FairseqLM or HuggingFaceLM of base LM `lm` of a validated run config (its trained or shipped checkpoint with
-    the run's BPE and dictionary, config 'lms.<lm>.path', or its Hugging Face model card). Raises ArtifactError
-    naming the file when it is missing."""
-    from .config import lm_tokens_per_sample
+def load_run_lm(cfg: dict, lm: str) -> LanguageModel:
+    """FairseqLM or HuggingFaceLM of base LM `lm` of a validated run config, by its backend (knnlm.lm.backend of
+    config 'lms.<lm>.source', its run_lm: the trained or shipped checkpoint with the run's BPE and dictionary,
+    config 'lms.<lm>.path', or its Hugging Face model card). Raises ArtifactError naming the file when it is missing."""
     from .paths import Layout
 
-    lay, entry = Layout.of(cfg), cfg["lms"][lm]
-    if entry["source"] == "hf":
-        card_path = lay.path("model_card", lm=lm)
-        if not card_path.exists():
-            raise ArtifactError(f"{card_path}: no model card for Hugging Face LM {lm!r} (run the pipeline's "
-                                f"model_card job)")
-        card = read_json(card_path)
-        return HuggingFaceLM(card["path"], card["dtype"], card.get("revision"), lm_tokens_per_sample(cfg, lm))
-    ckpt = lay.path("checkpoint", lm=lm) if entry["source"] == "train" else Path(entry["path"])
-    bpe = lay.path("bpe_model") if cfg["bpe"]["type"] != "none" else None  # 'none': a word-level LM
-    for p in (ckpt, lay.path("data_bin") / "dict.txt", bpe):
-        if p is not None and not Path(p).exists():
-            raise ArtifactError(f"{p}: missing for base LM {lm!r} (run the pipeline's data and LM jobs first)")
-    return FairseqLM(ckpt, lay.path("data_bin"), bpe, key=f"lms.{lm}.path" if entry["source"] == "fairseq" else None)
+    return backend(cfg["lms"][lm]["source"]).impl().run_lm(cfg, lm, Layout.of(cfg))
 
 
 try:  # transformers is optional for fairseq-only use
@@ -505,7 +400,7 @@ class KNNLogitsProcessor(_LogitsProcessor):
     def __init__(self, knn: KNNLM):
         self.knn = knn
         self._last: dict[str, torch.Tensor] = {}
-        from .hf import find_key_modules
+        from .lm.hf import find_key_modules
 
         att_mod, out_mod = find_key_modules(knn.lm.model)
         mod = att_mod if knn.key == "att" else out_mod

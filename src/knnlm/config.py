@@ -1,10 +1,11 @@
 """Experiment configs: load YAML, validate against workflow/schemas/config.schema.yaml, fill defaults.
 
-Errors name the config key, what was expected and what was found (DEVELOPERS.md, "Bad input").
+Errors name the config key, what was expected and what was found.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,16 @@ class ConfigError(ValueError):
 def load_schema() -> dict:
     with open(SCHEMA_PATH) as f:
         return yaml.safe_load(f)
+
+
+def section_defaults(section: str) -> dict:
+    """The schema's defaults of config section `section` (e.g. 'stats'), as a config without it gets them (a copy)."""
+    return copy.deepcopy(_section_defaults(section))
+
+
+@functools.lru_cache(maxsize=None)
+def _section_defaults(section: str) -> dict:
+    return _fill_defaults({}, load_schema()["properties"][section])
 
 
 def _fill_defaults(node: Any, schema: dict) -> Any:
@@ -218,7 +229,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     if extra:
         raise ConfigError(f"{source}: config key 'temperature.ratios' must be a subset of 'datastore_size.ratios' "
                           f"({cfg['datastore_size']['ratios']}), found {extra} outside it")
-    from .stores import store_kind_of
+    from .datastore.stores import store_kind_of
 
     for name in cfg["stores"]["extra"]:
         try:

@@ -401,7 +401,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     'converged', 'stop', 'seconds', 'tokens_per_second'}. Raises ValueError for evals_per_epoch < 1 or an unknown
     lr_schedule.
     on_eval(step, {'valid_nll': nll, 'train_loss': ..., 'epoch': ...}) is called at every evaluation (live curves:
-    knnlm.cli.Job.curve). Raises ValueError for evals_per_epoch < 1.
+    knnlm.job.Job.curve). Raises ValueError for evals_per_epoch < 1.
     interp: (λ, valid log p_LM [T]) to train on the interpolated loss of Xu et al. 2023, App. E.6.3 (Eq. 12):
     −log(λ p_model(y) + (1 − λ) p_LM(y)), log p_LM(y) of each training row from the batches' third element
     (KeyBatches(aux_keys=...): the base LM's log-probability of every datastore row's value, computed once by
@@ -560,17 +560,6 @@ def parse_variant(name: str) -> dict:
     return {"kind": "cluster", "m": int(m["m"])}
 
 
-def checkpoint_output_matrix(checkpoint) -> torch.Tensor:
-    """W_sm [V, D] float32 of a fairseq checkpoint (decoder.output_projection.weight, or decoder.embed_out). Raises
-    ArtifactError naming the file when it has no plain output projection (adaptive softmax)."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
-    for name in ("decoder.output_projection.weight", "decoder.embed_out"):
-        if name in state:
-            return state[name].float()
-    raise ArtifactError(f"{checkpoint}: no plain output projection (decoder.output_projection.weight); "
-                        "adaptive-softmax LMs are not supported")
-
-
 @torch.no_grad()
 def compute_word_stats(keys_ffn, vals, w_sm: torch.Tensor, chunk: int = 16384, bf16: bool = True,
                        row_logprobs: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -655,8 +644,8 @@ def kmeans_centroids(keys, rows: np.ndarray, n_clusters: int, iters: int, sample
 
 
 def training_settings(p: dict, variant: str) -> dict:
-    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch', 'plateau'} of a variant: config 'parametric.converge' for
-    the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
+    """{'train_tokens', 'max_epochs', 'patience', 'evals_per_epoch', 'plateau'} of a variant: config
+    'parametric.converge' for the variants it lists (trained until the valid NLL stops improving), else the section's shrunk settings."""
     keys = ("train_tokens", "max_epochs", "patience", "evals_per_epoch", "plateau")
     if variant.startswith("iloss"):  # W_ds on another loss: trained exactly as its W_ds (nv1 or nv1-sub), same rows
         variant = "nv1-sub" if variant.endswith("-sub") else "nv1"

@@ -16,7 +16,7 @@ Levels (wildcards in braces):
       tables/, figures/                    the paper's tables and figures for this LM
     logs/, benchmarks/                     one log and one Snakemake benchmark per job
 
-Wildcard values: lm = [A-Za-z0-9_.-]+, store = full | r<ratio> | ... (knnlm.stores kinds), key = att | ffn,
+Wildcard values: lm = [A-Za-z0-9_.-]+, store = full | r<ratio> | ... (knnlm.datastore.stores kinds), key = att | ffn,
 metric = l2 | ip, split = valid | test (queries; the datastore is train), shard = 0, 1, ... (a sharded exact search).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ PATTERNS: dict[str, str] = {
     "datastore_bin": "data-bin-datastore",
     # one base LM
     "checkpoint": "lms/{lm}/checkpoint.pt",
-    "model_card": "lms/{lm}/model.json",  # a Hugging Face LM: what identifies it (knnlm.hf.model_card)
+    "model_card": "lms/{lm}/model.json",  # a Hugging Face LM: what identifies it (knnlm.lm.hf.model_card)
     "fairseq_dir": "lms/{lm}/fairseq",
     "lm_training": "lms/{lm}/training.json",  # a trained LM's valid curve and whether it converged
     "keys": "lms/{lm}/datastore/keys_{key}.npy",
@@ -58,7 +58,7 @@ PATTERNS: dict[str, str] = {
     "scope": "lms/{lm}/queries/{split}/scope.npy",
     # the valid tokens of the stores scored on every token (config 'retrieval.tuning_documents': whole documents)
     "tuning_sample": "lms/{lm}/queries/{split}/tuning_sample.npy",
-    # features of every scored token of a split (knnlm.quality: retrieval quality, the LM's entropy)
+    # features of every scored token of a split (knnlm.scoring.quality: retrieval quality, the LM's entropy)
     "token_features": "lms/{lm}/queries/{split}/token_features.npz",
     # one datastore variant (store) of that LM
     "store_prep": "lms/{lm}/stores/{store}/prep_{key}",
@@ -73,7 +73,7 @@ PATTERNS: dict[str, str] = {
     "exact_dists": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_dists.npy",
     "exact_meta": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}.json",
     # a sharded exact search (config 'retrieval.exact_shards'): the top-k of one shard of the store's keys, and of
-    # one shard of the nested scan over the datastore-size subsets (knnlm.stores.nested_shards)
+    # one shard of the nested scan over the datastore-size subsets (knnlm.datastore.stores.nested_shards)
     "exact_shard_ids": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}_ids.npy",
     "exact_shard_dists": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}_dists.npy",
     "exact_shard_meta": "lms/{lm}/stores/{store}/exact/shards/{key}_{metric}_{split}_{shard}.json",
@@ -99,10 +99,10 @@ PATTERNS: dict[str, str] = {
     "benchmark": "benchmarks/{job}.tsv",
 }
 
-# The LMs a config ships (config 'pretrained', knnlm.pretrained), relative to that folder (pretrained/<config>/).
+# The LMs a config ships (config 'pretrained', knnlm.lm.shipped), relative to that folder (pretrained/<config>/).
 PRETRAINED_PATTERNS: dict[str, str] = {
     "checkpoint": "{lm}/checkpoint.pt",  # weights (fp16 when that leaves valid perplexity unchanged), no optimizer
-    "lm_training": "{lm}/training.json",  # the training record (knnlm.lm.convergence)
+    "lm_training": "{lm}/training.json",  # the training record (knnlm.lm.training.convergence)
     "model_card": "{lm}/model_card.json",
     "model_card_md": "{lm}/README.md",
     "bpe_model": "bpe/spm.model",  # the sentencepiece model and fairseq dictionary the LMs were trained with
@@ -110,8 +110,8 @@ PRETRAINED_PATTERNS: dict[str, str] = {
     "dictionary": "bpe/dict.txt",
 }
 
-# A datastore folder outside a run (knnlm.api build_datastore / from_datastore, knnlm.importer): the run's datastore
-# file names, and the indexes beside them.
+# A datastore folder outside a run (knnlm.api build_datastore / from_datastore, knnlm.datastore.importer): the run's
+# datastore file names, and the indexes beside them.
 DATASTORE_PATTERNS: dict[str, str] = {
     "keys": "keys_{key}.npy",
     "vals": "vals.npy",
@@ -120,7 +120,7 @@ DATASTORE_PATTERNS: dict[str, str] = {
 }
 
 # Wildcard constraints (regexes) shared by every rule (workflow/rules/common.smk); {store} is constrained to
-# the registered store kinds (knnlm.stores.store_wildcard).
+# the registered store kinds (knnlm.datastore.stores.store_wildcard).
 WILDCARDS: dict[str, str] = {
     "lm": r"[A-Za-z0-9_.-]+",
     "key": r"att|ffn",

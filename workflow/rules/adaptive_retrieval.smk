@@ -4,33 +4,27 @@
 # (table, figure and comparisons 'adaptive_retrieval').
 
 
-rule write_adaptive_retrieval:
-    input:
+knnlm_rule(
+    "write_adaptive_retrieval", "adaptive_retrieval.table",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=per_split("token_features"),
         lm_logprobs=per_split("lm_logprobs"),
         knn_tuned=per_split("knn_logprobs_tuned", store="full", **GAINS_KEY),
         score=artifact("score", store="full", **GAINS_KEY),
         documents=per_split("documents"),
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="adaptive_retrieval", ext="csv"),
         md=report(artifact("table", table="adaptive_retrieval", ext="md"), caption=report_caption("token_gains"),
                   category="Beyond the paper"),
         cmp_csv=artifact("table", table="adaptive_retrieval_comparisons", ext="csv"),
         fig=[report(artifact("figure", figure="adaptive_retrieval", ext=e), caption=report_caption("token_gains"),
                     category="Beyond the paper") for e in ("png", "pdf")],
-    params:
-        cfg=cfg_json("quality", "knn", "stats", "profile"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("write_adaptive_retrieval", "lm"),
-    benchmark:
-        bench_of("write_adaptive_retrieval", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("adaptive_retrieval.table")
+    ),
+    cfg=cfg_json("quality", "knn", "stats", "profile"),
+    threads=THREADS,
+)
 
 
 TARGETS["adaptive_retrieval"] = tables("adaptive_retrieval") if PLAIN_W_SM else []

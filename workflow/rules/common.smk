@@ -1,6 +1,6 @@
 # Shared by every rule: the validated config, the artifact layout (knnlm.paths, its one owner), the wildcard
 # constraints, and the helpers that turn a rule into a `python -m knnlm <job>` call.
-# Parsing the DAG imports no torch: only knnlm.config, knnlm.paths and knnlm.stores (numpy).
+# Parsing the DAG imports no torch: only knnlm.config, knnlm.paths and knnlm.datastore.stores (numpy).
 import json
 import shlex
 import sys
@@ -10,9 +10,10 @@ sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
 from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
                           interpolated_loss_reference, lm_tokens_per_sample, parametric_tables, parametric_variants,
                           split_files, table4_lms, temperatures, validate_config)
+from knnlm.lm import backend
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
-from knnlm.front_page import front_page
-from knnlm.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
+from knnlm.report.front_page import front_page
+from knnlm.datastore.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
                           same_search_store, scores_every_token, store_name, store_wildcard)
 
 if not config:
@@ -30,14 +31,15 @@ SPLITS = ["train", "valid", "test"]
 EVAL_SPLITS = ["valid", "test"]  # the order of every per-split input list (knnlm.experiments.common.SPLITS)
 LMS = list(CFG["lms"])  # the base LMs of this run (config 'lms'); the first is the primary LM
 PRIMARY = LMS[0]  # every experiment runs on it; the others add their row to Table 4
-SOURCE = {name: lm["source"] for name, lm in CFG["lms"].items()}
-HF_LMS = [n for n in LMS if SOURCE[n] == "hf"]
-# config 'pretrained': the shipped LMs (knnlm.pretrained) that replace the training of 'train' LMs of the same name
+# Each base LM's backend (knnlm.lm.BACKENDS, by config 'lms.<name>.source'): which inputs its jobs get
+BACKEND = {name: backend(lm["source"]) for name, lm in CFG["lms"].items()}
+HF_LMS = [n for n in LMS if not BACKEND[n].run_tokens]  # tokenised by their own tokenizer
+# config 'pretrained': the shipped LMs (knnlm.lm.shipped) that replace the training of 'train' LMs of the same name
 SHIPPED = PretrainedLayout(CFG["pretrained"]) if CFG["pretrained"] else None
-PRETRAINED = [n for n in LMS if SHIPPED and SOURCE[n] == "train" and SHIPPED.path("checkpoint", lm=n).is_file()]
+PRETRAINED = [n for n in LMS if SHIPPED and BACKEND[n].trained and SHIPPED.path("checkpoint", lm=n).is_file()]
 PRETRAINED_BPE = ([str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
                   if SHIPPED and SHIPPED.path("bpe_model").is_file() else [])
-FAIRSEQ_LMS = [n for n in LMS if SOURCE[n] != "hf"]  # tokenised by the run's BPE, scored over data-bin
+FAIRSEQ_LMS = [n for n in LMS if BACKEND[n].run_tokens]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 # The primary LM's output layer is one matrix W_sm (not an adaptive softmax): the jobs that read W_sm run for it
 PLAIN_W_SM = not CFG["lms"][PRIMARY]["adaptive_softmax"]
@@ -55,20 +57,11 @@ SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RETRIEVAL["small_store_all_token
 # the paper (approximate beats exact retrieval, Sec. 5.1) then rests on every document of valid and test.
 TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["key_types"][0],
                   metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0])
-# App. E.6.3: W_ds trained on the interpolated loss, for the key types of 'hypotheses.interpolated_loss' that W_ds
-# (nv1) is trained for (rules/hypotheses.smk; its comparisons go to the findings).
-ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in parametric_variants(CFG)]  # and W_ds
-# App. E.5 (an extra): other LMs of 'lms' over this run's tokens, ensembled with the primary LM (rules/hypotheses.smk)
-ENSEMBLE = CFG["hypotheses"]["ensemble_lms"]
-for _name in ENSEMBLE:
-    if _name not in CFG["lms"] or _name == PRIMARY or SOURCE[_name] == "hf":
-        raise ConfigError(f"config key 'hypotheses.ensemble_lms': expected names of config 'lms' other than the primary "
-                          f"LM {PRIMARY!r} whose source is 'train' or 'fairseq' (this run's tokens), found {_name!r}")
-# App. E.6.1 / E.6.2 (extras): LMs trained from the primary LM (config 'lms.<name>.init_from' / 'teacher', validated
-# by knnlm.config), each alone and interpolated with it (rules/hypotheses.smk); they get no row of Table 4
-OVERFIT = CFG["hypotheses"]["overfit_lms"]
-SOFT_LABEL = CFG["hypotheses"]["soft_label_lms"]
 BASE_LMS = table4_lms(CFG)  # Table 4's base LMs (config 'table4.lms'; LMs trained from another one never)
+# The (key, metric) whose per-token gains token_gains, lambda_by_quality and adaptive_retrieval read
+GAINS_KEY = TABLE3_KEY
+# The real mask in shards (config 'retrieval.exact_shards'): rules/retrieval.smk and rules/datastore_size.smk
+EXACT_SHARDS = RETRIEVAL["exact_shards"]
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
 
 wildcard_constraints:
@@ -115,7 +108,7 @@ def cfg_of_lm(*sections):
     window resolved), so that adding another LM to 'lms' reruns nothing of the others."""
     def fn(wildcards):
         lm = CFG["lms"][wildcards.lm]
-        if lm["source"] != "hf":  # an adaptive softmax is checked against the checkpoint when dumping
+        if BACKEND[wildcards.lm].run_tokens:  # an adaptive softmax is checked against the checkpoint when dumping
             return quoted_cfg(*sections, **({"adaptive_softmax": True} if lm["adaptive_softmax"] else {}))
         return quoted_cfg(*sections, lms={wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}})
     return fn
@@ -128,7 +121,7 @@ def _named(files):
 def io(fixed=None, **extra):
     """params function: the named inputs and outputs, wildcards and `extra` named paths (patterns) as JSON.
 
-    Every input and output of a knnlm job is named, and the job finds its files by these names (knnlm.cli.Job).
+    Every input and output of a knnlm job is named, and the job finds its files by these names (knnlm.job.Job).
     `fixed`: wildcard values the rule fixes (its inputs are one store's, its outputs name no store), passed to the
     job as if they were wildcards.
     """
@@ -154,12 +147,56 @@ def bench_of(rule, *wildcards):
     return artifact("benchmark", job="_".join([rule] + ["{%s}" % w for w in wildcards]))
 
 
+_io = io  # knnlm_rule's parameter 'io' hides the function
+
+
+def files(*positional, **named):
+    """The input or output files given to knnlm_rule, as input functions to unpack (positional) and named files,
+    e.g. files(unpack(output_layer), lm_training=lm_training())."""
+    return positional, named
+
+
+def _wildcards_of(named):
+    """The wildcards of named output patterns, in order of first appearance (a rule's log and benchmark names)."""
+    import re
+
+    seen = []
+    for v in named.values():
+        for pattern in (v if isinstance(v, list) else [v]):
+            seen += [w for w in re.findall(r"{(\w+)", str(pattern)) if w not in seen]
+    return seen
+
+
+# The rules of knnlm jobs (knnlm_rule), defined by the Snakefile once every rule file is included
+KNNLM_RULES = []
+
+
+def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1, resources=None, constraints=None,
+               log_name=None):
+    """Declare rule `name`, which runs knnlm job `job` ('<module>.<function>' of knnlm.experiments, run by knnlm.cli).
+
+    input, output: files(...) (or a dict of named files); cfg: the rule's params.cfg, the config sections the job
+    reads (cfg_json(...), cfg_with_keys(...) or cfg_of_lm(...)); io: params.io (default io(): the named files and
+    wildcards); wildcards: those that name the job's log and benchmark (default: its outputs' wildcards, in order);
+    threads, resources, constraints (wildcard_constraints) as in a rule; log_name: the log's and benchmark's name when
+    it is not the rule's (a rule that writes another rule's files for other wildcards). The rest is the same for every
+    knnlm job (the Snakefile's loop over KNNLM_RULES): the log logs/<log_name>_<wildcards>.log, the benchmark, the
+    environment and the shell command knnlm(job)."""
+    inputs = input if isinstance(input, tuple) else ((), input)
+    outputs = output if isinstance(output, tuple) else ((), output)
+    names = _wildcards_of(outputs[1]) if wildcards is None else list(wildcards)
+    KNNLM_RULES.append(dict(name=name, input=inputs, output=outputs, cfg=cfg, io=io or _io(), threads=threads,
+                            resources=resources or {}, constraints=constraints or {},
+                            log=log_of(log_name or name, *names), benchmark=bench_of(log_name or name, *names),
+                            shell=knnlm(job)))
+
+
 def lm_training(lm=None):
     """Input function: the training.json of base LM `lm` (default: the rule's {lm}) when this run trains it, else
     nothing (an existing checkpoint or a Hugging Face LM: its caption says so)."""
     def fn(wc):
         name = lm or wc.lm
-        return artifact("lm_training", lm=name) if SOURCE[name] == "train" else []
+        return artifact("lm_training", lm=name) if BACKEND[name].trained else []
     return fn
 
 
@@ -170,11 +207,11 @@ def lm_model(split):
     own = DATASTORE_DATA and split == "train"
 
     def fn(wc):
-        lm = CFG["lms"][wc.lm]
-        if lm["source"] == "hf":
-            text = artifact("datastore_text") if own else artifact("split_tokens", split=split or wc.split)
-            return {"model_card": artifact("model_card", lm=wc.lm), "text": text}
-        return {"checkpoint": lm_weights(wc.lm), "data_bin": artifact("datastore_bin" if own else "data_bin")}
+        b = BACKEND[wc.lm]
+        if b.run_tokens:
+            return {b.weights_input: lm_weights(wc.lm), "data_bin": artifact("datastore_bin" if own else "data_bin")}
+        text = artifact("datastore_text") if own else artifact("split_tokens", split=split or wc.split)
+        return {b.weights_input: lm_weights(wc.lm), "text": text}
     return fn
 
 
@@ -193,21 +230,6 @@ def lm_sources(wc):
             **({"teacher": lm_weights(lm["teacher"])} if lm["teacher"] else {})}
 
 
-def with_base_inputs(names):
-    """Named inputs of an App. E table of other LMs over the primary LM's tokens (E.5, E.6): every trained LM's
-    training.json, the base LM's and each of `names`' per-split log-probs and targets ('lm_<name>', 'targets_<name>'),
-    the kNN component of Table 1 (full store, Table 3's pair) and the documents."""
-    return dict(
-        lm_training=[artifact("lm_training", lm=n) for n in [PRIMARY] + names if SOURCE[n] == "train"],
-        lm_logprobs=per_split("lm_logprobs"),
-        targets=per_split("targets"),
-        **{f"lm_{n}": per_split("lm_logprobs", lm=n) for n in names},
-        **{f"targets_{n}": per_split("targets", lm=n) for n in names},
-        knn=per_split("knn_logprobs", store="full", **TABLE3_KEY),
-        documents=per_split("documents"),
-    )
-
-
 def train_options(name):
     """{'train': {'checkpoint', 'soft_label_weight'}} of a 'train' LM that keeps its last checkpoint or has a teacher
     (App. E.6), else {} (so an LM trained from scratch keeps the params, and the outputs, it always had)."""
@@ -218,23 +240,22 @@ def train_options(name):
 
 
 def lm_weights(name):
-    """What holds base LM `name`'s weights: its checkpoint (trained, or config 'lms.<name>.path'), or the model
-    card of a Hugging Face LM."""
-    lm = CFG["lms"][name]
-    if lm["source"] == "hf":
-        return artifact("model_card", lm=name)
-    return artifact("checkpoint", lm=name) if lm["source"] == "train" else ancient(lm["path"])
+    """What holds base LM `name`'s weights (its backend's weights artifact): its checkpoint (trained, or config
+    'lms.<name>.path'), or the model card of a Hugging Face LM."""
+    b = BACKEND[name]
+    return artifact(b.weights_artifact, lm=name) if b.weights_artifact else ancient(CFG["lms"][name]["path"])
 
 
 def output_layer(wc):
     """Input function: what holds the output projection W_sm of base LM {lm} ('checkpoint' or 'model_card')."""
-    return {"model_card" if SOURCE[wc.lm] == "hf" else "checkpoint": lm_weights(wc.lm)}
+    return {BACKEND[wc.lm].weights_input: lm_weights(wc.lm)}
 
 
 def token_source(wc):
     """Input function: what names base LM {lm}'s token ids ('data_bin' with the fairseq dictionary, or the
     'model_card' of a Hugging Face LM; knnlm.experiments.common.token_strings)."""
-    return {"model_card": artifact("model_card", lm=wc.lm)} if SOURCE[wc.lm] == "hf" else {"data_bin": artifact("data_bin")}
+    name = BACKEND[wc.lm].tokens_input
+    return {name: artifact(name, lm=wc.lm)}
 
 
 def per_lm(name, **fixed):
@@ -263,7 +284,7 @@ def queries(split=None, key=None, lm="{lm}"):
 
 def exact_of(name):
     """Input function: the exact search ('real mask') of the store with the same keys (an '-ivf<k>' store shares
-    its base store's exact search: knnlm.stores.same_keys_store)."""
+    its base store's exact search: knnlm.datastore.stores.same_keys_store)."""
     def fn(wc):
         return [artifact(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
                 for s in EVAL_SPLITS]
@@ -272,7 +293,7 @@ def exact_of(name):
 
 def index_of(name):
     """Input function: the IVFPQ index artifact `name` ('index', 'index_meta') the job's store searches (an
-    '-alltokens' store searches its base store's index: knnlm.stores.same_index_store)."""
+    '-alltokens' store searches its base store's index: knnlm.datastore.stores.same_index_store)."""
     def fn(wc):
         return artifact(name, lm=wc.lm, store=same_index_store(wc.store), key=wc.key, metric=wc.metric)
     return fn
@@ -280,7 +301,7 @@ def index_of(name):
 
 def scope_of(full_is_all=False, both_splits=False):
     """Input function: the retrieval scope of the job's split ('scope'; of both splits, in EVAL_SPLITS order, when
-    `both_splits`), or nothing for a store scored on every token (knnlm.stores.scores_every_token) and, when
+    `both_splits`), or nothing for a store scored on every token (knnlm.datastore.stores.scores_every_token) and, when
     `full_is_all`, for the full store (its FAISS search covers every token: Table 1 reads it)."""
     def fn(wc):
         if scores_every_token(wc.store) or (full_is_all and wc.store == "full"):
@@ -301,7 +322,7 @@ def tuning_sample_of(both_splits=False):
 
 
 def nested_shards_of(name):
-    """Input function: artifact `name` of the nested scan's shards (knnlm.stores.nested_shards of the datastore sizes,
+    """Input function: artifact `name` of the nested scan's shards (knnlm.datastore.stores.nested_shards of the datastore sizes,
     config 'retrieval.exact_shards') up to the end of store {store}, one of the sizes' stores in ascending order."""
     ratios = sorted(DATASTORE_SIZE["ratios"])
 
@@ -317,7 +338,7 @@ def nested_shards_of(name):
 def search_of(name, both_splits=False):
     """Input function: FAISS search artifact `name` ('nb_ids', 'nb_dists', 'nb_meta') of the job's store, of both
     splits when `both_splits`; 'full-alltokens' reads the full store's own search, which covers every token with the
-    same index (knnlm.stores.same_search_store)."""
+    same index (knnlm.datastore.stores.same_search_store)."""
     def fn(wc):
         store = same_search_store(wc.store)
         return per_split(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric) if both_splits else \

@@ -1,5 +1,5 @@
 # Datastore size (Xu et al. 2023, Sec. 5, Figures 2 and 4): the mask/score settings of the stores
-# r<ratio> (seeded random subsets, knnlm.stores) and the full one.
+# r<ratio> (seeded random subsets, knnlm.datastore.stores) and the full one.
 SIZE_STORES = [store_name(r) for r in DATASTORE_SIZE["ratios"]]
 NESTED_STORES = [store_name(r) for r in sorted(DATASTORE_SIZE["ratios"])]
 
@@ -8,38 +8,34 @@ if len(NESTED_STORES) > 1:
     # The real mask of every size in one scan (the subsets are nested: each is a prefix of one scan order), for
     # the cost of the largest: knnlm.experiments.retrieval.exact_search_nested. Other stores: rule exact_search.
     # With 'retrieval.exact_shards' > 1 the scan is cut into shards that never straddle a subset's end
-    # (knnlm.stores.nested_shards) and exact_merge_nested gives each store the merge of the shards up to its end.
+    # (knnlm.datastore.stores.nested_shards) and exact_merge_nested gives each store the merge of the shards up to its end.
     NESTED_INPUTS = dict(**datastore("{key}"), **queries("{split}", "{key}"),
                          stores=expand(artifact("store_prep"), store=NESTED_STORES, allow_missing=True),
                          scope=artifact("scope"))
     NESTED_KEYS = dict(key="|".join(DATASTORE_SIZE["key_types"]), metric="|".join(DATASTORE_SIZE["metrics"]))
 
-    rule exact_search_nested:
-        input:
+    knnlm_rule(
+        "exact_search_nested", "retrieval.exact_search_nested",
+        input=files(
             **NESTED_INPUTS,
-        output:
+        ),
+        output=files(
             **(dict(ids=expand(artifact("exact_ids"), store=NESTED_STORES, allow_missing=True),
                     dists=expand(artifact("exact_dists"), store=NESTED_STORES, allow_missing=True),
                     meta=expand(artifact("exact_meta"), store=NESTED_STORES, allow_missing=True))
                if EXACT_SHARDS == 1 else
                dict(ids=temp(artifact("nested_shard_ids")), dists=temp(artifact("nested_shard_dists")),
                     meta=temp(artifact("nested_shard_meta")))),  # deleted once every store's merge has read them
-        wildcard_constraints:
-            **NESTED_KEYS,
-        params:
-            cfg=cfg_json("retrieval", "knn"),
-            io=io(),
-        threads: THREADS
-        resources:
+        ),
+        cfg=cfg_json("retrieval", "knn"),
+        threads=THREADS,
+        resources=dict(
             mem_mb=8000,
-        log:
-            log_of("exact_search_nested", "lm", "key", "metric", "split", *SHARDED),
-        benchmark:
-            bench_of("exact_search_nested", "lm", "key", "metric", "split", *SHARDED)
-        conda:
-            ENV
-        shell:
-            knnlm("retrieval.exact_search_nested")
+        ),
+        constraints=dict(
+            **NESTED_KEYS,
+        ),
+    )
 
     if EXACT_SHARDS == 1:
         ruleorder: exact_search_nested > exact_search
@@ -71,11 +67,13 @@ if len(NESTED_STORES) > 1:
         ruleorder: exact_merge_nested > exact_merge
 
 
-rule write_datastore_size:
-    input:
+knnlm_rule(
+    "write_datastore_size", "datastore_size.figures",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=expand(artifact("settings"), store=SIZE_STORES, key=DATASTORE_SIZE["key_types"], metric=DATASTORE_SIZE["metrics"], allow_missing=True),
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="datastore_size", ext="csv"),
         md=report(artifact("table", table="datastore_size", ext="md"), caption=report_caption("datastore_size"),
                   category="Datastore size"),
@@ -83,17 +81,9 @@ rule write_datastore_size:
                      category="Datastore size") for e in ("png", "pdf")],
         fig4=[report(artifact("figure", figure="fig4_mask_score_by_size", ext=e), caption=report_caption("fig4"),
                      category="Datastore size") for e in ("png", "pdf")],
-    params:
-        cfg=cfg_json("knn", "retrieval", "datastore_size", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_datastore_size", "lm"),
-    benchmark:
-        bench_of("write_datastore_size", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("datastore_size.figures")
+    ),
+    cfg=cfg_json("knn", "retrieval", "datastore_size", "stats", "profile"),
+)
 
 
 TARGETS["datastore_size"] = tables("datastore_size")

@@ -12,8 +12,9 @@ SMALL_SETTINGS = (
           "full_store": artifact("settings", store="full", **_SMALL_KEY)}
 )
 
-rule write_findings:
-    input:
+knnlm_rule(
+    "write_findings", "findings.findings",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         documents=per_split("documents"),  # the resampling unit each row names
         table1=artifact("table", table="table1_comparisons", ext="csv"),
@@ -35,19 +36,12 @@ rule write_findings:
         lambda_by_quality=artifact("table", table="lambda_by_quality_comparisons", ext="csv") if PLAIN_W_SM else [],
         adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv") if PLAIN_W_SM else [],  # He et al. 2021
         **SMALL_SETTINGS,
-    output:
+    ),
+    output=files(
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
-    params:
-        cfg=quoted_cfg("stats", adaptive_softmax=not PLAIN_W_SM),  # stats: the bootstrap of the store-size claims
-        io=io(),
-    log:
-        log_of("write_findings", "lm"),
-    benchmark:
-        bench_of("write_findings", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("findings.findings")
+    ),
+    cfg=quoted_cfg("stats", adaptive_softmax=not PLAIN_W_SM),
+)
 
 
 TARGETS["findings"] = expand(artifact("findings"), lm=PRIMARY)

@@ -3,30 +3,24 @@
 # Table 1's kNN-LM of Table 3's pair at its τ* (table and comparisons 'lambda_by_quality').
 
 
-rule write_lambda_by_quality:
-    input:
+knnlm_rule(
+    "write_lambda_by_quality", "lambda_by_quality.table",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=per_split("token_features"),
         lm_logprobs=per_split("lm_logprobs"),
         knn_tuned=per_split("knn_logprobs_tuned", store="full", **GAINS_KEY),
         score=artifact("score", store="full", **GAINS_KEY),
         documents=per_split("documents"),
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="lambda_by_quality", ext="csv"),
         md=report(artifact("table", table="lambda_by_quality", ext="md"), caption=report_caption("token_gains"),
                   category="Beyond the paper"),
         cmp_csv=artifact("table", table="lambda_by_quality_comparisons", ext="csv"),
-    params:
-        cfg=cfg_json("quality", "knn", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_lambda_by_quality", "lm"),
-    benchmark:
-        bench_of("write_lambda_by_quality", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("lambda_by_quality.table")
+    ),
+    cfg=cfg_json("quality", "knn", "stats", "profile"),
+)
 
 
 TARGETS["lambda_by_quality"] = tables("lambda_by_quality") if PLAIN_W_SM else []

@@ -4,29 +4,24 @@ PAR_TABLES = parametric_tables(CFG)
 VARIANTS = parametric_variants(CFG)
 
 
-rule word_stats:
-    input:
+knnlm_rule(
+    "word_stats", "parametric.word_stats",
+    input=files(
         unpack(output_layer),
         **datastore("ffn"),
-    output:
+    ),
+    output=files(
         out=artifact("word_stats"),
         row_logprobs=artifact("train_lm_logprobs"),  # log p_LM(val) of every datastore row (App. E.6.3's loss)
-    params:
-        cfg=cfg_json("parametric"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("word_stats", "lm"),
-    benchmark:
-        bench_of("word_stats", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("parametric.word_stats")
+    ),
+    cfg=cfg_json("parametric"),
+    threads=THREADS,
+)
 
 
-rule train_parametric:
-    input:
+knnlm_rule(
+    "train_parametric", "parametric.train_parametric",
+    input=files(
         unpack(output_layer),
         **datastore("{key}"),
         **queries(key="{key}"),
@@ -34,27 +29,23 @@ rule train_parametric:
         word_stats=lambda wc: artifact("word_stats", lm=wc.lm) if wc.variant.startswith("adaptive") else [],
         # the interpolated loss (App. E.6.3) needs p_LM of every training row, computed once by word_stats
         row_logprobs=lambda wc: artifact("train_lm_logprobs", lm=wc.lm) if wc.variant.startswith("iloss") else [],
-    output:
+    ),
+    output=files(
         result=artifact("parametric_result"),
         logprobs=per_split("parametric_logprobs"),
-    params:
-        cfg=cfg_json("parametric", "knn"),
-        io=io(work_dir=artifact("parametric_dir")),
-    threads: THREADS
-    resources:
+    ),
+    cfg=cfg_json("parametric", "knn"),
+    io=io(work_dir=artifact("parametric_dir")),
+    threads=THREADS,
+    resources=dict(
         mem_mb=8000,
-    log:
-        log_of("train_parametric", "lm", "variant", "key"),
-    benchmark:
-        bench_of("train_parametric", "lm", "variant", "key")
-    conda:
-        ENV
-    shell:
-        knnlm("parametric.train_parametric")
+    ),
+)
 
 
-rule write_parametric:
-    input:
+knnlm_rule(
+    "write_parametric", "parametric.tables",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         results=[artifact("parametric_result", variant=v, key=k) for v, k in VARIANTS],
         scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
@@ -66,7 +57,8 @@ rule write_parametric:
                    for s in EVAL_SPLITS],
         par_logprobs=[artifact("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
         documents=per_split("documents"),
-    output:
+    ),
+    output=files(
         cmp_csv=artifact("table", table="parametric_comparisons", ext="csv"),
         cmp_md=report(artifact("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),
                       category="Parametric"),
@@ -75,17 +67,9 @@ rule write_parametric:
             for t in PAR_TABLES],
         fig3=[report(artifact("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
               for e in ("png", "pdf")],
-    params:
-        cfg=cfg_json("parametric", "knn", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_parametric", "lm"),
-    benchmark:
-        bench_of("write_parametric", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("parametric.tables")
+    ),
+    cfg=cfg_json("parametric", "knn", "stats", "profile"),
+)
 
 
 TARGETS["parametric"] = tables(*PAR_TABLES) if PLAIN_W_SM else []  # they read W_sm

@@ -7,27 +7,21 @@ SWEEP_STORES = [s for r in SWEEP["ratios"] for s in [store_name(r)] + [probe_sto
 
 if SWEEP_STORES:
 
-    rule write_probe_sweep:
-        input:
+    knnlm_rule(
+        "write_probe_sweep", "probe_sweep.table",
+        input=files(
             lm_training=lm_training(),  # the base LM's convergence, in the caption
             settings=expand(artifact("settings", **TABLE3_KEY), store=SWEEP_STORES, allow_missing=True),
-        output:
+        ),
+        output=files(
             csv=artifact("table", table="probe_sweep", ext="csv"),
             md=report(artifact("table", table="probe_sweep", ext="md"), caption=report_caption("store_table"),
                       category="Stores"),
             fig=[report(artifact("figure", figure="probe_sweep", ext=e), caption=report_caption("store_table"),
                         category="Stores") for e in ("png", "pdf")],
-        params:
-            cfg=cfg_json("retrieval", "knn", "index", "stats", "profile"),
-            io=io(),
-        log:
-            log_of("write_probe_sweep", "lm"),
-        benchmark:
-            bench_of("write_probe_sweep", "lm")
-        conda:
-            ENV
-        shell:
-            knnlm("probe_sweep.table")
+        ),
+        cfg=cfg_json("retrieval", "knn", "index", "stats", "profile"),
+    )
 
     TARGETS["probe_sweep"] = tables("probe_sweep") + expand(artifact("figure", figure="probe_sweep", ext="png"),
                                                             lm=PRIMARY)

@@ -20,7 +20,7 @@ if CFG["data"]["download"]:
 
 
 # config 'lms.<lm>.url': a published fairseq checkpoint fetched to 'lms.<lm>.path' (sha256 checked when given).
-for _name in [n for n in LMS if SOURCE[n] == "fairseq" and CFG["lms"][n]["url"]]:
+for _name in [n for n in LMS if not BACKEND[n].weights_artifact and CFG["lms"][n]["url"]]:
 
     rule:
         name:
@@ -41,272 +41,226 @@ for _name in [n for n in LMS if SOURCE[n] == "fairseq" and CFG["lms"][n]["url"]]
 # ancient(): the raw corpus (a folder or one archive) is often a shared, re-mounted directory or a fresh clone whose
 # mtimes change; its content is pinned by data.sha256 (checked by this job), so a newer mtime alone does not rerun
 # the whole DAG.
-rule prepare_data:
-    input:
+knnlm_rule(
+    "prepare_data", "spine.prepare_data",
+    input=files(
         raw=[ancient(str(p)) for p in data_inputs(CFG)],
-    output:
+    ),
+    output=files(
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
         wordcounts=artifact("wordcounts"),
-    params:
-        cfg=cfg_json("data"),
-        io=io(),
-    log:
-        log_of("prepare_data"),
-    benchmark:
-        bench_of("prepare_data")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.prepare_data")
+    ),
+    cfg=cfg_json("data"),
+)
 
 
-rule bpe:
-    input:
+knnlm_rule(
+    "bpe", "spine.bpe",
+    input=files(
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
         # config 'pretrained': the BPE model the shipped LMs were trained with, used instead of training one
         given=PRETRAINED_BPE,
-    output:
+    ),
+    output=files(
         # 'bpe.type: none' (a word-level LM): no BPE model, the splits' own whitespace tokens
         **({"model": artifact("bpe_model"), "vocab": artifact("bpe_vocab")} if CFG["bpe"]["type"] != "none" else {}),
         bpe=[artifact("bpe_split", split=s) for s in SPLITS],
         stats=artifact("bpe_stats"),
-    params:
-        cfg=cfg_json("bpe"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("bpe"),
-    benchmark:
-        bench_of("bpe")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.bpe")
+    ),
+    cfg=cfg_json("bpe"),
+    threads=THREADS,
+)
 
 
-rule preprocess:
-    input:
+knnlm_rule(
+    "preprocess", "spine.preprocess",
+    input=files(
         bpe=[artifact("bpe_split", split=s) for s in SPLITS],
         dictionary=ancient(CFG["bpe"]["dictionary"]) if CFG["bpe"]["dictionary"] else [],  # a published LM's dict.txt
-    output:
+    ),
+    output=files(
         data_bin=directory(artifact("data_bin")),
-    params:
-        cfg=cfg_json(),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("preprocess"),
-    benchmark:
-        bench_of("preprocess")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.preprocess")
+    ),
+    cfg=cfg_json(),
+    threads=THREADS,
+)
 
 
 # config 'datastore.data' (Khandelwal et al. 2020, Sec. 4.3, domain adaptation): the datastore's own text, and for
 # fairseq LMs its BPE binarised with the LM's dictionary; read only by dump_datastore.
 if DATASTORE_DATA:
 
-    rule datastore_corpus:
-        input:
+    knnlm_rule(
+        "datastore_corpus", "spine.datastore_corpus",
+        input=files(
             train=artifact("split_tokens", split="train") if DATASTORE_DATA["with_train"] else [],
             files=[ancient(f) for f in DATASTORE_DATA["files"]],
             **({"data_bin": artifact("data_bin")} if FAIRSEQ_LMS else {}),
             **({"bpe_model": artifact("bpe_model")} if FAIRSEQ_LMS and CFG["bpe"]["type"] != "none" else {}),
-        output:
+        ),
+        output=files(
             text=artifact("datastore_text"),
             corpus=artifact("datastore_corpus"),
             **({"bpe": artifact("datastore_bpe"), "datastore_bin": directory(artifact("datastore_bin"))}
                if FAIRSEQ_LMS else {}),
-        params:
-            cfg=cfg_json("datastore"),
-            io=io(),
-        threads: THREADS
-        log:
-            log_of("datastore_corpus"),
-        benchmark:
-            bench_of("datastore_corpus")
-        conda:
-            ENV
-        shell:
-            knnlm("spine.datastore_corpus")
+        ),
+        cfg=cfg_json("datastore"),
+        threads=THREADS,
+    )
 
 
-rule token_lines:
-    input:
+knnlm_rule(
+    "token_lines", "spine.token_lines",
+    input=files(
         bpe=artifact("bpe_split"),
-    output:
+    ),
+    output=files(
         out=artifact("token_lines"),
-    wildcard_constraints:
+    ),
+    cfg=cfg_json(),
+    constraints=dict(
         lm=lm_constraint(FAIRSEQ_LMS),  # a Hugging Face LM's dump_queries_hf writes its own
-    params:
-        cfg=cfg_json(),
-        io=io(),
-    log:
-        log_of("token_lines", "lm", "split"),
-    benchmark:
-        bench_of("token_lines", "lm", "split")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.token_lines")
+    ),
+)
 
 
-rule documents:
-    input:
+knnlm_rule(
+    "documents", "spine.documents",
+    input=files(
         text=artifact("split_tokens"),
         token_lines=artifact("token_lines"),
-    output:
+    ),
+    output=files(
         out=artifact("documents"),
-    params:
-        cfg=cfg_json("stats"),
-        io=io(),
-    log:
-        log_of("documents", "lm", "split"),
-    benchmark:
-        bench_of("documents", "lm", "split")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.documents")
+    ),
+    cfg=cfg_json("stats"),
+)
 
 
 # A base LM (config 'lms') and its one pass over each split: fairseq-train of a pre-norm transformer_lm (plain
-# softmax), best checkpoint on valid, or an existing fairseq checkpoint, or a Hugging Face causal LM (knnlm.hf);
+# softmax), best checkpoint on valid, or an existing fairseq checkpoint, or a Hugging Face causal LM (knnlm.lm.hf);
 # the datastore (train: att + ffn keys, vals) and the queries (valid/test).
 # Resumable: fairseq restarts from the LM's work dir (layout 'fairseq_dir') after a kill.
 
-rule train_lm:
-    input:
+knnlm_rule(
+    "train_lm", "spine.train_lm",
+    input=files(
         unpack(lm_sources),  # App. E.6: the checkpoint an LM continues ('init') or learns soft labels from ('teacher')
         data_bin=artifact("data_bin"),
-    output:
-        checkpoint=artifact("checkpoint"),
-        training=artifact("lm_training"),  # the valid curve and whether it converged (knnlm.lm.convergence)
-    wildcard_constraints:
-        lm=lm_constraint([n for n in LMS if SOURCE[n] == "train" and n not in PRETRAINED]),
-    params:
-        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
-        io=io(work_dir=artifact("fairseq_dir"), fairseq_log=artifact("log", job="train_lm_{lm}.fairseq")),
-    threads: THREADS
-    resources:
+    ),
+    output=files(
+        **{"checkpoint": artifact("checkpoint")},  # a dict: 'checkpoint' is a keyword
+        training=artifact("lm_training"),  # the valid curve and whether it converged (knnlm.lm.training.convergence)
+    ),
+    cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
+    io=io(work_dir=artifact("fairseq_dir"), fairseq_log=artifact("log", job="train_lm_{lm}.fairseq")),
+    threads=THREADS,
+    resources=dict(
         mem_mb=8000,
-    log:
-        log_of("train_lm", "lm"),
-    benchmark:
-        bench_of("train_lm", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.train_lm")
+    ),
+    constraints=dict(
+        lm=lm_constraint([n for n in LMS if BACKEND[n].trained and n not in PRETRAINED]),
+    ),
+)
 
 
-# config 'pretrained': a shipped LM (knnlm.pretrained) instead of training it: checked against its model card (the
+# config 'pretrained': a shipped LM (knnlm.lm.shipped) instead of training it: checked against its model card (the
 # sha256, the 'lm' config this run would train it with, the run's dictionary) and copied with its training record.
-rule pretrained_lm:
-    input:
-        checkpoint=SHIPPED.pattern("checkpoint") if SHIPPED else [],
+knnlm_rule(
+    "pretrained_lm", "spine.pretrained_lm",
+    input=files(
+        **{"checkpoint": SHIPPED.pattern("checkpoint") if SHIPPED else []},  # a dict: 'checkpoint' is a keyword
         card=SHIPPED.pattern("model_card") if SHIPPED else [],
         training=SHIPPED.pattern("lm_training") if SHIPPED else [],
         data_bin=artifact("data_bin"),
-    output:
-        checkpoint=artifact("checkpoint"),
+    ),
+    output=files(
+        **{"checkpoint": artifact("checkpoint")},  # a dict: 'checkpoint' is a keyword
         training=artifact("lm_training"),
-    wildcard_constraints:
+    ),
+    cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
+    constraints=dict(
         lm=lm_constraint(PRETRAINED),
-    params:
-        cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
-        io=io(),
-    log:
-        log_of("pretrained_lm", "lm"),
-    benchmark:
-        bench_of("pretrained_lm", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.pretrained_lm")
+    ),
+)
 
 
-rule register_hf:
-    input:
+knnlm_rule(
+    "register_hf", "spine.register_hf",
+    input=files(
         hf_local_files,
-    output:
+    ),
+    output=files(
         card=artifact("model_card"),
-    wildcard_constraints:
+    ),
+    cfg=cfg_of_lm(),
+    threads=THREADS,
+    constraints=dict(
         lm=lm_constraint(HF_LMS),
-    params:
-        cfg=cfg_of_lm(),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("register_hf", "lm"),
-    benchmark:
-        bench_of("register_hf", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.register_hf")
+    ),
+)
 
 
-rule dump_datastore:
-    input:
+knnlm_rule(
+    "dump_datastore", "spine.dump_datastore",
+    input=files(
         unpack(lm_model("train")),
         corpus=artifact("datastore_corpus") if DATASTORE_DATA else [],
-    output:
+    ),
+    output=files(
         keys_att=artifact("keys", key="att"),
         keys_ffn=artifact("keys", key="ffn"),
         vals=artifact("vals"),
         manifest=artifact("datastore_manifest"),
-    params:
-        cfg=cfg_of_lm("eval"),
-        io=io(),
-    threads: THREADS
-    resources:
+    ),
+    cfg=cfg_of_lm("eval"),
+    threads=THREADS,
+    resources=dict(
         mem_mb=8000,
-    log:
-        log_of("dump_datastore", "lm"),
-    benchmark:
-        bench_of("dump_datastore", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.dump_datastore")
+    ),
+)
 
 
-rule dump_queries:
-    input:
+knnlm_rule(
+    "dump_queries", "spine.dump_queries",
+    input=files(
         unpack(lm_model(None)),
         wordcounts=artifact("wordcounts"),
-    output:
+    ),
+    output=files(
         targets=artifact("targets"),
         lm_logprobs=artifact("lm_logprobs"),
         queries_att=artifact("queries", key="att"),
         queries_ffn=artifact("queries", key="ffn"),
         manifest=artifact("queries_manifest"),
-    wildcard_constraints:
+    ),
+    cfg=cfg_of_lm("eval"),
+    threads=THREADS,
+    constraints=dict(
         lm=lm_constraint(FAIRSEQ_LMS),
-    params:
-        cfg=cfg_of_lm("eval"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("dump_queries", "lm", "split"),
-    benchmark:
-        bench_of("dump_queries", "lm", "split")
-    conda:
-        ENV
-    shell:
-        knnlm("spine.dump_queries")
+    ),
+)
 
 
-use rule dump_queries as dump_queries_hf with:
-    output:
+# A Hugging Face LM's queries: dump_queries with the lines and words of its own tokens
+knnlm_rule(
+    "dump_queries_hf", "spine.dump_queries",
+    input=files(
+        unpack(lm_model(None)),
+        wordcounts=artifact("wordcounts"),
+    ),
+    output=files(
         targets=artifact("targets"),
         lm_logprobs=artifact("lm_logprobs"),
         queries_att=artifact("queries", key="att"),
         queries_ffn=artifact("queries", key="ffn"),
         manifest=artifact("queries_manifest"),
-        token_lines=artifact("token_lines"),  # the lines and words of the LM's own tokens (knnlm.hf)
-    wildcard_constraints:
+        token_lines=artifact("token_lines"),  # the lines and words of the LM's own tokens (knnlm.lm.hf)
+    ),
+    cfg=cfg_of_lm("eval"),
+    threads=THREADS,
+    constraints=dict(
         lm=lm_constraint(HF_LMS),
+    ),
+    log_name="dump_queries",
+)

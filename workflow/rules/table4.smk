@@ -5,9 +5,10 @@ T4 = CFG["table4"]
 
 T4_SCORE = dict(store="full", key=T4["key_type"], metric=T4["metric"])
 
-rule write_table4:
-    input:
-        lm_training=[artifact("lm_training", lm=n) for n in BASE_LMS if SOURCE[n] == "train"],  # each LM's convergence
+knnlm_rule(
+    "write_table4", "table4.table4",
+    input=files(
+        lm_training=[artifact("lm_training", lm=n) for n in BASE_LMS if BACKEND[n].trained],  # each LM's convergence
         models=[lm_weights(lm) for lm in BASE_LMS],
         scores=per_lm("score", **T4_SCORE),
         **{f"knn_{s}": per_lm("knn_logprobs", split=s, **T4_SCORE) for s in EVAL_SPLITS},
@@ -15,20 +16,13 @@ rule write_table4:
         **{f"lm_logprobs_{s}": per_lm("lm_logprobs", split=s) for s in EVAL_SPLITS},
         **{f"documents_{s}": per_lm("documents", split=s) for s in EVAL_SPLITS},
         wordcounts=artifact("wordcounts"),
-    output:
+    ),
+    output=files(
         csv=artifact("run_table", table="table4", ext="csv"),
         md=report(artifact("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
-    params:
-        cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_table4"),
-    benchmark:
-        bench_of("write_table4")
-    conda:
-        ENV
-    shell:
-        knnlm("table4.table4")
+    ),
+    cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),
+)
 
 
 TARGETS["table4"] = [artifact("run_table", table="table4", ext="md")]

@@ -9,27 +9,21 @@ FIG5_SETTINGS = [f for store in TAU_STORES for f in expand(
     metric=(RETRIEVAL if store == "full" else DATASTORE_SIZE)["metrics"], allow_missing=True)]
 
 
-rule write_temperature:
-    input:
+knnlm_rule(
+    "write_temperature", "temperature.figures",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=FIG5_SETTINGS,
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="temperature", ext="csv"),
         md=report(artifact("table", table="temperature", ext="md"), caption=report_caption("temperature"),
                   category="Temperature"),
         fig5=[report(artifact("figure", figure=f"fig5_temperature_{s}", ext=e), caption=report_caption("fig5"),
                      category="Temperature") for s in TAU_STORES for e in ("png", "pdf")],
-    params:
-        cfg=cfg_json("knn", "retrieval", "temperature", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_temperature", "lm"),
-    benchmark:
-        bench_of("write_temperature", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("temperature.figures")
+    ),
+    cfg=cfg_json("knn", "retrieval", "temperature", "stats", "profile"),
+)
 
 
 TARGETS["temperature"] = tables("temperature")

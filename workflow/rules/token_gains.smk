@@ -3,35 +3,29 @@
 # the target's training frequency, the n-gram overlap with the neighbour's context), then the per-token gain of the
 # kNN-LM over its base LM on test, by feature (table, figure and comparisons 'token_gains'). Reads Table 1's caches
 # and, when the full store is scored on every token (table3_all), its exact top-k: no new search.
-GAINS_KEY = TABLE3_KEY
 
 
-rule token_features:
-    input:
+knnlm_rule(
+    "token_features", "token_gains.features",
+    input=files(
         unpack(output_layer),  # W_sm: the base LM's distribution from the ffn queries
         **datastore(),
         **queries("{split}", "ffn"),
         nb_ids=artifact("nb_ids", store="full", **GAINS_KEY),
         nb_dists=artifact("nb_dists", store="full", **GAINS_KEY),
         nb_meta=artifact("nb_meta", store="full", **GAINS_KEY),
-    output:
+    ),
+    output=files(
         out=artifact("token_features"),
-    params:
-        cfg=cfg_json("quality"),
-        io=io(),
-    threads: THREADS
-    log:
-        log_of("token_features", "lm", "split"),
-    benchmark:
-        bench_of("token_features", "lm", "split")
-    conda:
-        ENV
-    shell:
-        knnlm("token_gains.features")
+    ),
+    cfg=cfg_json("quality"),
+    threads=THREADS,
+)
 
 
-rule write_token_gains:
-    input:
+knnlm_rule(
+    "write_token_gains", "token_gains.table",
+    input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=artifact("token_features", split="test"),
         targets=artifact("targets", split="test"),
@@ -46,24 +40,17 @@ rule write_token_gains:
             "exact_dists": artifact("exact_dists", store=FULL_ALL_TOKENS, split="test", **GAINS_KEY),
             "exact_meta": artifact("exact_meta", store=FULL_ALL_TOKENS, split="test", **GAINS_KEY)}
            if FULL_ALL_TOKENS else {}),
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="token_gains", ext="csv"),
         md=report(artifact("table", table="token_gains", ext="md"), caption=report_caption("token_gains"),
                   category="Beyond the paper"),
         cmp_csv=artifact("table", table="token_gains_comparisons", ext="csv"),
         fig=[report(artifact("figure", figure="token_gains", ext=e), caption=report_caption("token_gains"),
                     category="Beyond the paper") for e in ("png", "pdf")],
-    params:
-        cfg=cfg_json("quality", "knn", "stats", "profile"),
-        io=io(),
-    log:
-        log_of("write_token_gains", "lm"),
-    benchmark:
-        bench_of("write_token_gains", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("token_gains.table")
+    ),
+    cfg=cfg_json("quality", "knn", "stats", "profile"),
+)
 
 
 TARGETS["token_gains"] = tables("token_gains") if PLAIN_W_SM else []  # its features read W_sm

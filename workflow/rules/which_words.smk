@@ -3,11 +3,13 @@
 WHICH_WORDS = dict(store=FULL_ALL_TOKENS or "full", **TABLE3_KEY)
 
 
-rule write_which_words:
-    input:
+knnlm_rule(
+    "write_which_words", "which_words.which_words",
+    input=files(
         unpack(lambda wc: {**settings_inputs(**WHICH_WORDS)(wc), **token_source(wc)}),
         lm_training=lm_training(),  # the base LM's convergence, in the caption
-    output:
+    ),
+    output=files(
         csv=artifact("table", table="which_words", ext="csv"),
         md=report(artifact("table", table="which_words", ext="md"), caption=report_caption("which_words"),
                   category="App. D"),
@@ -20,18 +22,11 @@ rule write_which_words:
                      category="App. D") for e in ("png", "pdf")],
         fig7=[report(artifact("figure", figure="fig7_bigram_entropy", ext=e), caption=report_caption("which_words"),
                      category="App. D") for e in ("png", "pdf")],
-    params:
-        cfg=cfg_with_keys("hypotheses", ("min_occurrences", "frequency_buckets"), "knn", "retrieval", "stats", "profile"),
-        io=io(fixed=WHICH_WORDS),
-    threads: THREADS
-    log:
-        log_of("write_which_words", "lm"),
-    benchmark:
-        bench_of("write_which_words", "lm")
-    conda:
-        ENV
-    shell:
-        knnlm("which_words.which_words")
+    ),
+    cfg=cfg_with_keys("hypotheses", ("min_occurrences", "frequency_buckets"), "knn", "retrieval", "stats", "profile"),
+    io=io(fixed=WHICH_WORDS),
+    threads=THREADS,
+)
 
 
 TARGETS["which_words"] = tables("which_words")

@@ -2,7 +2,7 @@
 λ from what the LM knows before retrieving (its entropy and max log-prob, the context's n-gram frequencies and
 fertilities in the training data), so that retrieval can be skipped for the tokens it expects little from.
 
-The model (knnlm.quality.fit_lambda_model) is trained on valid only, on a seeded share of its documents, and
+The model (knnlm.scoring.quality.fit_lambda_model) is trained on valid only, on a seeded share of its documents, and
 early-stopped on the rest; the skip threshold for a share s is the s-quantile of its predicted λ on those held-out
 documents; on test, a skipped token gets λ = 0 (the base LM alone), the others their predicted λ. Compared, paired
 over test documents, with Table 1's kNN-LM of Table 3's pair at τ* with its one global λ (every token retrieved).
@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..cli import Job
-from ..quality import fit_lambda_model, interpolate_per_token, lambda_features
-from ..scoring import interpolate, summarize
-from ..stats import ci_caption, compare, comparison_rows, fmt_ci, per_document
-from ..tables import write_csv, write_table
+from ..job import Job
+from ..scoring.quality import fit_lambda_model, interpolate_per_token, lambda_features
+from ..scoring.interpolation import interpolate, summarize
+from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
+from ..statistics.intervals import compare, per_document
+from ..report.tables import write_csv, write_table
 from .common import documents_label, lm_training_label, stats_options
 from .token_gains import tuned_knn_lm
 
@@ -108,7 +109,7 @@ def table(job: Job) -> dict:
 def figure(df: pd.DataFrame, lps: dict, c: dict, paths: list) -> None:
     """Test perplexity (word) against the share of retrievals skipped, with 95 % CIs; the base LM and the kNN-LM
     with one global λ as lines."""
-    from ..figures import pyplot, save_figure
+    from ..report.figures import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.8))

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import Job
+from ..job import Job
 from ..io import read_json
+from ..statistics.documents import scheme_label
 
 SPLITS = ("valid", "test")
 
@@ -25,16 +26,16 @@ def by_split(job: Job, name: str) -> dict[str, Path]:
 
 def open_datastore(job: Job, with_keys: bool = True):
     """(keys [N, D] float16 memmap or None, vals [N] int32 memmap, manifest) of the job's datastore inputs."""
-    from ..dump import open_datastore as open_ds
+    from ..datastore.dump import open_datastore as open_ds
 
     return open_ds(job.path("manifest"), job.path("vals"), job.path("key_file") if with_keys else None,
                    job.wildcards.get("key"))
 
 
 def open_split(job: Job, split: str | None = None, with_queries: bool = False, checkpoint_sha256: str | None = None):
-    """The dumped queries of one split (knnlm.dump.open_queries) from per-split input lists (split given) or
+    """The dumped queries of one split (knnlm.datastore.dump.open_queries) from per-split input lists (split given) or
     single files (split None)."""
-    from ..dump import open_queries
+    from ..datastore.dump import open_queries
 
     def one(name):
         return by_split(job, name)[split] if split else job.path(name)
@@ -74,24 +75,15 @@ def documents_scheme(job: Job) -> dict:
 
 
 def stats_options(job: Job) -> dict:
-    """Config section 'stats' with its defaults (knnlm.stats.options) and 'scheme': the documents scheme of the
-    job's per-split input list 'documents' (documents_scheme), which names the unit in every verdict
+    """Config section 'stats' with its defaults (knnlm.statistics.intervals.options) and 'scheme': the documents scheme
+    of the job's per-split input list 'documents' (documents_scheme), which names the unit in every verdict
     ('inconclusive (9 articles, n_eff 7.3)')."""
-    from ..stats import options
+    from ..statistics.intervals import options
 
     st = options(job.cfg.get("stats"))
     if job.input.get("documents"):
         st["scheme"] = documents_scheme(job)["scheme"]
     return st
-
-
-def scheme_label(scheme: dict, counts: dict[str, int]) -> str:
-    """knnlm.stats.documents_label of a documents_scheme() for `counts` ({split: documents}); the block size only
-    when every split shares it."""
-    from ..stats import documents_label
-
-    blocks = set(scheme["block_tokens"].values())
-    return documents_label(scheme["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)
 
 
 def documents_label(job: Job) -> str:
@@ -102,10 +94,10 @@ def documents_label(job: Job) -> str:
 
 
 def lm_training_label(job: Job) -> str:
-    """The caption sentence on the base LM's convergence (knnlm.lm.convergence_label) from the job's input
+    """The caption sentence on the base LM's convergence (knnlm.lm.training.convergence_label) from the job's input
     'lm_training' (the training.json of each trained LM; empty for an LM this run did not train). Several LMs
     (Table 4) get one sentence each, named by LM. Xu et al. 2023 compare kNN-LMs over a converged base LM."""
-    from ..lm import convergence_label
+    from ..lm.training import convergence_label
 
     files = job.paths("lm_training") if job.input.get("lm_training") else []
     if not files:
@@ -121,23 +113,14 @@ def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:
     0-3 are <s>, <pad>, </s>, <unk>) or a Hugging Face LM's tokenizer (input 'model_card'). Raises ArtifactError
     when neither input is given or dict.txt is missing."""
     from ..io import ArtifactError
+    from ..lm.training import backend_of
 
-    if job.input.get("model_card"):
-        from transformers import AutoTokenizer
-
-        card = read_json(job.path("model_card"))
-        tok = AutoTokenizer.from_pretrained(card["path"], revision=card.get("revision"))
-        pieces = tok.convert_ids_to_tokens(list(range(max(vocab, len(tok)))))
-        special = np.zeros(len(pieces), dtype=bool)
-        special[[i for i in tok.all_special_ids if i < len(pieces)]] = True
-    elif job.input.get("data_bin"):
-        path = job.path("data_bin") / "dict.txt"
-        if not path.exists():
-            raise ArtifactError(f"{path}: the fairseq dictionary is missing (rule binarise writes it)")
-        pieces = ["<s>", "<pad>", "</s>", "<unk>"] + [ln.split(" ", 1)[0] for ln in path.read_text().splitlines()]
-        special = np.arange(max(vocab, len(pieces))) < 4
-    else:
-        raise ArtifactError(f"rule {job.rule}: needs input 'data_bin' (fairseq LM) or 'model_card' (Hugging Face LM)")
+    files = {k: v for k, v in job.input.items() if v}
+    try:
+        b = backend_of(files)
+    except ValueError as err:
+        raise ArtifactError(f"rule {job.rule}: {err}") from None
+    pieces, special = b.impl().token_strings(files, vocab)
     pieces = [p or "" for p in pieces] + [""] * (max(vocab, len(pieces)) - len(pieces))
     special = np.r_[special, np.zeros(len(pieces) - len(special), dtype=bool)]
     return [p.lstrip("▁Ġ") for p in pieces], special

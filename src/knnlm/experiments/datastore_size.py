@@ -1,5 +1,5 @@
 """Datastore size (Xu et al. 2023, Sec. 4, Figure 2, and Sec. 5.1, Figure 4): the three mask/score settings on
-seeded random subsets of the datastore (stores 'r<ratio>', knnlm.stores) and the full one, from their settings JSONs.
+seeded random subsets of the datastore (stores 'r<ratio>', knnlm.datastore.stores) and the full one, from their settings JSONs.
 
 Figure 2: interpolated perplexity vs datastore size (FAISS mask + FAISS score, the usual kNN-LM), and its paired
 change against the base LM.
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..cli import Job
-from ..figures import STYLE, pyplot, save_figure, setting_label
+from ..job import Job
+from ..report.figures import STYLE, pyplot, save_figure, setting_label
 from ..io import read_json
-from ..results import METRIC_NAME
-from ..scope import scope_caption
-from ..tables import write_table
-from .retrieval import SETTING_LABEL, SETTINGS, settings_ci_caption, settings_rows
+from ..scoring.results import METRIC_NAME
+from ..search.scope import scope_caption
+from ..report.tables import write_table
+from ..scoring.settings import SETTING_LABEL, SETTINGS, settings_ci_caption, settings_rows
 from .common import lm_training_label
 
 def size_table(sweeps: list[dict], stats: dict) -> pd.DataFrame:
@@ -38,9 +38,9 @@ def _of(sweeps: list[dict], key: str, metric: str) -> list[dict]:
 
 def _paired(ax, sweeps: list[dict], split: str, comparison: str, label: str, fmt: str,
             color: str | None = None) -> None:
-    """Plot the paired relative difference `comparison` ('a vs b' of the settings JSONs' CIs, knnlm.stats) in % with
-    its 95 % CI as error bars, against the fraction of the datastore, for the settings JSONs `sweeps` of one
-    (key, metric), sorted by fraction (_of)."""
+    """Plot the paired relative difference `comparison` ('a vs b' of the settings JSONs' CIs,
+    knnlm.statistics.intervals) in % with its 95 % CI as error bars, against the fraction of the datastore, for the
+    settings JSONs `sweeps` of one (key, metric), sorted by fraction (_of)."""
     d = [s["ci"][split]["diff"][comparison] for s in sweeps]
     v = [100 * x["value"] for x in d]
     ax.errorbar([s["ratio"] for s in sweeps], v, yerr=[[a - 100 * x["lo"] for a, x in zip(v, d)],

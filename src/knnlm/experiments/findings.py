@@ -1,6 +1,6 @@
 """The findings report: for each claim of Xu et al. (2023) that the run can test, the paper's numbers, ours with
-its 95 % CI (paired over documents, knnlm.stats; the method and its measured coverage: docs/statistics.md) and a
-verdict computed from the CI:
+its 95 % CI (paired over documents, knnlm.statistics.intervals; the method and its measured coverage:
+docs/statistics.md) and a verdict computed from the CI:
   reproduced    -- the CI excludes 0 and the difference has the paper's sign
   contradicted  -- the CI excludes 0 and the difference has the opposite sign
   inconclusive  -- the CI includes 0 (no difference can be claimed at this scope)
@@ -37,20 +37,20 @@ position" is tested on an effect a reader can judge, the change of per-token NLL
 last quarter of positions, against a stated margin; Pearson's r is reported beside it. E.1 and E.2 compare each
 twin with the kNN-LM at its τ tuned on the same valid tokens (both sides tuned). E.6.1 first checks that the
 overfitted LM memorised its training set (training perplexity under half its valid perplexity); E.6.2 compares a
-soft-label LM with its one-hot twin, each interpolated with the base LM (a second LM helps any LM by ensembling). E.4's count of un-argmaxable words is a property of W_sm, exact
-rather than estimated. E.5 (ensembling), E.6.1 (overfitting) and E.6.2 (soft labels) are tested when config
-'hypotheses.ensemble_lms', 'overfit_lms' and 'soft_label_lms' name LMs of the run (then the findings wait for them),
-else listed as 'not run'. An overfitted LM is compared as trained: how far it overfitted (its last training
-perplexity) is in Table 9.
+soft-label LM with its one-hot twin, each interpolated with the base LM (a second LM helps any LM by ensembling). E.4's
+count of un-argmaxable words is a property of W_sm, exact rather than estimated. E.5 (ensembling), E.6.1 (overfitting)
+and E.6.2 (soft labels) are tested when config 'hypotheses.ensemble_lms', 'overfit_lms' and 'soft_label_lms' name LMs of
+the run (then the findings wait for them), else listed as 'not run'. An overfitted LM is compared as trained: how far it
+overfitted (its last training perplexity) is in Table 9.
 Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
 comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
 stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
 paper's numbers are its WikiText-103 results (268M LM). Rows whose section names another paper test that
 follow-up's claims on this run: Drozdov et al. (2022) on when retrieval helps (per-token gains by the nearest
 neighbour's distance and by n-gram overlap; λ by retrieval quality against one global λ), He et al. (2021) on
-adaptive retrieval (a λ predicted before retrieval; retrieval skipped for half of the tokens). A Sec. 5 row's 'on' column gives its store's probe count
-(nprobe of the IVF lists): the paper probed 32 of 4,096 (0.78 %); 'index.nprobe: auto' probes a small store more
-densely (at least index.scan_factor × k keys per query), and table 'probe_sweep' (config
+adaptive retrieval (a λ predicted before retrieval; retrieval skipped for half of the tokens). A Sec. 5 row's 'on'
+column gives its store's probe count (nprobe of the IVF lists): the paper probed 32 of 4,096 (0.78 %); 'index.nprobe:
+auto' probes a small store more densely (at least index.scan_factor × k keys per query), and table 'probe_sweep' (config
 'retrieval.probe_sweep') shows the mask comparison across probe counts, the paper's fraction marked.
 """
 from __future__ import annotations
@@ -59,15 +59,15 @@ import re
 
 import pandas as pd
 
-from ..cli import Job
+from ..job import Job
 from ..io import atomic_path, read_json
-from ..stats import ci_caption, comparison_rows
+from ..statistics.captions import ci_caption, comparison_rows
 from .common import lm_training_label
 from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
-from .hypotheses import CORRELATION_MARGIN, MEMORISED, QUARTER_MARGIN
-from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
+from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
+                                   band_verdict, paper_verdict, within_verdict)
+from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
 from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
-MARGIN = 0.01  # "close to optimal": tuning τ gains less than 1 % of perplexity
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
@@ -103,7 +103,6 @@ KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the 
         "follow-up": "the follow-up's (the paper its section names)"}
 TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
-SHARE_MARGIN = 0.10  # "about 55 %": the paper's share ± 10 percentage points
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
           "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
@@ -286,30 +285,6 @@ CLAIMS = [
 ]
 
 
-def verdict(ours: str, paper_sign: int) -> str:
-    """'reproduced' / 'contradicted' / 'inconclusive' from our CI's verdict ('lower', 'higher', 'inconclusive',
-    'inconclusive (N documents)', kept as it is) and the sign of the paper's difference (−1: a lower than b)."""
-    if ours.startswith("inconclusive"):
-        return ours
-    if paper_sign == 0:
-        return "inconclusive"
-    return "reproduced" if (ours == "lower") == (paper_sign < 0) else "contradicted"
-
-
-def within_verdict(lo: float, hi: float, margin: float) -> str:
-    """Verdict of "tuning gains less than `margin`" from the CI [lo, hi] of a / b − 1 (a = tuned, b = default):
-    reproduced if lo > −margin, contradicted if hi < −margin, else inconclusive."""
-    return "reproduced" if lo > -margin else "contradicted" if hi < -margin else "inconclusive"
-
-
-def band_verdict(lo: float, hi: float, low: float, high: float) -> str:
-    """Verdict of "the value is about x" (a band [low, high] around x stated with the claim) from the CI [lo, hi]:
-    reproduced when the CI lies inside the band, contradicted when it lies wholly outside, else inconclusive."""
-    if low <= lo and hi <= high:
-        return "reproduced"
-    return "contradicted" if hi < low or lo > high else "inconclusive"
-
-
 def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Rows of Table 3 comparisons for att/L2, else the first key type present (with L2 when present)."""
     key = "att" if "att" in set(df["h_ds"]) else keys[0]
@@ -354,8 +329,8 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
 
 
 def _probe_label(s: dict) -> str:
-    """', nprobe n of L lists (x %)' of a settings JSON's test search (knnlm.index.search), '' when it does not say:
-    how approximate the FAISS mask of the row is, beside the paper's 32 of 4,096 lists (0.78 %; the probe sweep
+    """', nprobe n of L lists (x %)' of a settings JSON's test search (knnlm.search.index.search), '' when it does not
+    say: how approximate the FAISS mask of the row is, beside the paper's 32 of 4,096 lists (0.78 %; the probe sweep
     shows the comparison at other strengths)."""
     scan = s.get("scan", {}).get("test", {})
     if not scan.get("nprobe") or not scan.get("lists"):
@@ -370,7 +345,8 @@ def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:
     for a real score, less for the FAISS score). Positive: tuning helps A less."""
     import numpy as np
 
-    from ..stats import effective_documents, estimate, options, verdict as ci_verdict
+    from ..statistics.intervals import effective_documents, estimate, options
+    from ..statistics.verdicts import verdict as ci_verdict
 
     st = options(stats)
     rows = []
@@ -486,7 +462,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge, an
     LM that did not memorise) is added to its verdict in parentheses. tau1_off (_tau1_off): the settings whose τ*
     beats the paper's τ = 1 in this run: the row is then reported (TAU1_OFF), its verdict is the τ* twin's."""
-    from ..stats import unit_count
+    from ..statistics.documents import unit_count
 
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
     docs = int(r["documents"]) if "documents" in r and pd.notna(r["documents"]) else None
@@ -510,7 +486,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     elif c["within"] is not None:
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
     else:
-        v = verdict(r["verdict"], sign)
+        v = paper_verdict(r["verdict"], sign)
     if str(r.get("converged", "yes")).startswith("no") and not v.startswith("inconclusive") \
             and _alternative_looks_worse(c, r):
         v = "inconclusive (under-trained)"

@@ -15,8 +15,8 @@ Every interpolation is compared with the base LM and, like for like, with the kN
 the same valid tokens (same key type, Table 3's metric; 'kNN-LM <key> τ*'), since each twin gets its τ or T tuned
 on valid; the kNN-LM at the config τ is in the table beside it. A τ* or T* on its grid's edge is flagged in the
 comparison row ('flag') and in the findings. Comparisons are on the same tokens, paired over documents
-(knnlm.stats); E.3's effects get the jackknife-t interval of knnlm.stats.jackknife_sums (coverage:
-docs/statistics.md).
+(knnlm.statistics.intervals); E.3's effects get the jackknife-t interval of knnlm.statistics.intervals.jackknife_sums
+(coverage: docs/statistics.md).
 """
 from __future__ import annotations
 
@@ -29,27 +29,24 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..cli import Job
+from ..job import Job
 from ..io import ArtifactError, iter_chunks, open_npy, read_json
 from ..parametric import converged_label
-from ..results import METRIC_NAME, SPLITS, evaluate
-from ..scoring import interpolate
-from ..stats import (ci_caption, compare, comparison_rows, effective_documents, fmt_ci, jackknife_sums,
-                     per_document, statistic_row)
-from ..tables import write_csv, write_table
+from ..scoring.results import METRIC_NAME, SPLITS, evaluate
+from ..scoring.interpolation import interpolate
+from ..statistics.captions import ci_caption, comparison_rows, fmt_ci, statistic_row
+from ..statistics.intervals import compare, effective_documents, jackknife_sums, per_document
+from ..statistics.verdicts import MEMORISED, QUARTER_MARGIN
+from ..report.tables import write_csv, write_table
 from .common import by_split, documents_label, lm_training_label, split_documents, stats_options
 
 log = logging.getLogger(__name__)
 CHUNK = 2048  # tokens per chunk, one chunk per thread at a time: [CHUNK, V] float64 logits per thread in RAM
-CORRELATION_MARGIN = 0.05  # E.3: Pearson's r, reported beside the effect (a tiny r can hide a large trend)
-# E.3: "no effect of the position" is reproduced when the CI of the last-quarter minus first-quarter mean (nats per
-# token) lies inside ± this: 0.02 nats = a 2 % change of per-token perplexity
-QUARTER_MARGIN = 0.02
 
 
 def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
     """Targets, LM log-probs, manifest, queries per key and FAISS neighbour ids per key of one split (memmaps)."""
-    from ..dump import open_queries
+    from ..datastore.dump import open_queries
     from .retrieval import _rows_of
 
     f = {n: by_split(job, n)[split] for n in ("queries_manifest", "targets", "lm_logprobs")}
@@ -71,8 +68,8 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}.
     Every quantity is per token, so chunks of CHUNK tokens run on job.threads threads at once (numpy releases the
     GIL; the numba kernels, themselves parallel, run one at a time), with the same numbers as one chunk at a time."""
-    from ..analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
-    from ..scoring import neighbour_hits, sweep_temperature
+    from ..scoring.analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
+    from ..scoring.interpolation import neighbour_hits, sweep_temperature
 
     hyp = job.cfg["hypotheses"]
     v = w_sm.shape[0]
@@ -130,9 +127,9 @@ def _base_lm(job: Job) -> tuple[dict, dict, dict]:
 
 
 def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
-    """(index of the candidate with the lowest valid interpolated NLL at its best λ, knnlm.scoring.tune_temperature:
-    ties go to the first; its evaluate() result); per = {split: [n, T] log p of each candidate}."""
-    from ..scoring import tune_temperature
+    """(index of the candidate with the lowest valid interpolated NLL at its best λ,
+    knnlm.scoring.interpolation.tune_temperature: ties go to the first; its evaluate() result); per = {split: [n, T] log p of each candidate}."""
+    from ..scoring.interpolation import tune_temperature
 
     best = tune_temperature(lp_lm["valid"], np.asarray(per["valid"]), None, steps)
     return best, evaluate(lp_lm, {s: per[s][best] for s in SPLITS}, words, steps)
@@ -141,8 +138,9 @@ def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
 def hypotheses(job: Job) -> dict:
     """E.1-E.4 (Xu et al. 2023, App. E): table 'hypotheses' (every variant's perplexity and comparisons with CIs)
     and its comparisons CSV (read by findings)."""
-    from ..analysis import (argmaxable, correlation_of, document_positions, position_fraction, quarter_difference,
-                            quarter_sums, regression_leverage, regression_sums, window_positions)
+    from ..scoring.analysis import (argmaxable, document_positions, position_fraction, quarter_difference,
+                                    quarter_sums, window_positions)
+    from ..statistics.regression import correlation_of, regression_leverage, regression_sums
     from ..config import temperatures
     from .parametric import output_matrix
 
@@ -388,12 +386,9 @@ def _load_lms(job: Job, others: list[str], key: str) -> tuple[dict, dict, dict, 
 
 
 def _trainings(job: Job) -> dict[str, dict]:
-    """{LM name: its training.json (knnlm.lm.convergence)} of the job's input 'lm_training' files (lms/<name>/)."""
+    """{LM name: its training.json (knnlm.lm.training.convergence)} of the job's input 'lm_training' files (lms/<name>/)."""
     files = job.paths("lm_training") if job.input.get("lm_training") else []
     return {p.parent.name: read_json(p) for p in files}
-
-
-MEMORISED = 0.5  # E.6.1: an LM memorised its training set when its training perplexity is under half its valid one
 
 
 def memorisation(name: str, training: dict | None) -> dict:
@@ -416,15 +411,15 @@ def memorisation(name: str, training: dict | None) -> dict:
 def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str,
                extra_rows: list[dict] = (), flags: dict[str, str] | None = None) -> dict:
     """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
-    interpolated with the base LM (weights tuned on valid by EM, knnlm.analysis.mixture_weights), with its oracle
-    (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1, tuned
-    the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv' (comparisons
-    'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and reference
-    'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over documents;
-    then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that LM.
-    Raises ArtifactError as _load_lms (config key `key`)."""
-    from ..analysis import mixture_log_prob, mixture_weights
-    from ..scoring import oracle_log_prob, summarize
+    interpolated with the base LM (weights tuned on valid by EM, knnlm.scoring.analysis.mixture_weights), with its
+    oracle (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1,
+    tuned the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv'
+    (comparisons 'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and
+    reference 'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over
+    documents; then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that
+    LM. Raises ArtifactError as _load_lms (config key `key`)."""
+    from ..scoring.analysis import mixture_log_prob, mixture_weights
+    from ..scoring.interpolation import oracle_log_prob, summarize
 
     st = stats_options(job)
     lp, docs, words, knn = _load_lms(job, members + refs, key)
@@ -516,7 +511,7 @@ def overfitting(job: Job) -> dict:
 def soft_labels(job: Job) -> dict:
     """E.6.2 (Xu et al. 2023, App. E.6.2): is the kNN-LM's gain the soft labels of a distillation? The LMs of config
     'hypotheses.soft_label_lms' are fresh LMs trained on the base LM's distribution mixed with the one-hot label
-    ('lms.<name>.teacher', knnlm.soft_labels); each alone and interpolated with the base LM, against the kNN-LM and
+    ('lms.<name>.teacher', knnlm.lm.soft_labels); each alone and interpolated with the base LM, against the kNN-LM and
     against the LMs of 'hypotheses.ensemble_lms' (trained on one-hot labels: the same second-LM ensemble without soft
     labels). Inputs as ensembling, 'lm_<name>' for both kinds."""
     cfg, hyp = job.cfg, job.cfg["hypotheses"]
@@ -539,12 +534,12 @@ def ensembling(job: Job) -> dict:
     'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
     full store, config τ): each LM alone, interpolated with the base LM, and its oracle (Table 8); the ensemble of
     K LMs against K − 1 LMs + the kNN component, K = 1 … M (Figure 8). Every mixture's weights are tuned on valid
-    (EM, knnlm.analysis.mixture_weights). Inputs: per split 'lm_logprobs', 'targets' (the base LM), 'lm_<name>',
+    (EM, knnlm.scoring.analysis.mixture_weights). Inputs: per split 'lm_logprobs', 'targets' (the base LM), 'lm_<name>',
     'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1), 'documents'. Raises ArtifactError when an LM's
     targets differ from the base LM's (another tokenisation)."""
-    from ..analysis import mixture_log_prob, mixture_weights
-    from ..figures import pyplot, save_figure
-    from ..scoring import oracle_log_prob, summarize
+    from ..scoring.analysis import mixture_log_prob, mixture_weights
+    from ..report.figures import pyplot, save_figure
+    from ..scoring.interpolation import oracle_log_prob, summarize
 
     cfg, st = job.cfg, stats_options(job)
     others = _other_lms(job)

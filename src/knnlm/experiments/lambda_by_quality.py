@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..cli import Job
-from ..quality import bucket_lambdas, bucket_of, interpolate_per_token, quantile_edges
-from ..scoring import interpolate, lambda_grid, summarize
-from ..stats import compare, comparison_rows, ci_caption, fmt_ci, per_document
-from ..tables import write_csv, write_table
+from ..job import Job
+from ..scoring.quality import bucket_lambdas, bucket_of, interpolate_per_token, quantile_edges
+from ..scoring.interpolation import interpolate, lambda_grid, summarize
+from ..statistics.intervals import compare, per_document
+from ..statistics.captions import comparison_rows, ci_caption, fmt_ci
+from ..report.tables import write_csv, write_table
 from .common import SPLITS, documents_label, lm_training_label, stats_options
 from .token_gains import FEATURES, OVERLAP_EDGES, tuned_knn_lm
 
@@ -30,7 +31,7 @@ def edges_of(name: str, valid_values: np.ndarray, buckets: int) -> np.ndarray:
 
 def table(job: Job) -> dict:
     """Per feature of QUALITY: the λ of each bucket (tuned on valid), test perplexity with λ by bucket vs one global
-    λ, paired over test documents (knnlm.stats.compare)."""
+    λ, paired over test documents (knnlm.statistics.intervals.compare)."""
     cfg, st = job.cfg, stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
     grid = lambda_grid(steps)

@@ -21,16 +21,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..cli import Job
-from ..io import ArtifactError, atomic_path, create_npy, open_npy, read_json, save_npy, write_json
-from ..parametric import (KeyBatches, build_model, cached, checkpoint_output_matrix,  # noqa: F401 (re-exported)
-                          cluster_aggregation, compute_word_stats, converged_label, evaluate_log_probs,
-                          kmeans_centroids, parse_variant, train, training_settings, tune_l2_temperature)
-from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
-from ..stats import per_document
-from ..stores import subsample_rows
-from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
-                     words_per_split)
+from ..job import Job
+from ..io import atomic_path, create_npy, open_npy, read_json, save_npy, write_json
+from ..parametric import (KeyBatches, build_model, cached, cluster_aggregation, compute_word_stats, converged_label,
+                          evaluate_log_probs, kmeans_centroids, parse_variant, train, training_settings,
+                          tune_l2_temperature)
+from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
+from ..statistics.intervals import per_document
+from ..datastore.stores import subsample_rows
+from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split,
+                     split_documents, words_per_split)
 
 log = logging.getLogger(__name__)
 SUBSET = " on the subset"  # nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants
@@ -39,17 +39,13 @@ ALONE = " alone"  # a parametric model's own perplexity, not interpolated with t
 
 def output_matrix(job: Job) -> torch.Tensor:
     """W_sm [V, D] float32: the base LM's output projection, from the job's input 'checkpoint' (fairseq
-    decoder.output_projection.weight) or 'model_card' (a Hugging Face LM's output embeddings). Raises
-    ArtifactError when the LM has no plain bias-free linear output layer (adaptive softmax, lm_head bias)."""
-    if "model_card" in job.input:
-        from ..hf import load_hf
+    decoder.output_projection.weight) or 'model_card' (a Hugging Face LM's output embeddings), by the backend the
+    input belongs to (knnlm.lm.backend_of). Raises ArtifactError when the LM has no plain bias-free linear output
+    layer (adaptive softmax, lm_head bias)."""
+    from ..lm.training import backend_of
 
-        card = read_json(job.path("model_card"))
-        out = load_hf(card["path"], "float32", card.get("revision"))[0].get_output_embeddings()
-        if getattr(out, "bias", None) is not None:
-            raise ArtifactError(f"{card['path']}: the output layer has a bias; the parametric models use W_sm h only")
-        return out.weight.detach().float().cpu()
-    return checkpoint_output_matrix(job.path("checkpoint"))
+    files = {k: v for k, v in job.input.items() if v}
+    return backend_of(files).impl().output_matrix(files)
 
 
 def train_parametric(job: Job) -> dict:
@@ -293,10 +289,11 @@ def comparison_variant(comparison: str, variants: list[str]) -> str:
 def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) -> list[str]:
     """Table 'parametric_comparisons': every variant's interpolated perplexity vs the base LM, vs the best kNN-LM
     (Table 1, chosen on valid; at τ and at τ*) and vs the paper's reference kNN-LM of Tables 2 and 5-7 (att/IP at the
-    config τ), and the share of each one's gain it recovers (Sec. 4: the learned W_ds recovers ~55 %), each with a 95 % CI from the paired bootstrap over documents (whole valid and test)."""
-    from ..scoring import interpolate
-    from ..stats import ci_caption, compare, comparison_rows
-    from ..tables import write_comparisons
+    config τ), and the share of each one's gain it recovers (Sec. 4: the learned W_ds recovers ~55 %), each with a paired 95 % CI over documents (whole valid and test; knnlm.statistics.intervals, config 'stats.interval')."""
+    from ..scoring.interpolation import interpolate
+    from ..statistics.captions import ci_caption, comparison_rows
+    from ..statistics.intervals import compare
+    from ..report.tables import write_comparisons
 
     from .common import stats_options
 
@@ -386,8 +383,8 @@ def tables(job: Job) -> dict:
     """
     import pandas as pd
 
-    from ..figures import pyplot, save_figure
-    from ..tables import write_table
+    from ..report.figures import pyplot, save_figure
+    from ..report.tables import write_table
 
     plt = pyplot()
     cfg = job.cfg

@@ -1,14 +1,14 @@
 """PCA-reduced keys (He et al. 2021, "Efficient Nearest Neighbor Language Models", Sec. 4.1): the stores pca<d>
-(knnlm.stores) against the full datastore, with the three mask/score settings of Xu et al. 2023, Sec. 5."""
+(knnlm.datastore.stores) against the full datastore, with the three mask/score settings of Xu et al. 2023, Sec. 5."""
 from __future__ import annotations
 
 import pandas as pd
 
-from ..cli import Job
+from ..job import Job
 from ..io import read_json
-from ..scope import scope_caption
-from ..tables import write_table
-from .retrieval import settings_rows
+from ..search.scope import scope_caption
+from ..report.tables import write_table
+from ..scoring.settings import settings_rows
 from .common import lm_training_label
 
 def table(job: Job) -> dict:

@@ -1,6 +1,6 @@
 """Approximation strength as a variable (Xu et al. 2023, Sec. 5): each swept store searched with several nprobe
-(stores '<store>-np<n>': the same IVFPQ index and the same exact search, knnlm.stores), and at each point the FAISS
-mask against the real mask, as a function of the FAISS recall@k.
+(stores '<store>-np<n>': the same IVFPQ index and the same exact search, knnlm.datastore.stores), and at each point the
+FAISS mask against the real mask, as a function of the FAISS recall@k.
 
 The paper's finding "the FAISS mask beats the real mask" holds at its index's strength (nprobe = 32 of 4,096
 lists, 0.78 % of the datastore probed); a store whose probe count is set by 'index.nprobe: auto' (at least
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..cli import Job
-from ..figures import pyplot, save_figure
+from ..job import Job
+from ..report.figures import pyplot, save_figure
 from ..io import read_json
-from ..stats import fmt_ci
-from ..tables import write_table
+from ..statistics.captions import fmt_ci
+from ..report.tables import write_table
 from .common import lm_training_label
-from .retrieval import FAISS_REAL, REAL_REAL, TUNED, settings_ci_caption
+from ..scoring.settings import FAISS_REAL, REAL_REAL, TUNED, settings_ci_caption
 
 MASK_PAIR = f"{REAL_REAL} vs {FAISS_REAL}"  # real mask vs FAISS mask, both with real scores (Table 3, Figure 4)
 

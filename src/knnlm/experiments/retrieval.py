@@ -1,4 +1,4 @@
-"""Retrieval for every datastore variant ("store", knnlm.stores), and Table 3: FAISS vs real mask and score
+"""Retrieval for every datastore variant ("store", knnlm.datastore.stores), and Table 3: FAISS vs real mask and score
 (Xu et al. 2023, Sec. 5).
 
 One family of jobs serves every store: prepare_store, build_index (IVFPQ), search (the FAISS mask and
@@ -6,7 +6,7 @@ score), real_score (exact distances of the FAISS neighbours), exact_search (the 
 which scores the three mask/score settings at the config τ on the retrieval scope:
   faiss_mask_faiss_score -- IVFPQ neighbours, IVFPQ (approximate) distances      (the usual kNN-LM)
   faiss_mask_real_score  -- IVFPQ neighbours, distances recomputed in fp32 from the keys
-  real_mask_real_score   -- exact top-k neighbours (knnlm.exact), exact distances
+  real_mask_real_score   -- exact top-k neighbours (knnlm.search.exact), exact distances
 λ is tuned on the valid scope. Table 3 is the full store's settings; Figures 2 and 4 are the subsets'.
 """
 from __future__ import annotations
@@ -18,24 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import Job
-from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_json, release_rows, save_npy,
-                  write_json)
-from ..results import METRIC_NAME, SPLITS, evaluate, result_row
-from ..scoring import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
-from ..scope import scope_caption, scope_tokens, tuning_caption
-from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scheme_label
+from ..job import Job
+from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_json, release_rows,
+                  save_npy, write_json)
+from ..scoring.results import METRIC_NAME, SPLITS, evaluate, result_row
+from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
+from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
+                                SETTINGS, TUNED, settings_ci_caption, settings_rows, store_vs_store)
+from ..search.scope import scope_caption, scope_tokens, tuning_caption
+from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split
 
 log = logging.getLogger(__name__)
-SETTINGS = ("faiss_mask_faiss_score", "faiss_mask_real_score", "real_mask_real_score")
-FAISS_FAISS, FAISS_REAL, REAL_REAL = SETTINGS
-SETTING_LABEL = {"faiss_mask_faiss_score": ("FAISS", "FAISS"), "faiss_mask_real_score": ("FAISS", "real"),
-                 "real_mask_real_score": ("real", "real")}
 
 
 def _store(job: Job):
     """(store, datastore manifest) of the job's 'store' (prep dir) and datastore inputs."""
-    from ..stores import open_store
+    from ..datastore.stores import open_store
 
     keys, _, man = open_datastore(job)
     return open_store(job.path("store"), keys, man), man
@@ -43,11 +41,11 @@ def _store(job: Job):
 
 def scope_file(job: Job, split: str | None = None) -> Path | None:
     """The token indices file of the tokens the job scores on `split` (the job's own split when None), or None for
-    every token. A store scored on every token (knnlm.stores.scores_every_token) reads no retrieval scope: every
-    test token, and on valid its input 'tuning_sample' when config 'retrieval.tuning_documents' gives one (whole
+    every token. A store scored on every token (knnlm.datastore.stores.scores_every_token) reads no retrieval scope:
+    every test token, and on valid its input 'tuning_sample' when config 'retrieval.tuning_documents' gives one (whole
     valid documents, where λ and τ are tuned); any other store reads the retrieval scope (input 'scope', a list per
     split for a job of both splits)."""
-    from ..stores import scores_every_token
+    from ..datastore.stores import scores_every_token
 
     split = split or job.wildcards["split"]
     if scores_every_token(job.wildcards.get("store", "")):  # a nested exact search has no store wildcard: scoped
@@ -84,9 +82,9 @@ def scoped_targets(job: Job, split: str) -> np.ndarray:
 
 
 def tuning_sample(job: Job) -> dict:
-    """The tuning sample of valid (config 'retrieval.tuning_documents'; knnlm.scope.document_sample): the valid tokens
-    of the stores scored on every token."""
-    from ..scope import document_sample
+    """The tuning sample of valid (config 'retrieval.tuning_documents'; knnlm.search.scope.document_sample): the valid
+    tokens of the stores scored on every token."""
+    from ..search.scope import document_sample
 
     docs = np.load(job.path("documents"))
     r = job.cfg["retrieval"]
@@ -115,8 +113,8 @@ def _rows_of(meta: dict, sc: np.ndarray, source) -> np.ndarray:
 
 
 def prepare_store(job: Job) -> dict:
-    """Prepare the store of wildcard 'store' for key type 'key' (knnlm.stores.prepare_store)."""
-    from ..stores import prepare_store as prepare
+    """Prepare the store of wildcard 'store' for key type 'key' (knnlm.datastore.stores.prepare_store)."""
+    from ..datastore.stores import prepare_store as prepare
 
     keys, _, man = open_datastore(job)
     with atomic_path(job.path("store")) as tmp:
@@ -125,10 +123,10 @@ def prepare_store(job: Job) -> dict:
 
 
 def _index_params(job: Job, store, man: dict) -> dict:
-    """The store's IVFPQ parameters (knnlm.index.resolve_index_params of config 'index' at k = 'knn.k': nprobe
+    """The store's IVFPQ parameters (knnlm.search.index.resolve_index_params of config 'index' at k = 'knn.k': nprobe
     scans at least index.scan_factor × k keys; a PCA store keeps the full keys' code size; a store named
     '-ivf<k>' trains its index with seed k, one named '-np<n>' searches n lists)."""
-    from ..index import resolve_index_params
+    from ..search.index import resolve_index_params
 
     cfg = dict(job.cfg["index"], seed=store.meta.get("index_seed", job.cfg["index"]["seed"]))
     if "nprobe" in store.meta:  # a point of the probe sweep ('-np<n>')
@@ -139,7 +137,7 @@ def _index_params(job: Job, store, man: dict) -> dict:
 
 def build_index(job: Job) -> dict:
     """An IVFPQ index over the store's keys (trained on a seeded sample; ids = datastore rows)."""
-    from ..index import build_ivfpq
+    from ..search.index import build_ivfpq
 
     store, man = _store(job)
     params = _index_params(job, store, man)
@@ -157,8 +155,7 @@ def build_index(job: Job) -> dict:
 def search(job: Job) -> dict:
     """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
     job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
-    from ..index import check_index_matches, search as faiss_search
-    from ..stores import scores_every_token
+    from ..search.index import check_index_matches, search as faiss_search
 
     store, man = _store(job)
     idx_meta = read_json(job.path("index_meta"))
@@ -186,7 +183,7 @@ def search(job: Job) -> dict:
 def real_score(job: Job, chunk: int = 16384) -> dict:
     """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries, `chunk` queries
     at a time into the output memmap (memory flat in the scope's size)."""
-    from ..exact import recompute_distances
+    from ..search.exact import recompute_distances
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
@@ -226,7 +223,7 @@ def _exact_into(job: Job, keys, queries, t: int, k: int, rows, span: tuple[int, 
     """Exact top-k of scan positions span of keys (rows: the scan's datastore rows, or None for all keys) for the
     queries, written straight into the output memmaps: [t, min(k, keys in span)] (a shard smaller than k keeps all of
     its keys); the meta with the shard's span and time."""
-    from ..exact import exact_topk
+    from ..search.exact import exact_topk
 
     r, width = job.cfg["retrieval"], min(k, span[1] - span[0])
     t0 = time.time()
@@ -242,10 +239,10 @@ def _exact_into(job: Job, keys, queries, t: int, k: int, rows, span: tuple[int, 
 
 
 def exact_search(job: Job) -> dict:
-    """Exact top-k over the store's keys (the real mask, knnlm.exact.exact_topk) for the scoped queries, written
+    """Exact top-k over the store's keys (the real mask, knnlm.search.exact.exact_topk) for the scoped queries, written
     straight into the output memmaps. With wildcard 'shard' (config 'retrieval.exact_shards' > 1), the top-k of that
-    shard's keys only (knnlm.stores.shard_spans, whole key chunks); exact_merge combines the shards."""
-    from ..stores import shard_spans
+    shard's keys only (knnlm.datastore.stores.shard_spans, whole key chunks); exact_merge combines the shards."""
+    from ..datastore.stores import shard_spans
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)
@@ -261,10 +258,10 @@ def exact_search(job: Job) -> dict:
 
 
 def _nested(job: Job):
-    """(keys, manifest, scan rows, stops, opened stores) of a nested exact search's inputs (knnlm.stores.nested_scan
-    over the stores of input 'stores'). Raises ArtifactError if a store is not a seeded subset of one seed or the
-    full store, or two stores have the same size."""
-    from ..stores import nested_scan, open_store
+    """(keys, manifest, scan rows, stops, opened stores) of a nested exact search's inputs
+    (knnlm.datastore.stores.nested_scan over the stores of input 'stores'). Raises ArtifactError if a store is not a
+    seeded subset of one seed or the full store, or two stores have the same size."""
+    from ..datastore.stores import nested_scan, open_store
 
     keys, _, man = open_datastore(job)
     stores = job.paths("stores")
@@ -288,14 +285,14 @@ def _nested(job: Job):
 def exact_search_nested(job: Job) -> dict:
     """Exact top-k over each of the nested datastore subsets (the stores of input 'stores': r<ratio> of one seed
     and the full one; Sec. 5, Figures 2 and 4) in one scan: the keys in an order where every subset is a prefix
-    (knnlm.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
+    (knnlm.datastore.stores.nested_scan), the top-k taken as the scan passes each subset's end. Same results as
     exact_search per store, for the cost of the largest; each store's top-k is written straight into its output
     memmaps (memory: one query block per stop, not every stop's [T, k] results). With wildcard 'shard' (config
-    'retrieval.exact_shards' > 1), the top-k of one shard of the scan (knnlm.stores.nested_shards: shards never
-    straddle a subset's end) into outputs ids/dists/meta; exact_merge gives each store the merge of the shards up
+    'retrieval.exact_shards' > 1), the top-k of one shard of the scan (knnlm.datastore.stores.nested_shards: shards
+    never straddle a subset's end) into outputs ids/dists/meta; exact_merge gives each store the merge of the shards up
     to its end. Raises ArtifactError if a store is not such a subset."""
-    from ..exact import exact_topk
-    from ..stores import nested_shards, shard_spans
+    from ..search.exact import exact_topk
+    from ..datastore.stores import nested_shards, shard_spans
 
     keys, man, rows, stops, opened, ratios = _nested(job)
     q, queries, sc = _scoped(job, man)
@@ -326,9 +323,9 @@ def exact_search_nested(job: Job) -> dict:
 def exact_merge(job: Job) -> dict:
     """The store's exact top-k (the real mask) from the top-k of its shards (inputs 'shard_ids', 'shard_dists',
     'shard_meta': lists, one per shard of config 'retrieval.exact_shards', from exact_search or exact_search_nested) by
-    knnlm.exact.merge_topk: the same ids and distances as one scan. The meta adds up the shards' scan time and lists
-    each shard's span and seconds. Raises ArtifactError when the shards disagree on queries, keys or checkpoint."""
-    from ..exact import merge_topk
+    knnlm.search.exact.merge_topk: the same ids and distances as one scan. The meta adds up the shards' scan time and
+    lists each shard's span and seconds. Raises ArtifactError when the shards disagree on queries, keys or checkpoint."""
+    from ..search.exact import merge_topk
 
     metas = [read_json(p) for p in job.paths("shard_meta")]
     k, metric = job.cfg["knn"]["k"], job.wildcards["metric"]
@@ -371,13 +368,12 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
 
     taus: the τ grid of the sweep (Figure 5; knnlm.config.temperatures). Returns (lp_lm {split: [t] float64},
     words {split: int}, lp_knn {setting: {split: [t] float64 log p_kNN(target) at the config τ 'knn.temperature'}},
-    sweep {setting: {split: [len(taus), t] float64 log p_kNN(target) per τ (knnlm.scoring.sweep_temperature)}},
-    docs {split: (doc [t] int document index 0..D-1 of each scoped token, doc_words [D], doc_ids [D] ids in the
-    split)}, recall {split: recall@k of the FAISS neighbours against the exact ones}, sweep_seconds: time in
-    sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
+    sweep {setting: {split: [len(taus), t] float64 log p_kNN(target) per τ
+    (knnlm.scoring.interpolation.sweep_temperature)}}, docs {split: (doc [t] int document index 0..D-1 of each scoped
+    token, doc_words [D], doc_ids [D] ids in the split)}, recall {split: recall@k of the FAISS neighbours against the
+    exact ones}, sweep_seconds: time in sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
     """
-    from ..scoring import knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
-    from ..stores import scores_every_token
+    from ..scoring.interpolation import knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
 
     _, vals, man = open_datastore(job, with_keys=False)
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
@@ -429,30 +425,14 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
 
-TUNED = " τ*"  # suffix of a setting at its τ tuned on valid (λ re-tuned), e.g. "real_mask_real_score τ*"
-
-
-def _pairs(suffix: str = "") -> list[tuple[str, str]]:
-    """The comparisons of Sec. 5 within one store at one temperature, as (a, b): a / b − 1 of per-word perplexity."""
-    return [(st + suffix, "base") for st in SETTINGS] + [
-        ("faiss_mask_real_score" + suffix, "faiss_mask_faiss_score" + suffix),  # real vs FAISS score (FAISS mask)
-        ("real_mask_real_score" + suffix, "faiss_mask_real_score" + suffix),  # real vs FAISS mask (real score)
-        ("real_mask_real_score" + suffix, "faiss_mask_faiss_score" + suffix)]  # exact vs approximate retrieval
-
-
-# Every comparison of a store's settings: at the config τ (the paper's Table 3, τ = 1), at each setting's tuned τ
-# (Sec. 5.2: "even at the optimal temperature ..."), and tuned τ vs the config τ per setting (Figure 5).
-SETTING_PAIRS = _pairs() + _pairs(TUNED) + [(st + TUNED, st) for st in SETTINGS]
-
-
 def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | None = None) -> dict:
     """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings at the
     config τ (evaluate); with `sweep` (temperature_sweep) also each setting at its tuned τ ('tuned', λ re-tuned on
     valid) and the sweep itself ('tau_sweep'); per-document NLL (doc_nll, for paired comparisons across stores)
-    and the bootstrap CIs of each perplexity and of SETTING_PAIRS (knnlm.stats.compare; config 'stats')."""
-    from ..scoring import interpolate
-    from ..stats import compare, per_document
-    from ..stores import scores_every_token
+    and the CIs over documents of each perplexity and of SETTING_PAIRS (knnlm.statistics.intervals.compare; config 'stats')."""
+    from ..scoring.interpolation import interpolate
+    from ..statistics.intervals import compare, per_document
+    from ..datastore.stores import scores_every_token
 
     from .common import stats_options
 
@@ -488,7 +468,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
 def _tuning_sample_counts(job: Job, docs: dict) -> dict | None:
     """{'valid': [sampled documents, all documents]} when the job's valid tokens are a tuning sample (scope_file),
     else None."""
-    from ..stores import scores_every_token
+    from ..datastore.stores import scores_every_token
 
     if not (scores_every_token(job.wildcards["store"]) and job.input.get("tuning_sample")):
         return None
@@ -498,7 +478,7 @@ def _tuning_sample_counts(job: Job, docs: dict) -> dict | None:
 
 def _scan(job: Job) -> dict:
     """{split: {'nprobe', 'lists', 'keys_scanned_per_query', 'missing_neighbours', 'requeried_for_k'}} of the FAISS
-    searches the job's settings read (input list 'nb_meta'; knnlm.index.search): how approximate the FAISS mask was."""
+    searches the job's settings read (input list 'nb_meta'; knnlm.search.index.search): how approximate the FAISS mask was."""
     keep = ("nprobe", "lists", "keys_scanned_per_query", "missing_neighbours", "requeried_for_k")
     return {s: {k: read_json(p).get(k) for k in keep} for s, p in by_split(job, "nb_meta").items()}
 
@@ -543,79 +523,16 @@ def settings(job: Job) -> dict:
     return {"metrics": metrics, "step_metrics": step, "artifacts": [job.path("out")]}
 
 
-def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> dict:
-    """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
-    or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}
-    of ppl_a / ppl_b − 1 from the per-document NLL of both (knnlm.stats.compare, config section `stats`).
-    Raises ArtifactError when the two were scored on different documents."""
-    from ..stats import compare
-
-    if a["doc_ids"][split] != b["doc_ids"][split]:
-        raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
-    scheme = a.get("documents_scheme", {}).get("scheme", "")
-    return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
-                   [("a", "b")], stats, scheme=scheme)["diff"]["a vs b"]
-
-
-def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: str | None = None,
-                  stats: dict | None = None) -> list[dict]:
-    """Rows (split, h_ds, ⊗, *labels(s), mask, score, λ, interp PPL (word), interp PPL (token), oracle PPL (word),
-    base PPL (word), CI low, CI high, documents, recall@k, keys scanned / query) of every mask/score setting in settings JSONs: the tables that compare
-    stores. With `reference` (a store, e.g. 'full'): also each row's paired relative difference to the same
-    setting in the reference store, with its CI and verdict (knnlm.stats, config section `stats`: 'lower' /
-    'higher' when the CI of this store / reference − 1 lies below / above 0), from the per-document NLL of both
-    stores on the same scope; the reference's own rows say '-'.
-    """
-    from ..stats import fmt_ci
-
-    keep = ("λ", "interp PPL (word)", "interp PPL (token)", "oracle PPL (word)")
-    ref = {(s["key_type"], s["metric"]): s for s in settings_jsons if s["store"] == reference}
-    rows = []
-    for s in settings_jsons:
-        for split in ("test", "valid"):
-            for setting in SETTINGS:
-                mask, score = SETTING_LABEL[setting]
-                lab = {"h_ds": s["key_type"], "⊗": METRIC_NAME[s["metric"]], **labels(s), "mask": mask, "score": score}
-                r = result_row(split, lab, s["settings"][setting])
-                ci = s["ci"][split]["ppl"][setting]
-                row = {"split": split, **lab, **{k: r[k] for k in keep}, "base PPL (word)": s["base"][split]["ppl_word"],
-                       "CI low": ci["lo"], "CI high": ci["hi"], "documents": len(s["doc_ids"][split]),
-                       "recall@k": s["recall"][split],
-                       "keys scanned / query": s.get("scan", {}).get(split, {}).get("keys_scanned_per_query"),
-                       "missing neighbours": s.get("scan", {}).get(split, {}).get("missing_neighbours")}
-                if reference and s["store"] == reference:  # the reference itself: nothing to compare
-                    row.update({f"vs {reference} (95% CI)": "-", "verdict": "-"})
-                elif reference:
-                    d = store_vs_store(s, ref[(s["key_type"], s["metric"])], split, setting, stats)
-                    row.update({f"vs {reference} (95% CI)": fmt_ci(d, pct=True), "verdict": d["verdict"]})
-                rows.append(row)
-    return rows
-
-
-def settings_ci_caption(jsons: list[dict], stats: dict) -> str:
-    """The CI sentence of a table of settings JSONs: method, documents scheme and the documents scored per split
-    (of the whole split's), via knnlm.stats.ci_caption."""
-    from ..stats import ci_caption
-
-    s = jsons[0]
-    sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": {}, "split_documents": {}})
-    counts = {sp: len(ids) for sp, ids in s["doc_ids"].items()}
-    label = scheme_label(sch, counts)
-    if sch["split_documents"] and counts != sch["split_documents"]:
-        label += " (of " + ", ".join(f"{n} {sp}" for sp, n in sch["split_documents"].items()) + " in the splits)"
-    return ci_caption(stats, label)
-
-
 def table3(job: Job) -> dict:
     """Table 3 (Sec. 5.1): FAISS vs real mask and score per (h_ds, ⊗) on the retrieval scope, from the full store's
-    settings, with 95 % CIs over the scope's documents (knnlm.stats), and the table of its comparisons; from the
-    full store scored on every token ('full-alltokens', the paper's pair), 'table3_all'; from a subset scored on
-    every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
+    settings, with 95 % CIs over the scope's documents (knnlm.statistics.intervals), and the table of its comparisons;
+    from the full store scored on every token ('full-alltokens', the paper's pair), 'table3_all'; from a subset scored
+    on every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
     import pandas as pd
 
-    from ..stats import comparison_rows, fmt_ci
-    from ..stores import same_index_store
-    from ..tables import write_comparisons, write_table
+    from ..statistics.captions import comparison_rows, fmt_ci
+    from ..datastore.stores import same_index_store
+    from ..report.tables import write_comparisons, write_table
 
     cfg = job.cfg
     rows, metrics, comparisons = [], {}, []

@@ -13,10 +13,10 @@ import re
 
 import pandas as pd
 
-from ..cli import Job
+from ..job import Job
 from ..io import read_json
-from ..results import METRIC_NAME
-from ..tables import write_table
+from ..scoring.results import METRIC_NAME
+from ..report.tables import write_table
 from .common import lm_training_label
 
 # He et al. 2021's WikiText-103 figures (Khandelwal et al. 2020's LM and datastore, their machine): the anchor of

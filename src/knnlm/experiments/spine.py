@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import Job
+from ..job import Job
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "valid", "test")
@@ -88,7 +88,7 @@ def bpe(job: Job) -> dict:
 
 def preprocess(job: Job) -> dict:
     """fairseq-preprocess of the BPE splits (dictionary + binarised data; config 'bpe.dictionary': that one)."""
-    from ..lm import preprocess as fairseq_preprocess
+    from ..lm.training import preprocess as fairseq_preprocess
 
     out = job.path("data_bin")
     fairseq_preprocess(dict(zip(SPLITS, job.paths("bpe"))), out, workers=job.threads,
@@ -104,7 +104,7 @@ def datastore_corpus(job: Job) -> dict:
     from ..config import ConfigError
     from ..data import count_words, encode_bpe, encode_words
     from ..io import atomic_path, sha256_file, write_json
-    from ..lm import preprocess_with_dictionary
+    from ..lm.training import preprocess_with_dictionary
 
     spec = job.cfg["datastore"]["data"]
     sources = ([("train split", job.path("train"))] if spec["with_train"] else []) + \
@@ -140,7 +140,7 @@ def train_lm(job: Job) -> dict:
     (continue that checkpoint, App. E.6.1) and 'teacher' (soft labels, App. E.6.2) when the 'lms' entry names them;
     cfg 'train': {'checkpoint': 'best' | 'last', 'soft_label_weight'}."""
     from ..io import write_json
-    from ..lm import convergence, train
+    from ..lm.training import convergence, train
 
     opts = job.cfg.get("train", {})
     curves = train(job.cfg["lm"], job.path("data_bin"), job.extra["work_dir"], job.path("checkpoint"), job.threads,
@@ -158,14 +158,14 @@ def train_lm(job: Job) -> dict:
 
 
 def pretrained_lm(job: Job) -> dict:
-    """A shipped LM (config 'pretrained', knnlm.pretrained) in place of training it: its checkpoint must match its
+    """A shipped LM (config 'pretrained', knnlm.lm.shipped) in place of training it: its checkpoint must match its
     model card's sha256, the 'lm' section (and App. E.6 options) this config would train it with, and the run's
     dictionary; then the checkpoint and its training record are copied to the LM's outputs. Raises ArtifactError
     naming config key 'pretrained' and the file otherwise (retrain with --config pretrained=null)."""
     import shutil
 
     from ..io import ArtifactError, atomic_path, read_json
-    from ..pretrained import check_checkpoint, check_dictionary
+    from ..lm.fairseq import check_checkpoint, check_dictionary
 
     lm = job.wildcards["lm"]
     key = f"pretrained (LM {lm!r})"
@@ -192,8 +192,8 @@ def pretrained_lm(job: Job) -> dict:
 
 
 def register_hf(job: Job) -> dict:
-    """The model card of a Hugging Face base LM (knnlm.hf.model_card): what identifies its weights and tokenizer."""
-    from ..hf import model_card
+    """The model card of a Hugging Face base LM (knnlm.lm.hf.model_card): what identifies its weights and tokenizer."""
+    from ..lm.hf import model_card
     from ..io import write_json
 
     lm = job.cfg["lms"][job.wildcards["lm"]]
@@ -204,26 +204,19 @@ def register_hf(job: Job) -> dict:
 
 
 def lm_pass(job: Job, split: str):
-    """The job's base LM over `split` (knnlm.dump.LMPass): a Hugging Face LM when the rule gives a 'model_card'
-    (and the split's 'text'), else the fairseq 'checkpoint' over 'data_bin'."""
-    from ..config import lm_tokens_per_sample
-    from ..dump import fairseq_pass, hf_pass
-    from ..io import read_json
+    """The job's base LM over `split` (knnlm.lm.LMPass), run by the backend whose weights the rule gives
+    (knnlm.lm.backend_of: a fairseq 'checkpoint' over 'data_bin', or a Hugging Face 'model_card' and the split's
+    'text')."""
+    from ..lm.training import backend_of
 
-    ev = job.cfg["eval"]
-    if "model_card" in job.input:
-        card = read_json(job.path("model_card"))
-        return hf_pass(card, {split: job.path("text")}, ev["context_window"], ev["max_tokens"],
-                       lm_tokens_per_sample(job.cfg, job.wildcards["lm"]))
-    lm = job.wildcards.get("lm", "")
-    return fairseq_pass(job.path("checkpoint"), job.path("data_bin"), ev["context_window"], ev["max_tokens"],
-                        key=f"lms.{lm}", adaptive_softmax=bool(job.cfg.get("adaptive_softmax", False)))
+    files = {k: v for k, v in job.input.items() if v}
+    return backend_of(files).impl().lm_pass(files, split, job.cfg, job.wildcards.get("lm", ""))
 
 
 def dump_datastore(job: Job) -> dict:
     """One pass of the frozen LM over train (or config 'datastore.data''s text, input 'corpus'): att and ffn keys,
     vals, manifest (naming the corpus)."""
-    from ..dump import dump_datastore as dump
+    from ..datastore.dump import dump_datastore as dump
     from ..io import read_json
 
     keys = {"att": job.path("keys_att"), "ffn": job.path("keys_ffn")}
@@ -238,10 +231,10 @@ def dump_datastore(job: Job) -> dict:
 def dump_queries(job: Job) -> dict:
     """One pass over a valid/test split: targets, the LM's log-probs, att and ffn queries, manifest; for a Hugging
     Face LM also its tokens' lines and words ('token_lines', checked against the split's word count)."""
-    from ..dump import dump_queries as dump
+    from ..datastore.dump import dump_queries as dump
     from ..io import ArtifactError, read_json
-    from ..scoring import perplexity
-    from ..stats import save_token_lines
+    from ..scoring.interpolation import perplexity
+    from ..statistics.documents import save_token_lines
 
     split = job.wildcards["split"]
     names = ("targets", "lm_logprobs", "queries_att", "queries_ffn", "manifest")
@@ -262,8 +255,8 @@ def dump_queries(job: Job) -> dict:
 
 def token_lines(job: Job) -> dict:
     """The targets of a fairseq LM over a split (its BPE pieces + one <eos> per line): the line and words of each
-    (knnlm.stats.bpe_token_lines)."""
-    from ..stats import bpe_token_lines, save_token_lines
+    (knnlm.statistics.intervals.bpe_token_lines)."""
+    from ..statistics.documents import bpe_token_lines, save_token_lines
 
     tl = bpe_token_lines(job.path("bpe"))
     save_token_lines(job.path("out"), tl)
@@ -271,12 +264,12 @@ def token_lines(job: Job) -> dict:
 
 
 def documents(job: Job) -> dict:
-    """The documents of a valid/test split for one LM's tokens (knnlm.stats, config 'stats'): 'doc' [T] int32
-    document id per target, 'words' [T] int16 words starting at each target, 'tokens' [D] int64 per document,
+    """The documents of a valid/test split for one LM's tokens (knnlm.statistics.intervals, config 'stats'): 'doc' [T]
+    int32 document id per target, 'words' [T] int16 words starting at each target, 'tokens' [D] int64 per document,
     'scheme' (the scheme used: 'auto' resolves to 'wikitext', 'blank_lines' or 'blocks') and 'block_tokens'.
     Raises ValueError naming config key 'stats.documents' and the text file when the split has one document."""
     from ..io import atomic_path
-    from ..stats import SCHEME_NAMES, check_documents, split_token_documents
+    from ..statistics.documents import SCHEME_NAMES, check_documents, split_token_documents
 
     st = job.cfg["stats"]
     tl = np.load(job.path("token_lines"))

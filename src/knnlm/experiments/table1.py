@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import Job
+from ..job import Job
 from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
-from ..results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
-from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split, split_documents,
-                     words_per_split)
+from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
+from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split,
+                     split_documents, words_per_split)
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,8 @@ def score(job: Job) -> dict:
     another datastore.
     """
     from ..config import extend_while_on_edge, tau_edge, temperatures
-    from ..scoring import (knn_log_prob_from_cache, lambda_grid, summarize, sweep_temperature_from_cache,
-                           tune_temperature)
+    from ..scoring.interpolation import (knn_log_prob_from_cache, lambda_grid, summarize, sweep_temperature_from_cache,
+                                         tune_temperature)
 
     _, vals, dman = open_datastore(job, with_keys=False)
     key, metric, tau = job.wildcards["key"], job.wildcards["metric"], job.cfg["knn"]["temperature"]
@@ -88,13 +88,14 @@ def score(job: Job) -> dict:
 
 def table1(job: Job) -> dict:
     """Table 1 from the score JSONs and the base LM's log-probs (CSV + Markdown), with 95 % CIs from a paired
-    bootstrap over documents (knnlm.stats), and the table of the paper's comparisons (kNN-LM vs base, att vs ffn,
-    L2 vs IP): relative difference of per-word perplexity with its CI and verdict."""
+    interval over documents (knnlm.statistics.intervals, config 'stats.interval'), and the table of the paper's
+    comparisons (kNN-LM vs base, att vs ffn, L2 vs IP): relative difference of per-word perplexity with its CI and verdict."""
     import pandas as pd
 
-    from ..scoring import interpolate
-    from ..stats import ci_caption, compare, comparison_rows, fmt_ci, per_document
-    from ..tables import write_comparisons, write_table
+    from ..scoring.interpolation import interpolate
+    from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
+    from ..statistics.intervals import compare, per_document
+    from ..report.tables import write_comparisons, write_table
 
     from .common import stats_options
 

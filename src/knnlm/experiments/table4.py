@@ -3,7 +3,7 @@
 The paper applies the Sec. 3 kNN-LM to DistilGPT2 and GPT-2 small/medium/large and finds the gain shrinks as
 the base LM gets stronger. Here every base LM of config 'lms' gets the same kNN-LM (its own datastore, full
 store, FAISS mask + score, key type and metric of config 'table4', λ tuned on valid; also with τ tuned on
-valid), and each gain carries a 95 % CI from the paired bootstrap over documents. When every LM's documents
+valid), and each gain carries a paired 95 % CI over documents. When every LM's documents
 are the same (text-defined documents: 'wikitext' or 'blank_lines'), the gains of LMs are also compared with
 each other on the same resamples: "the stronger LM gains less" is a verdict, not a reading of two numbers.
 
@@ -16,12 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import Job
+from ..job import Job
 from ..config import table4_lms
 from ..io import read_json
-from ..results import METRIC_NAME
-from ..scoring import interpolate
-from ..stats import ci_caption, compare, effective_documents, estimate, fmt_ci, per_document, verdict
+from ..scoring.results import METRIC_NAME
+from ..scoring.interpolation import interpolate
+from ..statistics.captions import ci_caption, fmt_ci
+from ..statistics.intervals import compare, effective_documents, estimate, per_document
+from ..statistics.verdicts import verdict
 
 log = logging.getLogger(__name__)
 from .common import lm_training_label
@@ -51,8 +53,9 @@ def lm_summary(path: str | Path) -> dict:
     history = ckpt.get("optimizer_history") or [{}]
     updates, best = history[-1].get("num_updates"), extra.get("best")
     epoch = (extra.get("train_iterator") or {}).get("epoch")
-    training = (f"{updates} updates, epoch {epoch}, best valid PPL/token {2 ** best:.1f}" if best is not None
-                else f"{updates} updates")
+    training = f"{updates} updates" + (f", epoch {epoch}" if epoch is not None else "")
+    if best is not None:  # fairseq's own validation (blocks without the context window), not the eval's perplexity
+        training += f", best valid PPL/token {2 ** best:.1f} (fairseq's validation)"
     return {"parameters": total, "training": training}
 
 
@@ -70,7 +73,7 @@ def table4(job: Job) -> dict:
     LMs when their documents coincide."""
     import pandas as pd
 
-    from ..tables import write_table
+    from ..report.tables import write_table
 
     cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
     names = table4_lms(cfg)  # config 'table4.lms'; the LMs trained from another one are App. E.6's
@@ -129,7 +132,7 @@ def table4(job: Job) -> dict:
 
 def _cross_lm(names: list[str], boots: list[tuple[np.ndarray, np.ndarray]], split: str, st: dict) -> list[dict]:
     """Pairwise differences of relative gain (kNN-LM at the config τ) between LMs, paired over the same documents
-    (knnlm.stats.estimate, config 'stats.interval'); [] when the LMs' documents differ (other counts or words per document)."""
+    (knnlm.statistics.intervals.estimate, config 'stats.interval'); [] when the LMs' documents differ (other counts or words per document)."""
     if len(names) < 2:
         return []
     n_docs = boots[0][0].shape[1]

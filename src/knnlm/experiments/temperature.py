@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..cli import Job
-from ..figures import STYLE, pyplot, save_figure, setting_label
+from ..job import Job
+from ..report.figures import STYLE, pyplot, save_figure, setting_label
 from ..io import read_json
-from ..results import METRIC_NAME
-from ..scope import scope_caption
-from ..stats import fmt_ci
-from ..tables import write_table
-from .retrieval import SETTING_LABEL, SETTINGS, TUNED, settings_ci_caption
+from ..scoring.results import METRIC_NAME
+from ..search.scope import scope_caption
+from ..statistics.captions import fmt_ci
+from ..report.tables import write_table
+from ..scoring.settings import SETTING_LABEL, SETTINGS, TUNED, settings_ci_caption
 from .common import lm_training_label
 
 def figures(job: Job) -> dict:
     """Figure 5 for each swept store (PNG + PDF; 5a = 5 %, 5b = the full datastore), one column per (h_ds, ⊗), with
-    95 % bootstrap bands over documents, and table 'temperature' (best τ per setting, tuned vs τ = 1 with its CI)."""
+    95 % bands over documents (config 'stats.interval'), and table 'temperature' (best τ per setting, tuned vs τ = 1 with its CI)."""
     plt = pyplot()
     cfg = job.cfg
     name, tau0, note = cfg["name"], cfg["knn"]["temperature"], cfg.get("profile", {}).get("caption", "")

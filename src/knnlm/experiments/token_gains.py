@@ -2,8 +2,8 @@
 2022, "You can't pick your neighbors, or can you? When and how to rely on retrieval in the kNN-LM", Sec. 4) and by
 what the LM knows (He et al. 2021, "Efficient Nearest Neighbor Language Models", Sec. 3).
 
-Jobs: features (per split: the features of every scored token, knnlm.quality) and table (test: Δ = log p_kNN-LM −
-log p_LM per token for Table 3's pair on the full store, FAISS mask at τ* and, when the run scores the full store on
+Jobs: features (per split: the features of every scored token, knnlm.scoring.quality) and table (test: Δ = log p_kNN-LM
+− log p_LM per token for Table 3's pair on the full store, FAISS mask at τ* and, when the run scores the full store on
 every token, real mask at τ*; the share of tokens helped and hurt, how concentrated the gain is, and the mean Δ by
 bucket of each feature with CIs over documents; table, figure and comparisons 'token_gains').
 """
@@ -14,13 +14,14 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ..cli import Job
+from ..job import Job
 from ..io import ArtifactError, atomic_path, iter_chunks, open_npy, read_json
-from ..quality import (bucket_of, context_features, context_ngram_stats, gain_concentration, lm_entropy,
-                       longest_common_suffix, quantile_edges)
-from ..scoring import interpolate, knn_log_prob_from_cache
-from ..stats import effective_documents, jackknife_sums, statistic_row
-from ..tables import write_csv, write_table
+from ..scoring.quality import (bucket_of, context_features, context_ngram_stats, gain_concentration, lm_entropy,
+                               longest_common_suffix, quantile_edges)
+from ..scoring.interpolation import interpolate, knn_log_prob_from_cache
+from ..statistics.intervals import effective_documents, jackknife_sums
+from ..statistics.captions import statistic_row
+from ..report.tables import write_csv, write_table
 from .common import lm_training_label, split_documents, stats_options
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ CHUNK = 16384
 
 
 def features(job: Job) -> dict:
-    """The features of every target of one split (knnlm.quality): the top FAISS neighbour's distance (Table 3's
+    """The features of every target of one split (knnlm.scoring.quality): the top FAISS neighbour's distance (Table 3's
     pair, full store), the base LM's entropy and max log-prob from softmax(W_sm h_sm) (checked against the dumped
     log p_LM: a mismatch over 0.05 nats raises ArtifactError), the target's training frequency, the n-gram overlap
     of its context with the top neighbour's in the training stream, and the training frequency and fertility of
@@ -112,7 +113,7 @@ def buckets(name: str, x: np.ndarray, n: int) -> tuple[np.ndarray, list[str]]:
 def bucket_means(delta: np.ndarray, bucket: np.ndarray, n_buckets: int, doc: np.ndarray, n_docs: int,
                  doc_weights: np.ndarray, stats: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(mean Δ [B], lo [B], hi [B], tokens [B]) per bucket: Σ Δ / Σ tokens over the bucket's tokens, with its
-    delete-one-document jackknife-t interval (knnlm.stats.jackknife_sums) over the documents."""
+    delete-one-document jackknife-t interval (knnlm.statistics.intervals.jackknife_sums) over the documents."""
     sums = np.zeros((n_docs, 2 * n_buckets))
     np.add.at(sums, (doc, bucket), delta)
     np.add.at(sums, (doc, n_buckets + bucket), 1.0)
@@ -162,7 +163,7 @@ def table(job: Job) -> dict:
     gain from the top 1 / 5 / 10 % of tokens, and the mean Δ per bucket of each feature with its CI; figure
     'token_gains' (a panel per feature); comparisons 'token_gains_comparisons': the mean Δ of the closest-neighbour
     bucket minus the farthest, of the largest-overlap bucket minus no overlap (Drozdov et al.'s two conditions)."""
-    from ..figures import pyplot, save_figure
+    from ..report.figures import pyplot, save_figure
 
     cfg, st = job.cfg, stats_options(job)
     qcfg = cfg["quality"]

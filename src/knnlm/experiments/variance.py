@@ -3,18 +3,18 @@ IVFPQ training seed (stores full-ivf<k>, the same keys and exact search as 'full
 (stores r<ratio>-draw<k>), next to the paired CI of each comparison within one seed.
 
 If the spread over seeds is as large as a claimed difference, a single-seed verdict on "FAISS beats exact" is
-not robust even when its bootstrap CI (which holds the index fixed) excludes 0.
+not robust even when its CI over documents (which holds the index fixed) excludes 0.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from ..cli import Job
+from ..job import Job
 from ..io import read_json
-from ..scope import scope_caption
-from ..stats import ci_caption, fmt_ci
-from ..tables import write_table
-from .retrieval import SETTING_LABEL, SETTINGS
+from ..search.scope import scope_caption
+from ..statistics.captions import ci_caption, fmt_ci
+from ..report.tables import write_table
+from ..scoring.settings import SETTING_LABEL, SETTINGS
 from .common import lm_training_label
 
 def _group(s: dict, default_index_seed: int) -> tuple[str, int]:

@@ -7,8 +7,8 @@ share of its occurrences helped under each setting; y = share(real) − share(FA
 neighbours are better than approximate ones; negative values mean worse"), against the type's length in characters
 (Figure 6) and its forward and backward bigram entropy in the training data (Figure 7, Eq. 10-11). The paper finds
 negative slopes: longer and higher-entropy words are better off with approximate neighbours. Each slope's 95 % CI
-is a delete-one-document jackknife over the test documents (knnlm.stats.jackknife_sums; coverage measured by
-knnlm.coverage.slope_coverage).
+is a delete-one-document jackknife over the test documents (knnlm.statistics.intervals.jackknife_sums; coverage measured
+by knnlm.statistics.coverage.slope_coverage).
 
 Beyond the paper (Wang et al. 2023: the kNN-LM raises the loss of most tokens; Nishida et al. 2025: its gains come
 from frequent ones): per bucket of the target's training frequency, the share of tokens the interpolated kNN-LM
@@ -19,15 +19,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..cli import Job
-from ..figures import pyplot, save_figure
+from ..job import Job
+from ..report.figures import pyplot, save_figure
 from ..io import write_json
-from ..results import METRIC_NAME, evaluate
-from ..scoring import interpolate
-from ..stats import ci_caption, effective_documents, jackknife_sums, options, statistic_row
-from ..tables import write_csv, write_table
+from ..scoring.results import METRIC_NAME, evaluate
+from ..scoring.interpolation import interpolate
+from ..statistics.captions import ci_caption, statistic_row
+from ..statistics.intervals import effective_documents, jackknife_sums
+from ..report.tables import write_csv, write_table
 from .common import lm_training_label, scheme_label, documents_scheme, stats_options, token_strings
-from .retrieval import FAISS_FAISS, FAISS_REAL, REAL_REAL, load_settings, scoped_targets
+from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL
+from .retrieval import load_settings, scoped_targets
 
 SPLIT = "test"
 ATTRIBUTES = {"length": "word length (characters)", "entropy_fwd": "forward bigram entropy (nats)",
@@ -38,7 +40,7 @@ SLOPE = "slope of share(real) − share(FAISS) vs {}"  # the comparisons of find
 def _attributes(job: Job, vocab: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """({attribute: [vocab] float64}, train counts [vocab] int64, special [vocab] bool) of every word type: its
     length in characters, forward and backward bigram entropy in the datastore's training stream (input 'vals')."""
-    from ..analysis import bigram_entropy
+    from ..scoring.analysis import bigram_entropy
 
     strings, special = token_strings(job, vocab)
     vocab = len(strings)
@@ -70,7 +72,7 @@ def which_words(job: Job) -> dict:
     real, faiss = lp_knn[REAL_REAL][SPLIT] > lm, lp_knn[FAISS_REAL][SPLIT] > lm
     occ = np.bincount(target, minlength=vocab)
     types = np.flatnonzero((occ >= hyp["min_occurrences"]) & ~special)
-    from ..analysis import type_counts, type_slope
+    from ..statistics.regression import type_counts, type_slope
 
     counts = type_counts(target, doc, n_docs, [real, faiss], types).reshape(n_docs, -1)
     rows, points = [], {"type": types.tolist(), "occurrences": occ[types].tolist()}

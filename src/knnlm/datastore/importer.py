@@ -1,0 +1,116 @@
+"""Import a published kNN-LM datastore (headerless memmaps) into this pipeline's datastore layout.
+
+Layouts read:
+  knn-transformers (neulab): dstore_<model>_<N>_<D>_keys.npy [N, D] float16, dstore_<model>_<N>_<D>_vals.npy [N, 1]
+                             int32 (N and D are read from the names);
+  urvashik/knnlm (Khandelwal et al. 2020): <prefix>_keys.npy [N, D] float16 with --dstore-fp16 (float32 without),
+                             <prefix>_vals.npy [N, 1] int16 with --dstore-fp16 (int64 without); N (--dstore-size)
+                             and D (the LM's embedding dim) must be given.
+Written (knnlm.datastore.dump's files, knnlm.paths.DatastoreLayout): keys [N, D] float16, vals [N] int32 and the
+manifest, which records where the files came from. Copied in chunks: memory stays flat in N.
+
+    python -m knnlm.datastore.importer --keys dstore_gpt2_116988150_768_keys.npy --vals dstore_gpt2_116988150_768_vals.npy \\
+        --key-type ffn --out my_datastore
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..io import ArtifactError, create_npy, release_rows, sha256_file, write_json
+from ..paths import DatastoreLayout
+
+KNN_TRANSFORMERS = re.compile(r"dstore_(?P<model>.+)_(?P<n>\d+)_(?P<d>\d+)_(keys|vals)\.npy$")
+
+
+def _memmap(path: Path, dtype, shape: tuple[int, ...], what: str) -> np.memmap:
+    """A read-only headerless memmap; ArtifactError naming the file when its size is not shape × itemsize."""
+    if not path.is_file():
+        raise ArtifactError(f"{path}: {what} file not found")
+    want = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    got = path.stat().st_size
+    if got != want:
+        raise ArtifactError(f"{path}: expected {what} of shape {shape} {np.dtype(dtype).name} = {want} bytes, found "
+                            f"{got} bytes (check --size, --dim and the dtypes)")
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | Path, *, size: int | None = None,
+                  dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "ffn",
+                  vocab_size: int | None = None, checkpoint_sha256: str | None = None, chunk: int = 1 << 16) -> dict:
+    """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
+    (knnlm.paths.DatastoreLayout); returns the manifest.
+
+    size N and dim D default to those in knn-transformers file names. key_type: which hidden state the keys are
+    ('ffn' for knn-transformers and urvashik/knnlm: the final layer's output; 'att' if they are the last FFN's
+    input). vocab_size: when given, every val must be below it. checkpoint_sha256: the LM the keys came from
+    (recorded, and checked when queries of that LM are scored). Raises ArtifactError naming the file for a wrong
+    size, a non-finite key in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767
+    overflow: re-dump with int32 vals); ValueError for a missing N or D or a bad key type.
+    """
+    keys_file, vals_file, out = Path(keys_file), Path(vals_file), Path(out_dir)
+    if key_type not in ("att", "ffn"):
+        raise ValueError(f"key_type must be 'att' or 'ffn', found {key_type!r}")
+    m = KNN_TRANSFORMERS.search(keys_file.name)
+    size = size or (int(m["n"]) if m else None)
+    dim = dim or (int(m["d"]) if m else None)
+    if not size or not dim:
+        raise ValueError(f"{keys_file}: give the datastore size and key dimension (--size, --dim); they are not in "
+                         f"the file name (knn-transformers' dstore_<model>_<N>_<D>_keys.npy)")
+    keys = _memmap(keys_file, keys_dtype, (size, dim), "keys")
+    vals = _memmap(vals_file, vals_dtype, (size, 1), "vals")
+    out.mkdir(parents=True, exist_ok=True)
+    ds = DatastoreLayout(out)
+    with create_npy(ds.path("keys", key=key_type), (size, dim), np.float16) as k_out, \
+         create_npy(ds.path("vals"), (size,), np.int32) as v_out:
+        for s in tqdm(range(0, size, chunk), desc="import datastore", unit=" chunk", mininterval=10):
+            e = min(size, s + chunk)
+            with np.errstate(over="ignore"):
+                k_out[s:e] = keys[s:e]
+            if not np.isfinite(k_out[s:e]).all():
+                raise ArtifactError(f"{keys_file}: non-finite keys (in fp16) in rows {s}..{e - 1}")
+            v = np.asarray(vals[s:e, 0]).astype(np.int64)
+            bad = (v < 0) | (v >= vocab_size if vocab_size else False)
+            if bad.any():
+                r = s + int(np.flatnonzero(bad)[0])
+                raise ArtifactError(f"{vals_file}: val {int(v[r - s])} at row {r} is not a token id in [0, "
+                                    f"{vocab_size or 'vocab'}) ({vals_dtype} vals of a vocabulary over its range "
+                                    f"overflow: re-dump with int32 vals)")
+            v_out[s:e] = v
+            for a in (k_out, v_out, keys, vals):
+                release_rows(a, s, e)
+    layout = "knn-transformers" if m else "urvashik/knnlm"
+    manifest = {"split": "train", "N": size, "D": dim, "keys_dtype": "float16", "vals_dtype": "int32",
+                "key_types": [key_type], "source": "imported", "checkpoint_sha256": checkpoint_sha256,
+                "imported_from": {"layout": layout, "keys": str(keys_file), "vals": str(vals_file),
+                                  "keys_dtype": keys_dtype, "vals_dtype": vals_dtype,
+                                  "keys_sha256": sha256_file(keys_file), "vals_sha256": sha256_file(vals_file)}}
+    write_json(ds.path("manifest"), manifest)
+    return manifest
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m knnlm.datastore.importer", description=__doc__.split("\n")[0])
+    ap.add_argument("--keys", required=True)
+    ap.add_argument("--vals", required=True)
+    ap.add_argument("--out", required=True, help="the datastore folder to write (keys, vals, manifest)")
+    ap.add_argument("--size", type=int, help="N (default: from a knn-transformers file name)")
+    ap.add_argument("--dim", type=int, help="D (default: from a knn-transformers file name)")
+    ap.add_argument("--keys-dtype", default="float16", help="float16 (default) or float32")
+    ap.add_argument("--vals-dtype", default="int32", help="int32 (knn-transformers), int16 or int64 (urvashik/knnlm)")
+    ap.add_argument("--key-type", default="ffn", choices=["att", "ffn"])
+    ap.add_argument("--vocab-size", type=int)
+    ap.add_argument("--checkpoint", help="the LM checkpoint the keys came from (its sha256 is recorded)")
+    a = ap.parse_args(argv)
+    man = import_memmap(a.keys, a.vals, a.out, size=a.size, dim=a.dim, keys_dtype=a.keys_dtype,
+                        vals_dtype=a.vals_dtype, key_type=a.key_type, vocab_size=a.vocab_size,
+                        checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None)
+    print(f"imported {man['N']} keys of dim {man['D']} ({man['key_types'][0]}) into {a.out}")
+
+
+if __name__ == "__main__":
+    main()

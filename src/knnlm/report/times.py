@@ -1,0 +1,232 @@
+"""Summarise a finished run: per-job and per-stage wall time, each stage's share, peak memory (Snakemake
+benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
+[--results docs/results.md] (then: write that page from the run's findings report, tables and stages)
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from ..paths import Layout
+
+
+def stage_table(root: str | Path) -> pd.DataFrame:
+    """One row per job: job, wall seconds, peak RSS in MB, from root/benchmarks/*.tsv (Snakemake's `s`, `max_rss`).
+
+    A benchmark file times only a job's last run. A training job that was killed and resumed records only its last
+    segment, so for those the wall time is the larger of that and the training time their own logs count across
+    resumes (resumed_seconds); column `from_log` marks them."""
+    root = Path(root)
+    layout = Layout(root.parent, root.name)
+    rows = []
+    for p in sorted(Path(root, "benchmarks").glob("*.tsv")):
+        b = pd.read_csv(p, sep="\t")
+        wall, logged = float(b["s"].iloc[-1]), resumed_seconds(layout, p.stem)
+        rows.append({"job": p.stem, "wall_s": max(wall, logged or 0.0), "peak_rss_mb": float(b["max_rss"].iloc[-1]),
+                     "from_log": bool(logged and logged > wall)})
+    return pd.DataFrame(rows, columns=["job", "wall_s", "peak_rss_mb", "from_log"])
+
+
+def resumed_seconds(layout: Layout, job: str) -> float | None:
+    """Training seconds over every resumed segment of a training job of the run at `layout`, from what it logs:
+    train_lm_<lm> from its fairseq log (knnlm.lm.training.fairseq_log_seconds, each update counted once),
+    train_parametric_<lm>_<variant>_<key> from its result.json ('history.seconds', which a resumed training carries
+    on). None for other jobs, or when the file is missing."""
+    from ..io import read_json
+    from ..lm.training import fairseq_log_seconds
+
+    if job.startswith("train_lm_"):
+        path = layout.path("log", job=f"{job}.fairseq")
+        if path.exists():
+            with open(path) as f:
+                return fairseq_log_seconds(f)[0]  # each update once: as an uninterrupted run
+    elif job.startswith("train_parametric_") and job.count("_") >= 4:
+        lm, variant, key = job[len("train_parametric_"):].rsplit("_", 2)
+        path = layout.path("parametric_result", lm=lm, variant=variant, key=key)
+        if path.exists():
+            return float(read_json(path).get("history", {}).get("seconds", 0.0))
+    return None
+
+
+# Stages of a run ("each stage's share"), by the rule that wrote a benchmark file <rule>_<wildcards>.tsv
+STAGES = {
+    "corpus (data, BPE, binarise, documents, scope)": ["download", "prepare_data", "bpe", "preprocess", "token_lines",
+                                                       "documents", "scope", "tuning_sample", "datastore_corpus"],
+    "LM training": ["train_lm", "register_hf", "download_lm"],
+    "dumps (datastore, queries)": ["dump_datastore", "dump_queries", "dump_queries_hf"],
+    "IVFPQ (stores, indexes, FAISS search)": ["prepare_store", "build_index", "search"],
+    "exact search and real score": ["exact_search", "exact_search_nested", "exact_merge", "exact_merge_nested",
+                                    "real_score"],
+    "kNN-LM scoring, τ × λ sweeps, tables": ["score", "settings", "write_table1", "write_table3", "write_table3_small",
+                                            "write_datastore_size", "write_temperature", "write_store_table",
+                                            "write_pca", "write_variance", "write_findings", "write_table4",
+                                            "write_probe_sweep", "write_speed"],
+    "parametric alternatives": ["word_stats", "train_parametric", "write_parametric"],
+    "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
+                                                         "write_interpolated_loss", "write_ensembling",
+                                                         "write_overfitting", "write_soft_labels"],
+    "beyond the paper (token gains, λ by quality, adaptive retrieval)": ["token_features", "write_token_gains",
+                                                                         "write_lambda_by_quality",
+                                                                         "write_adaptive_retrieval"],
+    "pretrained LMs (checked and copied)": ["pretrained_lm"],
+}
+
+
+def rule_of(job: str) -> str:
+    """The rule of a benchmark file stem '<rule>_<wildcards>' (the longest known rule name it starts with)."""
+    rules = sorted((r for rs in STAGES.values() for r in rs), key=len, reverse=True)
+    return next((r for r in rules if job == r or job.startswith(r + "_")), job.split("_")[0])
+
+
+def stage_shares(df: pd.DataFrame) -> pd.DataFrame:
+    """Per stage: jobs, wall minutes, share of the total, slowest job and max peak RSS, from stage_table()."""
+    stage = {r: st for st, rs in STAGES.items() for r in rs}
+    d = df.assign(stage=[stage.get(rule_of(j), "other") for j in df["job"]])
+    total = d["wall_s"].sum()
+    rows = []
+    for st in list(STAGES) + ["other"]:
+        g = d[d["stage"] == st]
+        if len(g):
+            slow = g.loc[g["wall_s"].idxmax()]
+            rows.append({"stage": st, "jobs": len(g), "wall (min)": g["wall_s"].sum() / 60,
+                         "share": f"{100 * g['wall_s'].sum() / total:.1f} %",
+                         "slowest job": f"{slow['job']} ({slow['wall_s'] / 60:.1f} min)",
+                         "peak RSS (MB)": g["peak_rss_mb"].max()})
+    rows.append({"stage": "total", "jobs": len(d), "wall (min)": total / 60, "share": "100 %", "slowest job": "",
+                 "peak RSS (MB)": d["peak_rss_mb"].max()})
+    return pd.DataFrame(rows)
+
+
+# Budgets: the paper's main tables on the primary LM (Tables 1-3, Figures 2-5, the parametric tables,
+# the findings) are timed against the run-time target; what goes beyond them is budgeted separately.
+MAIN_BUDGET = "main tables (primary LM)"
+EXTRA_BUDGETS = {"lm": "extra LMs (Table 4, App. A; App. E.5, E.6.1, E.6.2)", "pca": "PCA-reduced stores (He et al. 2021)",
+                 "variance": "our randomness (IVFPQ seeds, subset draws)",
+                 "probe_sweep": "approximation strength (probe sweep)"}
+
+
+def budget_of(job: str, primary: str, lms: set[str]) -> str:
+    """The budget a job's time counts against: MAIN_BUDGET or one of EXTRA_BUDGETS' values.
+
+    job: a benchmark file stem '<rule>_<wildcards>' ('<rule>_<lm>_<store>_...' for per-store rules); primary: the
+    LM the findings report is about; lms: every LM of the run (their train_lm/register_hf jobs). A job of another
+    LM, or Table 4, App. E.5's Table 8, E.6.1's Table 9 or E.6.2's table itself, is an extra LM's; a job of a PCA store
+    ('pca<d>') or of the 'variance' table, an IVFPQ seed ('-ivf<k>') or a subset draw ('-draw<k>';
+    knnlm.datastore.stores) is an extra of its kind, as is a point of the probe sweep ('-np<n>') and its table."""
+    rule = rule_of(job)
+    parts = job[len(rule) + 1:].split("_") if job.startswith(rule + "_") else []
+    if rule in ("write_table4", "write_ensembling", "write_overfitting", "write_soft_labels") or (parts and parts[0] in lms - {primary}):
+        return EXTRA_BUDGETS["lm"]
+    if any(p.startswith("pca") for p in parts):
+        return EXTRA_BUDGETS["pca"]
+    if any("-ivf" in p or "-draw" in p or p == "variance" for p in parts):
+        return EXTRA_BUDGETS["variance"]
+    if rule == "write_probe_sweep" or any(re.search(r"-np\d+", p) for p in parts):
+        return EXTRA_BUDGETS["probe_sweep"]
+    return MAIN_BUDGET
+
+
+def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
+    """Per budget (budget_of): jobs, wall minutes and share of the total, from stage_table(); the primary LM is the
+    one of the run's write_findings job (else the LM with the most jobs)."""
+    lms = {j[len(rule_of(j)) + 1:] for j in df["job"] if rule_of(j) in ("train_lm", "register_hf", "pretrained_lm")}
+    findings = [j[len("write_findings_"):] for j in df["job"] if j.startswith("write_findings_")]
+    firsts = pd.Series([j[len(rule_of(j)) + 1:].split("_")[0] for j in df["job"]])
+    primary = findings[0] if findings else (firsts[firsts.isin(lms)].mode().iloc[0] if firsts.isin(lms).any() else "")
+    b = df.assign(budget=[budget_of(j, primary, lms) for j in df["job"]])
+    total = b["wall_s"].sum()
+    secs = b.groupby("budget")["wall_s"].sum()
+    rows = [{"budget": name, "jobs": int((b["budget"] == name).sum()), "wall (min)": secs[name] / 60,
+             "share": f"{100 * secs[name] / total:.1f} %"}
+            for name in [MAIN_BUDGET, *EXTRA_BUDGETS.values()] if name in secs.index]
+    rows.append({"budget": "total", "jobs": len(b), "wall (min)": total / 60, "share": "100 %"})
+    return pd.DataFrame(rows)
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def results_page(root: Path, lm: str = "base") -> str:
+    """The results page of run `root` (docs/results.md for the wikitext2 run): its findings report (headings
+    demoted), the PCA and Table 4 tables, and the wall time per stage and per budget, quoted from the files the
+    run wrote, so that no number in it is typed by hand. Raises FileNotFoundError when the run has neither a
+    findings report nor Table 1."""
+    import platform
+
+    layout = Layout(root.parent, root.name)
+    findings = layout.path("findings", lm=lm)
+    quoted = [findings] if findings.exists() else [p for p in (layout.path("table", lm=lm, table=t, ext="md")
+                                                               for t in ("table1", "table3")) if p.exists()]
+    quoted += [p for p in (layout.path("table", lm=lm, table="pca", ext="md"),
+                           layout.path("run_table", table="table4", ext="md")) if p.exists()]
+    if not quoted:
+        raise FileNotFoundError(f"{findings}: no findings report and no Table 1; run `snakemake findings` first")
+    parts = [] if findings.exists() else ["**The findings report is not produced yet** (the run is incomplete); "
+                                          "quoted instead: the tables that are."]
+    for p in quoted:
+        text = ("\n" + p.read_text()).replace("\n### ", "\n#### ").replace("\n## ", "\n### ").replace("\n# ", "\n## ")
+        parts.append(text.strip())
+    jobs = stage_table(root)
+    stages = stage_shares(jobs).to_markdown(index=False, floatfmt=".1f")
+    budgets = budget_shares(jobs).to_markdown(index=False, floatfmt=".1f")
+    resumed = ("; resumed training timed from its own logs over every segment: " + ", ".join(jobs.job[jobs.from_log])
+               if jobs["from_log"].any() else "")
+    src = ", ".join(f"`{p.relative_to(root.parent)}`" for p in quoted)
+    cores = len(os.sched_getaffinity(0))
+    return (f"# Results of the `{root.name}` run\n\n"
+            f"Written by `python -m knnlm.report {root} --results <this file>` from {src} and the run's benchmark "
+            f"files; no number here is typed by hand. Every table with its intervals is under `{root}/lms/{lm}/"
+            f"tables/`, and `snakemake --report` renders them with their captions. Machine of the report: "
+            f"{platform.processor() or platform.machine()}, {cores} cores.\n\n" + "\n\n".join(parts) + "\n\n"
+            f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
+            f"\n\n{stages}\n\n"
+            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n")
+
+
+def write_results_page(out: Path, root: Path) -> None:
+    """Write results_page(root) to `out` (atomic)."""
+    from ..io import atomic_path
+
+    with atomic_path(out) as tmp:
+        tmp.write_text(results_page(root))
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    root = Path(argv[0])
+    if "--results" in argv:
+        out = Path(argv[argv.index("--results") + 1])
+        write_results_page(out, root)
+        print(f"wrote {out} from {root}")
+        return
+    layout = Layout(root.parent, root.name)
+    df = stage_table(root)
+    print(df.to_markdown(index=False, floatfmt=".1f"))
+    if df["from_log"].any():
+        print("\nresumed training jobs, timed from their own logs over every segment: "
+              + ", ".join(df.job[df.from_log]))
+    print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
+    print("\nStages (sum of job wall times; with 2+ cores some jobs overlap):\n")
+    print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
+    print("\nBudgets (the paper's main tables on the primary LM; the extras budgeted separately):\n")
+    print(budget_shares(df).to_markdown(index=False, floatfmt=".1f"))
+    for lm_dir in sorted((layout.root / "lms").glob("*")):
+        for sub in sorted(p for p in lm_dir.iterdir() if p.is_dir()):
+            print(f"{sub.relative_to(layout.root)}: {dir_size(sub) / 2**20:.1f} MiB on disk")
+        for store in sorted((lm_dir / "stores").glob("*")):
+            print(f"  {store.relative_to(layout.root)}: {dir_size(store) / 2**20:.1f} MiB")
+    try:
+        from ..tracking import count_runs
+
+        print(f"MLflow runs in experiment {root.name!r}: {count_runs(root.parent, root.name)}")
+    except Exception as e:  # noqa: BLE001
+        print(f"MLflow: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""Approximate retrieval with faiss IVFPQ ("FAISS mask" / "FAISS score", Xu et al. 2023 Sec. 5).
+
+One index per (key type, metric). Training uses a seeded sample of keys; keys are added in chunks
+read from the fp16 memmap, so the datastore is never whole in RAM (the index's PQ codes are).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..io import atomic_path, create_npy, iter_chunks, release_rows
+
+log = logging.getLogger(__name__)
+
+
+def auto_ncentroids(n: int) -> int:
+    """Power of two nearest sqrt(N), at most N/39 (faiss k-means wants ≥ 39 training points per centroid), ≥ 1."""
+    c = 2 ** round(math.log2(max(1.0, math.sqrt(n))))
+    while c > 1 and c * 39 > n:
+        c //= 2
+    return max(1, c)
+
+
+def auto_code_size(d: int, dims_per_byte: int = 16) -> int:
+    """PQ bytes per vector: D/dims_per_byte (the kNN-LM paper: 1 byte per 16 dimensions, 64 B at D = 1024), at
+    least 1, lowered until it divides D."""
+    m = max(1, d // dims_per_byte)
+    while d % m:
+        m -= 1
+    return m
+
+
+PAPER_PROBE_FRACTION = 32 / 4096  # the kNN-LM paper: nprobe 32 of 4096 lists
+
+
+def resolve_index_params(index_cfg: dict, n: int, d: int, k: int | None = None, code_dim: int | None = None) -> dict:
+    """Turn config section 'index' ("auto" values) into concrete numbers for a store of N keys of dim D.
+
+    The approximation's strength is a controlled variable (Xu et al. 2023, Sec. 5), stated relative to k: nprobe
+    "auto" = the larger of probe_fraction × lists (the paper's 32/4096) and the fewest lists that hold
+    scan_factor × k keys on average (capped at every list), so a small store is never searched with about k
+    keys per query (where the FAISS mask would be nearly "every key probed"); code size D/16 bytes, of
+    `code_dim` when given (a PCA store keeps the full keys' bytes, so dimension and code size are not mixed).
+    Returns {'ncentroids', 'code_size', 'train_size', 'nprobe', 'probed_fraction', 'bytes_per_dim',
+    'expected_keys_scanned' (nprobe × N / lists), 'scan_factor', 'add_chunk', 'seed'}. Raises ValueError when
+    the code size does not divide D.
+    """
+    nc = index_cfg["ncentroids"]
+    nc = auto_ncentroids(n) if nc == "auto" else int(nc)
+    cs = index_cfg["code_size"]
+    cs = auto_code_size(code_dim or d, int(index_cfg.get("dims_per_code_byte", 16))) if cs == "auto" else int(cs)
+    if d % cs:
+        raise ValueError(f"config key 'index.code_size': {cs} bytes must divide the key dimension {d} (a PCA "
+                         f"store keeps the full keys' code size; choose its dimension or index.code_size so)")
+    ts = index_cfg["train_size"]
+    ts = min(n, max(64 * nc, 65536)) if ts == "auto" else min(n, int(ts))
+    npr = index_cfg["nprobe"]
+    c = float(index_cfg.get("scan_factor", 16))
+    if npr == "auto":
+        npr = max(1, round(index_cfg["probe_fraction"] * nc))
+        if k:
+            npr = max(npr, math.ceil(c * k * nc / max(n, 1)))
+    npr = min(int(npr), nc)
+    return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": npr, "probed_fraction": npr / nc,
+            "bytes_per_dim": cs / d, "expected_keys_scanned": npr * n / nc, "scan_factor": c,
+            "add_chunk": int(index_cfg["add_chunk"]), "seed": int(index_cfg["seed"])}
+
+
+def check_index_matches(meta: dict, params: dict, index_path: str | Path) -> None:
+    """Raise ArtifactError when an index's recorded build (`meta`, from its .json) is not what the config now
+    resolves to (`params`, from resolve_index_params): a stale index must be rebuilt, never searched silently."""
+    from ..io import ArtifactError
+
+    stale = {k: (meta.get(k), params[k]) for k in ("ncentroids", "code_size", "seed") if meta.get(k) != params[k]}
+    if stale:
+        found = ", ".join(f"{k}: built with {b}, config resolves to {c}" for k, (b, c) in stale.items())
+        raise ArtifactError(f"{index_path} is stale ({found}); delete it (or run snakemake with "
+                            f"--forcerun build_index) to rebuild it")
+
+
+def gpu_resources():
+    """faiss StandardGpuResources when faiss is a GPU build and sees a GPU (faiss-gpu on clusters), else None."""
+    import faiss
+
+    if not hasattr(faiss, "StandardGpuResources") or faiss.get_num_gpus() < 1:
+        return None
+    return faiss.StandardGpuResources()
+
+
+def _to_gpu(index, res):
+    """A GPU copy of a CPU IVFPQ index (float16 lookup tables, which GPU IVFPQ needs for large codes), or None when
+    faiss refuses this index on the GPU (then the CPU index is used: same API, same answers up to float rounding)."""
+    import faiss
+
+    opts = faiss.GpuClonerOptions()
+    opts.useFloat16 = True
+    try:
+        return faiss.index_cpu_to_gpu(res, 0, index, opts)
+    except RuntimeError as e:  # e.g. a code size or nprobe the GPU kernels do not support
+        log.warning("faiss GPU refused the index (%s); staying on the CPU", e)
+        return None
+
+
+def faiss_metric(metric: str):
+    import faiss
+
+    if metric == "l2":
+        return faiss.METRIC_L2
+    if metric == "ip":
+        return faiss.METRIC_INNER_PRODUCT
+    raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
+
+
+SAMPLE_BLOCK = 4096  # training-sample rows read per block (build_ivfpq)
+
+
+def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Path, threads: int = 2,
+                rows: np.ndarray | None = None) -> dict:
+    """Train an IVFPQ index on a seeded sample of `keys` ([N, D] fp16 memmap), add all keys in chunks, save it.
+
+    rows: optional sorted int64 datastore row ids — index only that subset (the datastore-size ablation,
+    Figures 2 and 4), with no copy of the keys. Either way the ids in the index are datastore row numbers,
+    so neighbours map to vals unchanged. Returns build statistics. Atomic write.
+    """
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    d = keys.shape[1]
+    n = keys.shape[0] if rows is None else len(rows)
+    rng = np.random.default_rng(params["seed"])
+    sample = np.sort(rng.choice(n, size=params["train_size"], replace=False))
+    picked = sample if rows is None else rows[sample]  # ascending datastore rows
+    x = np.empty((len(picked), d), dtype=np.float32)
+    for a in range(0, len(picked), SAMPLE_BLOCK):  # a memmap: each block's pages leave the RSS once read (a whole
+        r = picked[a:a + SAMPLE_BLOCK]  # random sample faults in most pages of the file: 8.8 GB at 20M x 256 keys)
+        x[a:a + len(r)] = keys[r]
+        release_rows(keys, int(r[0]), int(r[-1]) + 1)
+    quantizer = faiss.IndexFlatL2(d) if metric == "l2" else faiss.IndexFlatIP(d)
+    index = faiss.IndexIVFPQ(quantizer, d, params["ncentroids"], params["code_size"], 8, faiss_metric(metric))
+    index.cp.seed = params["seed"]
+    index.pq.cp.seed = params["seed"]
+    log.info("training IVFPQ(%d lists, %d bytes, %s) on %d keys", params["ncentroids"], params["code_size"], metric, len(x))
+    res = gpu_resources()  # k-means of the lists and of the PQ codebooks on the GPU when there is one
+    gpu = _to_gpu(index, res) if res is not None else None
+    if gpu is not None:
+        gpu.train(x)
+        index = faiss.index_gpu_to_cpu(gpu)  # keys are added to the CPU index: it is the one saved and reconstructed
+        del gpu
+    else:
+        index.train(x)
+    del x
+    chunk = params["add_chunk"]
+    # each chunk's pages of a memmap leave the RSS once added: the job holds the index and one chunk, not the file
+    for s in tqdm(range(0, n, chunk), desc=f"add keys ({metric})", unit=" chunk", mininterval=10):
+        if rows is None:
+            index.add(np.ascontiguousarray(keys[s:s + chunk], dtype=np.float32))
+            release_rows(keys, s, min(n, s + chunk))
+        else:
+            ids = rows[s:s + chunk]
+            index.add_with_ids(np.ascontiguousarray(keys[ids], dtype=np.float32), ids.astype(np.int64))
+            release_rows(keys, int(ids.min()), int(ids.max()) + 1)
+    index.nprobe = params["nprobe"]
+    with atomic_path(out_path) as tmp:
+        faiss.write_index(index, str(tmp))
+    return {"ntotal": int(index.ntotal), "trained_on": "gpu" if res is not None else "cpu", **params}
+
+
+def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
+           chunk: int = 8192, threads: int = 2) -> dict:
+    """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
+
+    A query whose probed lists hold fewer than k keys is searched again with nprobe doubled until it has k
+    neighbours (or every list is probed), so the FAISS mask has k neighbours unless the store has fewer keys.
+    out_ids: [T, k] int32 datastore row ids (−1 only where fewer than k exist); out_dists: [T, k] float32 faiss
+    distances (squared L2 for 'l2', inner product for 'ip'), both .npy, atomic. Returns stats: 'missing_neighbours'
+    (−1 ids left), 'requeried_for_k' (queries searched again), 'keys_scanned_per_query' (keys in the inverted lists
+    each query probed, the searches again for k included: from the coarse quantizer's probes and the lists' sizes,
+    on CPU and GPU alike), 'keys_scanned_faiss' (PQ distances faiss counted; None on GPU), 'nprobe', 'T', 'k',
+    'ntotal', 'device'.
+    """
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    index = faiss.read_index(str(index_path))
+    faiss.extract_index_ivf(index).nprobe = nprobe
+    cpu_ivf = faiss.extract_index_ivf(index)  # the coarse quantizer and list sizes: keys scanned on any device
+    list_sizes = np.array([cpu_ivf.invlists.list_size(i) for i in range(cpu_ivf.nlist)], dtype=np.int64)
+
+    def probed_keys(q: np.ndarray, n: int) -> int:
+        _, lists = cpu_ivf.quantizer.search(q, n)
+        return int(list_sizes[lists[lists >= 0]].sum())
+
+    if index.ntotal >= 2**31:
+        raise ValueError(f"{index_path}: {index.ntotal} keys do not fit int32 ids")
+    res = gpu_resources()
+    gpu = _to_gpu(index, res) if res is not None and k <= 2048 and nprobe <= 2048 else None  # faiss GPU limits
+    if gpu is not None:
+        faiss.GpuParameterSpace().set_index_parameter(gpu, "nprobe", nprobe)
+        index = gpu
+    t = queries.shape[0]
+    ivf = faiss.extract_index_ivf(index) if gpu is None else None
+    nlist = ivf.nlist if ivf is not None else nprobe
+    missing = refilled = 0
+    scanned = from_lists = 0.0
+    with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
+        for s, e in tqdm(iter_chunks(t, chunk, ids, dists, queries), total=-(-t // chunk),  # RSS flat in T
+                         desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
+            q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
+            faiss.cvar.indexIVF_stats.reset()
+            dd, ii, more, keys = search_filled(index, ivf, q, k, nprobe, nlist, probed_keys)
+            refilled += more
+            from_lists += keys
+            scanned += faiss.cvar.indexIVF_stats.ndis
+            ids[s:e] = ii
+            dists[s:e] = dd
+            missing += int((ii < 0).sum())
+    return {"T": t, "k": k, "nprobe": nprobe, "lists": int(nlist), "missing_neighbours": missing, "requeried_for_k": refilled,
+            "keys_scanned_per_query": from_lists / t if t else None,
+            "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
+            "device": "gpu" if gpu is not None else "cpu"}
+
+
+def search_filled(index, ivf, q: np.ndarray, k: int, nprobe: int, nlist: int, probed_keys=None):
+    """index.search(q, k) at `nprobe` lists, then the queries with fewer than k neighbours again with nprobe doubled
+    until they have k (or all nlist lists are probed; ivf None, a GPU index: no second search).
+
+    q: [B, D] float32. Returns (dists [B, k] float32, ids [B, k] int64, queries searched again, keys scanned per
+    probed_keys(q, n) summed (0 without it)). Leaves the index at `nprobe`."""
+    dd, ii = index.search(q, k)
+    scanned = probed_keys(q, nprobe) if probed_keys else 0
+    refilled = 0
+    short = np.flatnonzero((ii < 0).any(1))  # fewer than k neighbours in the probed lists
+    wider = nprobe
+    while len(short) and ivf is not None and wider < nlist:  # probe more lists for those queries only
+        wider = min(nlist, 2 * wider)
+        ivf.nprobe = wider
+        d2, i2 = index.search(q[short], k)
+        scanned += probed_keys(q[short], wider) if probed_keys else 0
+        dd[short], ii[short] = d2, i2
+        refilled += len(short)
+        short = short[(i2 < 0).any(1)]
+    if ivf is not None:
+        ivf.nprobe = nprobe
+    return dd, ii, refilled, scanned

@@ -1,0 +1,42 @@
+"""Captions and rows: how a table says what its intervals are and on which documents they rest."""
+from __future__ import annotations
+
+from .intervals import INTERVALS, options
+from .verdicts import verdict
+
+
+def ci_caption(stats: dict | None, documents: str = "") -> str:
+    """How a table's CIs were computed, for captions: the level, the interval method, the documents (`documents`:
+    e.g. 'WikiText articles: 60 test, 60 valid') and the minimum for a verdict."""
+    st = options(stats)
+    how = INTERVALS[st["interval"]].caption.format(**st)
+    docs = f"; documents: {documents}" if documents else ""
+    return (f"{100 * st['level']:g}% CI, paired over documents ({how}{docs}); a comparison whose "
+            f"documents count fewer than {st['min_documents']} as the interval counts them (Kish's effective number, "
+            f"n_eff) is inconclusive whatever its CI")
+
+
+def comparison_rows(result: dict, **labels) -> list[dict]:
+    """Rows (labels, comparison, relative difference, CI low, CI high, verdict, documents, effective documents) of a
+    compare() result."""
+    return [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
+             "verdict": v["verdict"], "documents": v.get("documents", result.get("documents")),
+             "effective documents": v.get("effective", result.get("effective"))}
+            for k, v in result["diff"].items()]
+
+
+def fmt_ci(v: dict, pct: bool = False) -> str:
+    """'219.49 [217.10, 221.95]' or, for relative differences, '−7.9 % [−8.6, −7.2]'."""
+    if pct:
+        return f"{100 * v['value']:+.1f} % [{100 * v['lo']:+.1f}, {100 * v['hi']:+.1f}]"
+    return f"{v['value']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}]"
+
+
+def statistic_row(name: str, value: float, lo: float, hi: float, documents: int, min_documents: int,
+                  effective: float | None = None, scheme: str = "", **labels) -> dict:
+    """A comparison row (the columns of comparison_rows) for a statistic that is not a relative difference (a slope,
+    a correlation): 'relative difference' holds the statistic, its verdict says whether the CI excludes 0 (with at
+    least `min_documents` effective documents, see verdict)."""
+    return {**labels, "comparison": name, "relative difference": float(value), "CI low": float(lo),
+            "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents, effective, scheme),
+            "documents": int(documents), "effective documents": effective}

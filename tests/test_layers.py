@@ -1,0 +1,123 @@
+"""The package's layers: no import circle between modules, and no module imports one of a higher layer.
+
+The layers, lowest first (a module may import its own layer's modules and lower ones):
+  files       io, paths                                  reading and writing artifacts, the layout's one owner
+  datastore   knnlm.datastore                            keys, vals and queries on disk; the store kinds
+  run         config, job, data, tracking, slurm         the validated config, one job, the corpus, MLflow, SLURM
+  statistics  knnlm.statistics                           documents, intervals, verdicts, coverage
+  search      knnlm.search                               IVFPQ, exact search, selection kernels, the scope
+  scoring     knnlm.scoring                              Eq. 5, τ and λ, the settings, per-token quality
+  lm          knnlm.lm                                   the backends (fairseq, Hugging Face) and their training
+  parametric  parametric                                 W_ds and the parametric alternatives (Sec. 4)
+  report      knnlm.report                               tables, figures, the front page, a run's times
+  jobs        knnlm.experiments, api, generate, cli      what Snakemake runs and what a researcher calls
+Every import counts, inside functions too (they are read from the source, not from a running interpreter).
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "knnlm"
+LAYERS = [
+    ("files", {"io", "paths"}),
+    ("datastore", {"datastore"}),
+    ("run", {"config", "job", "data", "tracking", "slurm"}),
+    ("statistics", {"statistics"}),
+    ("search", {"search"}),
+    ("scoring", {"scoring"}),
+    ("lm", {"lm"}),
+    ("parametric", {"parametric"}),
+    ("report", {"report"}),
+    ("jobs", {"experiments", "api", "generate", "cli", "__main__", ""}),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    """Whether 'knnlm.a.b' is a module or package of the source tree (not a name inside one)."""
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def imports(path: Path) -> set[str]:
+    """The knnlm modules `path` imports (absolute names; 'from . import x' resolved to the module x where it is one)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == "knnlm"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "knnlm":
+                mod = node.module
+            else:
+                continue
+            subs = {f"{mod}.{a.name}" for a in node.names if _is_module(f"{mod}.{a.name}")}
+            out |= subs or {mod}
+    out.discard(name)
+    return out
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of a module 'knnlm.<top>[...]'; AssertionError for a module no layer names."""
+    top = module.split(".")[1] if "." in module else ""
+    for i, (_, tops) in enumerate(LAYERS):
+        if top in tops:
+            return i
+    raise AssertionError(f"{module}: no layer of tests/test_layers.py names {top!r}; add it to LAYERS")
+
+
+GRAPH = {module_name(p): imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_every_module_has_a_layer():
+    for m in GRAPH:
+        layer_of(m)
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    bad = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+                 for m, deps in GRAPH.items() for d in deps if layer_of(d) > layer_of(m))
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_import_circle():
+    """No cycle among modules (a package's __init__ counts as a module): found by depth-first search."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for d in sorted(GRAPH.get(m, ())):
+            if d not in GRAPH:
+                continue
+            if state.get(d) == "open":
+                cycle = stack[stack.index(d):] + [d]
+                pytest.fail("import circle: " + " -> ".join(cycle))
+            if d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_the_checks_fail_on_a_bad_graph(monkeypatch):
+    """The two checks themselves: a circle and an upward import are both found and named."""
+    monkeypatch.setitem(GRAPH, "knnlm.io", GRAPH["knnlm.io"] | {"knnlm.report.tables"})
+    with pytest.raises(AssertionError, match=r"knnlm.io \(files\) imports knnlm.report.tables \(report\)"):
+        test_no_import_from_a_lower_layer_to_a_higher_one()
+    monkeypatch.setitem(GRAPH, "knnlm.paths", GRAPH["knnlm.paths"] | {"knnlm.io"})
+    monkeypatch.setitem(GRAPH, "knnlm.io", GRAPH["knnlm.io"] | {"knnlm.paths"})
+    with pytest.raises(pytest.fail.Exception, match="import circle: knnlm.io -> knnlm.paths -> knnlm.io"):
+        test_no_import_circle()
