@@ -7,8 +7,9 @@ import pytest
 
 from knnlm.statistics.intervals import (bootstrap_ppl, compare, effective_documents, estimate, interval,
                                         leave_one_out_ppl, per_document, resample_counts)
-from knnlm.statistics.documents import (bpe_token_lines, documents_label, line_documents, line_token_documents,
-                                        split_token_documents, unit_count)
+from knnlm.data import bpe_token_lines
+from knnlm.statistics.documents import (documents_label, line_documents, line_token_documents, split_token_documents,
+                                        unit_count)
 
 PCT = {"interval": "percentile", "min_documents": 2}
 

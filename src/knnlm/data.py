@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 from typing import IO, Iterator
 
+import numpy as np
 from tqdm import tqdm
 
 from .config import SPLITS, ConfigError, split_files
@@ -244,3 +245,26 @@ def download(cfg: dict) -> None:
             raise ConfigError(f"config key 'data.sha256.{name}': expected {digest}, downloaded file has {got}")
     if not want:
         log.warning("config key 'data.sha256' is empty: downloaded files were not checked")
+
+
+def bpe_token_lines(bpe_path: str | Path) -> dict[str, np.ndarray]:
+    """The targets fairseq scores for a split of space-separated sentencepiece pieces (one line per line): every
+    piece and one <eos> per line. Returns {'line' [T] int32 line of each target, 'words' [T] int16 words it
+    starts: 1 for <eos> and for pieces beginning with '▁' (pieces never cross whitespace, so these add up to
+    the WikiText word count)}."""
+    line, words = [], []
+    with open(bpe_path, encoding="utf-8") as f:
+        for i, text in enumerate(f):
+            pieces = text.split()
+            line.append(np.full(len(pieces) + 1, i, dtype=np.int32))
+            words.append(np.array([p.startswith("\u2581") for p in pieces] + [True], dtype=np.int16))
+    if not line:
+        return {"line": np.zeros(0, np.int32), "words": np.zeros(0, np.int16)}
+    return {"line": np.concatenate(line), "words": np.concatenate(words)}
+
+
+def save_token_lines(path: str | Path, tl: dict[str, np.ndarray]) -> None:
+    """Write the 'line' and 'words' of an LM's targets (bpe_token_lines, knnlm.lm.hf.tokenize_split) as one .npz,
+    atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, line=tl["line"], words=tl["words"])

@@ -133,7 +133,7 @@ def io(fixed=None, **extra):
 
 
 def knnlm(job):
-    """Shell command of knnlm job `job` (knnlm.cli.JOBS); the rule gives params cfg and io, and a log."""
+    """Shell command of knnlm job `job` (knnlm.cli.resolve); the rule gives params cfg and io, and a log."""
     return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} > {{log}} 2>&1"
 
 

@@ -1,7 +1,7 @@
 """The spine every experiment reads: corpus → BPE → fairseq data → base LM → datastore (train keys + vals)
 and queries (valid/test: att/ffn queries, targets, the LM's log-probs). Xu et al. 2023, Sec. 2-3.
 
-Jobs (knnlm.cli.JOBS): download, prepare_data, bpe, preprocess, train_lm, dump_datastore, dump_queries.
+Jobs (knnlm.cli.resolve): download, prepare_data, bpe, preprocess, train_lm, dump_datastore, dump_queries.
 """
 from __future__ import annotations
 
@@ -234,7 +234,7 @@ def dump_queries(job: Job) -> dict:
     from ..datastore.dump import dump_queries as dump
     from ..io import ArtifactError, read_json
     from ..scoring.interpolation import perplexity
-    from ..statistics.documents import save_token_lines
+    from ..data import save_token_lines
 
     split = job.wildcards["split"]
     names = ("targets", "lm_logprobs", "queries_att", "queries_ffn", "manifest")
@@ -255,8 +255,8 @@ def dump_queries(job: Job) -> dict:
 
 def token_lines(job: Job) -> dict:
     """The targets of a fairseq LM over a split (its BPE pieces + one <eos> per line): the line and words of each
-    (knnlm.statistics.intervals.bpe_token_lines)."""
-    from ..statistics.documents import bpe_token_lines, save_token_lines
+    (knnlm.data.bpe_token_lines)."""
+    from ..data import bpe_token_lines, save_token_lines
 
     tl = bpe_token_lines(job.path("bpe"))
     save_token_lines(job.path("out"), tl)

@@ -120,7 +120,7 @@ def fairseq_pass(checkpoint, data_bin, context_window: int, max_tokens: int, key
                  adaptive_softmax: bool | None = None) -> LMPass:
     """A fairseq transformer_lm checkpoint over the run's binarised data (dict.txt must be the model's). key: the
     config key that names the checkpoint (e.g. 'lms.base.path'): the checkpoint is then checked first and any failure
-    to load it raises ArtifactError naming that key and the file (knnlm.pretrained.load_fairseq_lm).
+    to load it raises ArtifactError naming that key and the file (load_fairseq_lm).
     adaptive_softmax: what the config declares (config 'lms.<lm>.adaptive_softmax'); ArtifactError naming the key
     when the checkpoint disagrees (None: not checked). Log-probs come from the model's own normalisation either way."""
     if key:
@@ -195,7 +195,7 @@ def check_dictionary(checkpoint: str | Path, dict_txt: str | Path, key: str) -> 
 
 
 def load_fairseq_lm(checkpoint: str | Path, data_bin: str | Path, key: str):
-    """knnlm.dump.load_lm after check_checkpoint and check_dictionary; any failure to load becomes an ArtifactError
+    """load_lm after check_checkpoint and check_dictionary; any failure to load becomes an ArtifactError
     naming config key `key` and the file (never a raw unpickling traceback)."""
     check_checkpoint(checkpoint, key)
     check_dictionary(checkpoint, Path(data_bin) / "dict.txt", key)

@@ -69,7 +69,7 @@ def write_csv(df: pd.DataFrame, path: str | Path) -> None:
 
 def write_comparisons(rows: list[dict], csv_path: str | Path, md_path: str | Path, title: str, what: str,
                       method: str, note: str = "") -> None:
-    """A table of paired comparisons (knnlm.statistics.intervals.comparison_rows), one section per split, with a caption
+    """A table of paired comparisons (knnlm.statistics.captions.comparison_rows), one section per split, with a caption
     that says what is compared (`what`) and how the CIs were made (`method`)."""
     cap = (f"{what}: relative difference a / b − 1 of per-word perplexity on the same tokens. {method} Verdict: "
            f"'lower' / 'higher' when the CI excludes 0, else 'inconclusive'.")

@@ -87,7 +87,7 @@ def settings_rows(settings_jsons: list[dict], labels=lambda s: {}, reference: st
 
 def settings_ci_caption(jsons: list[dict], stats: dict) -> str:
     """The CI sentence of a table of settings JSONs: method, documents scheme and the documents scored per split
-    (of the whole split's), via knnlm.statistics.intervals.ci_caption."""
+    (of the whole split's), via knnlm.statistics.captions.ci_caption."""
     s = jsons[0]
     sch = s.get("documents_scheme", {"scheme": stats["documents"], "block_tokens": {}, "split_documents": {}})
     counts = {sp: len(ids) for sp, ids in s["doc_ids"].items()}

@@ -13,7 +13,7 @@ import numpy as np
 def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int) -> np.ndarray:
     """The scope of a split: sorted int64 token indices of whole documents.
 
-    doc: [T] document id per target token (knnlm.statistics.intervals.split_token_documents). A seeded uniform sample
+    doc: [T] document id per target token (knnlm.statistics.documents.split_token_documents). A seeded uniform sample
     without replacement of m = ⌈D · max_tokens / T⌉ of the D documents (null: all documents), so every document is in
     the scope with probability m / D whatever its length and the scope holds max_tokens tokens on average
     (a fill up to the budget would favour short documents, a stop at the budget long ones).
@@ -39,7 +39,7 @@ def document_sample(doc: np.ndarray, n_documents: int | None, seed: int) -> np.n
     """The tuning sample of a split: sorted int64 token indices of a seeded uniform sample of `n_documents` of its
     whole documents, without replacement (null, or at least the split's documents: every token).
 
-    doc: [T] document id per target token (0..D-1, knnlm.statistics.intervals.split_token_documents). λ and τ of the
+    doc: [T] document id per target token (0..D-1, knnlm.statistics.documents.split_token_documents). λ and τ of the
     stores scored on every token are tuned on it (config 'retrieval.tuning_documents'): the sample is of documents, the
     resampling unit of every interval, never of tokens inside one. Raises ValueError for n_documents < 1."""
     doc = np.asarray(doc)

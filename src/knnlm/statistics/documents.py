@@ -7,8 +7,8 @@ document (lines before the first heading join the first document; ` = = Section 
 number of articles: paragraphs of one article share its topic and its effect, so they are not independent units
 (a paragraph-level interval over 9 articles covered 50 %, docs/coverage.md). Text without article structure:
 'blank_lines' when that gives at least 'stats.target_documents' paragraphs, else blocks of ⌊T / target_documents⌋
-tokens; every caption and row then names that unit. The loaders read a split's text and a BPE file; the rest takes
-arrays.
+tokens; every caption and row then names that unit. split_token_documents reads the split's text (its lines); the rest
+takes arrays.
 """
 from __future__ import annotations
 
@@ -55,31 +55,6 @@ def line_documents(lines: list[str], scheme: str) -> np.ndarray:
     return np.cumsum(starts)
 
 
-def bpe_token_lines(bpe_path: str | Path) -> dict[str, np.ndarray]:
-    """The targets fairseq scores for a split of space-separated sentencepiece pieces (one line per line): every
-    piece and one <eos> per line. Returns {'line' [T] int32 line of each target, 'words' [T] int16 words it
-    starts: 1 for <eos> and for pieces beginning with '▁' (pieces never cross whitespace, so these add up to
-    the WikiText word count)}."""
-    line, words = [], []
-    with open(bpe_path, encoding="utf-8") as f:
-        for i, text in enumerate(f):
-            pieces = text.split()
-            line.append(np.full(len(pieces) + 1, i, dtype=np.int32))
-            words.append(np.array([p.startswith("\u2581") for p in pieces] + [True], dtype=np.int16))
-    if not line:
-        return {"line": np.zeros(0, np.int32), "words": np.zeros(0, np.int16)}
-    return {"line": np.concatenate(line), "words": np.concatenate(words)}
-
-
-def save_token_lines(path: str | Path, tl: dict[str, np.ndarray]) -> None:
-    """Write the 'line' and 'words' of an LM's targets (bpe_token_lines, knnlm.lm.hf.tokenize_split) as one .npz,
-    atomically."""
-    from ..io import atomic_path
-
-    with atomic_path(path) as tmp, open(tmp, "wb") as f:
-        np.savez(f, line=tl["line"], words=tl["words"])
-
-
 def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048,
                          target_documents: int = 40) -> np.ndarray:
     """Document id of every target token of a split: [T] int32 (split_token_documents without the scheme)."""
@@ -90,7 +65,7 @@ def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, 
                           target_documents: int = 40) -> tuple[np.ndarray, str, int]:
     """Documents of a split's target tokens (config 'stats.documents'; 'auto' as the module docstring says).
 
-    text_path: the split's text file; line: [T] int line of each target (bpe_token_lines or
+    text_path: the split's text file; line: [T] int line of each target (knnlm.data.bpe_token_lines or
     knnlm.lm.hf.tokenize_split). Returns (doc [T] int32 ids 0, 1, ... in order, the scheme used ('wikitext',
     'blank_lines' or 'blocks'), the block size in tokens (0 unless blocks)). Raises ValueError if a target's line
     is not in the file or the scheme is unknown.
@@ -138,7 +113,7 @@ def documents_label(scheme: str, counts: dict[str, int], block_tokens: int = 0) 
 
 
 def scheme_label(scheme: dict, counts: dict[str, int]) -> str:
-    """knnlm.statistics.intervals.documents_label of a documents_scheme() for `counts` ({split: documents}); the block
+    """knnlm.statistics.documents.documents_label of a documents_scheme() for `counts` ({split: documents}); the block
     size only when every split shares it."""
     blocks = set(scheme["block_tokens"].values())
     return documents_label(scheme["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)

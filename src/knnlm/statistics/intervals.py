@@ -216,8 +216,8 @@ def jackknife_sums(stat, doc_sums: np.ndarray, doc_weights: np.ndarray, stats: d
     """Point estimate and delete-one-document jackknife-t interval of a statistic of per-document sums.
 
     The interval of 'stats.interval' = 'jackknife_t' for statistics that are not ratios of perplexities: slopes and
-    correlations over tokens (knnlm.scoring.analysis.regression_sums) or over word types (App. D,
-    knnlm.scoring.analysis.type_slope). stat: maps totals [..., M] (sums over documents) to statistics [..., K],
+    correlations over tokens (knnlm.statistics.regression.regression_sums) or over word types (App. D,
+    knnlm.statistics.regression.type_slope). stat: maps totals [..., M] (sums over documents) to statistics [..., K],
     vectorised over leading axes; doc_sums [D, M] float64 per-document sums; doc_weights [D]: each document's size
     (tokens or words), for Kish's effective number of documents (the t quantile's degrees of freedom, as for the
     perplexity intervals); scale: 'log' for positive statistics. Returns (value [K], lo [K], hi [K]) float64, nan where
