@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from knnlm.experiments.parametric import checkpoint_output_matrix  # noqa: E402
+from knnlm.lm.fairseq import checkpoint_output_matrix  # noqa: E402
 from knnlm.paths import Layout  # noqa: E402
 from knnlm.lm.fairseq import forward_states, iter_split, load_lm
 from knnlm.datastore.dump import open_datastore  # noqa: E402

@@ -173,3 +173,15 @@ def test_every_knnlm_reference_resolves():
     assert not bad, bad
     assert dangling_references("knnlm.statistics.intervals.no_such_function, knnlm.nomodule") == [
         "knnlm.nomodule", "knnlm.statistics.intervals.no_such_function"]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (PROJECT_ROOT / "benchmarks").glob("bench_*.py")) +
+                         ["rehearsal.py"])
+def test_benchmark_script_starts(script):
+    """Each benchmark script the docs name imports what it uses (a moved function fails here, not when a user runs
+    it): `--help` exits 0."""
+    import sys
+
+    r = subprocess.run([sys.executable, f"benchmarks/{script}", "--help"], cwd=PROJECT_ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
