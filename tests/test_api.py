@@ -278,8 +278,10 @@ def test_import_memmap_datastore(tmp_path, layout):
     opts = {} if layout == "knn-transformers" else {"size": n, "dim": dim, "keys_dtype": "float32",
                                                     "vals_dtype": "int16"}
     man = import_memmap(kf, vf, tmp_path / "out", chunk=300, **opts)
+    # both tools' default key is last_ffn_input: this pipeline's att
+    assert man["key_types"] == ["att"] and not (tmp_path / "out/keys_ffn.npy").exists()
     k2, v2, man2 = open_datastore(tmp_path / "out/manifest.json", tmp_path / "out/vals.npy",
-                                  tmp_path / "out/keys_ffn.npy", "ffn")
+                                  tmp_path / "out/keys_att.npy", "att")
     np.testing.assert_array_equal(np.asarray(k2), keys.astype(np.float16))
     np.testing.assert_array_equal(np.asarray(v2), vals[:, 0])
     assert man2 == man and man["imported_from"]["layout"] == ("knn-transformers" if layout == "knn-transformers"

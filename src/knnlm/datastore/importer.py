@@ -9,8 +9,11 @@ Layouts read:
 Written (knnlm.datastore.dump's files, knnlm.paths.DatastoreLayout): keys [N, D] float16, vals [N] int32 and the
 manifest, which records where the files came from. Copied in chunks: memory stays flat in N.
 
-    python -m knnlm.datastore.importer --keys dstore_gpt2_116988150_768_keys.npy --vals dstore_gpt2_116988150_768_vals.npy \\
-        --key-type ffn --out my_datastore
+    python -m knnlm.datastore.importer --keys dstore_gpt2_116988150_768_keys.npy \\
+        --vals dstore_gpt2_116988150_768_vals.npy --out my_datastore
+Key type: both tools store `last_ffn_input` by default (knn-transformers' --knn_keytype, urvashik/knnlm's
+--knn-keytype), the input of the last layer's feed-forward block after its LayerNorm: this pipeline's att, the
+importer's default. A store dumped with `last_ffn_output` is ffn (--key-type ffn).
 """
 from __future__ import annotations
 
@@ -40,14 +43,14 @@ def _memmap(path: Path, dtype, shape: tuple[int, ...], what: str) -> np.memmap:
 
 
 def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | Path, *, size: int | None = None,
-                  dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "ffn",
+                  dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "att",
                   vocab_size: int | None = None, checkpoint_sha256: str | None = None, chunk: int = 1 << 16) -> dict:
     """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
     (knnlm.paths.DatastoreLayout); returns the manifest.
 
     size N and dim D default to those in knn-transformers file names. key_type: which hidden state the keys are
-    ('ffn' for knn-transformers and urvashik/knnlm: the final layer's output; 'att' if they are the last FFN's
-    input). vocab_size: when given, every val must be below it. checkpoint_sha256: the LM the keys came from
+    ('att', the default: the last FFN's input after its LayerNorm, knn-transformers' and urvashik/knnlm's
+    `last_ffn_input`; 'ffn' for their `last_ffn_output`, the final decoder output). vocab_size: when given, every val must be below it. checkpoint_sha256: the LM the keys came from
     (recorded, and checked when queries of that LM are scored). Raises ArtifactError naming the file for a wrong
     size, a non-finite key in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767
     overflow: re-dump with int32 vals); ValueError for a missing N or D or a bad key type.
@@ -102,7 +105,8 @@ def main(argv=None) -> None:
     ap.add_argument("--dim", type=int, help="D (default: from a knn-transformers file name)")
     ap.add_argument("--keys-dtype", default="float16", help="float16 (default) or float32")
     ap.add_argument("--vals-dtype", default="int32", help="int32 (knn-transformers), int16 or int64 (urvashik/knnlm)")
-    ap.add_argument("--key-type", default="ffn", choices=["att", "ffn"])
+    ap.add_argument("--key-type", default="att", choices=["att", "ffn"],
+                    help="att = the tools' last_ffn_input (their default), ffn = last_ffn_output")
     ap.add_argument("--vocab-size", type=int)
     ap.add_argument("--checkpoint", help="the LM checkpoint the keys came from (its sha256 is recorded)")
     a = ap.parse_args(argv)
