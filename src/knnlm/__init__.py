@@ -1,17 +1,17 @@
 """knnlm: a pipeline reproducing "Why do Nearest Neighbor Language Models Work?" (Xu, Alon, Neubig, ICML 2023).
 
-Modules:
-  config    -- load + validate experiment configs (JSON schema in workflow/schemas/)
-  io        -- atomic writes, memmap arrays with integrity checks, manifests
-  data      -- WikiText splits, word counts, sentencepiece BPE
-  lm        -- fairseq-preprocess / fairseq-train wrappers
-  dump      -- one pass of the LM: datastore keys (att, ffn) + vals, and valid/test queries
-  index     -- faiss IVFPQ build and top-k search, cached neighbours
-  scoring   -- p_kNN (Eq. 2/6), interpolation, λ tuning, oracle, perplexity
-  tables    -- Table 1 (CSV + Markdown)
-  tracking  -- MLflow logging (sqlite store by default)
-  api       -- KNNLM: score text, generate, build a datastore from Python (also `from knnlm import KNNLM`)
-  generate  -- `python -m knnlm.generate`: continue a prompt with a run's kNN-LM
+The package in layers, lowest first (a module imports its own layer and lower ones; tests/test_layers.py):
+  io, paths      -- atomic writes, memmaps, manifests; the artifact layout (its one owner)
+  datastore/     -- keys, vals and queries on disk (dump), the store kinds (stores), imported stores (importer)
+  config, job, data, tracking, slurm -- the validated config, one job, the corpus and BPE, MLflow, SLURM
+  statistics/    -- documents, intervals over them, verdicts and margins, captions, coverage
+  search/        -- IVFPQ (index), exact top-k (exact), selection kernels, the retrieval scope
+  scoring/       -- p_kNN and Eq. 5 (interpolation), the τ sweep, the mask/score settings, per-token quality
+  lm/            -- the LM interface and its backends (fairseq, hf), sliding windows, training, shipped LMs
+  parametric     -- W_ds and the parametric alternatives (Sec. 4)
+  report/        -- tables, figures, the report's front page, a run's times (`python -m knnlm.report`)
+  experiments/, cli, api, generate -- the jobs Snakemake runs, their dispatcher, and the Python API
+    (`from knnlm import KNNLM`; `python -m knnlm.generate` continues a prompt with a run's kNN-LM)
 """
 __version__ = "0.1.0"
 
