@@ -167,28 +167,48 @@ def _wildcards_of(named):
     return seen
 
 
-# The rules of knnlm jobs (knnlm_rule), defined by the Snakefile once every rule file is included
-KNNLM_RULES = []
-
-
 def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1, resources=None, constraints=None,
                log_name=None):
-    """Declare rule `name`, which runs knnlm job `job` ('<module>.<function>' of knnlm.experiments, run by knnlm.cli).
+    """Define the rule `name` that runs knnlm job `job` ('<module>.<function>' of knnlm.experiments, run by knnlm.cli).
 
     input, output: files(...) (or a dict of named files); cfg: the rule's params.cfg, the config sections the job
     reads (cfg_json(...), cfg_with_keys(...) or cfg_of_lm(...)); io: params.io (default io(): the named files and
     wildcards); wildcards: those that name the job's log and benchmark (default: its outputs' wildcards, in order);
-    threads, resources, constraints (wildcard_constraints) as in a rule; log_name: the log's and benchmark's name when
-    it is not the rule's (a rule that writes another rule's files for other wildcards). The rest is the same for every
-    knnlm job (the Snakefile's loop over KNNLM_RULES): the log logs/<log_name>_<wildcards>.log, the benchmark, the
-    environment and the shell command knnlm(job)."""
+    threads, resources, constraints (wildcard_constraints) as in a Snakemake rule; log_name: the log's and
+    benchmark's name when it is not the rule's (one that writes another rule's files for other wildcards). The rest
+    is the same for every knnlm job: the log logs/<log_name>_<wildcards>.log, the benchmark, the environment and the
+    shell command knnlm(job). Defined here, inside a function, so that each rule's command is its own (a rule defined
+    in a loop would run the loop's last command)."""
     inputs = input if isinstance(input, tuple) else ((), input)
     outputs = output if isinstance(output, tuple) else ((), output)
     names = _wildcards_of(outputs[1]) if wildcards is None else list(wildcards)
-    KNNLM_RULES.append(dict(name=name, input=inputs, output=outputs, cfg=cfg, io=io or _io(), threads=threads,
-                            resources=resources or {}, constraints=constraints or {},
-                            log=log_of(log_name or name, *names), benchmark=bench_of(log_name or name, *names),
-                            shell=knnlm(job)))
+    command = knnlm(job)
+
+    rule:
+        name:
+            name
+        input:
+            *inputs[0],
+            **inputs[1],
+        output:
+            *outputs[0],
+            **outputs[1],
+        params:
+            cfg=cfg,
+            io=io or _io(),
+        threads: threads
+        resources:
+            **(resources or {}),
+        wildcard_constraints:
+            **(constraints or {}),
+        log:
+            log_of(log_name or name, *names),
+        benchmark:
+            bench_of(log_name or name, *names)
+        conda:
+            ENV
+        shell:
+            command
 
 
 def lm_training(lm=None):
