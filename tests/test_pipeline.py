@@ -878,15 +878,19 @@ def test_overfitting_table9_and_soft_labels(tiny_run):
     assert f"LM {TINY_OVERFIT}: 20 of 20 updates" in art(tiny_run, "table", table="table9", ext="md").read_text()
     findings = art(tiny_run, "findings").read_text()
     e6 = [r for r in findings.splitlines() if r.startswith("| Sec. 6, E.6.1") or r.startswith("| Sec. 6, E.6.2")]
-    assert len(e6) == 6 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported"))
-                                for r in e6)
-    # E.6.1 first checks that the overfitted LM memorised (train perplexity under half its valid one); the tiny LM's
-    # 20 updates do not, and its verdicts say so
+    assert len(e6) == 6 and all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported",
+                                                     "not tested (premise absent")) for r in e6)
+    # E.6.1 first checks that the overfitted LM memorised (train perplexity under half its valid one); when it did not
+    # (the tiny LM's 20 updates), the premise is absent: no verdict on it, none on its comparisons, counted apart
     mem = next(r for r in e6 if "memorisation of" in r)
     t = read_json(art(tiny_run, "lm_training", lm=TINY_OVERFIT))
     memorised = 2 ** t["train_loss_last"] < 0.5 * t["valid"][-1][1]
-    assert ("| reproduced " in mem) == memorised and ("| contradicted " in mem) == (not memorised)
-    assert all(("did not memorise" in r) == (not memorised) for r in e6 if "E.6.1" in r and "base + " in r)
+    assert ("| reproduced " in mem) == memorised and ("| not tested (premise absent) " in mem) == (not memorised)
+    assert "contradicted" not in mem
+    for r in (r for r in e6 if "E.6.1" in r and "base + " in r):
+        assert ("not tested (premise absent: base-overfit did not memorise" in r) == (not memorised), r
+    if not memorised:
+        assert "not tested (premise absent)" in findings.split("Summary:")[1].split(".")[0]
     assert f"base + {TINY_SEED2} (one-hot)" in [r for r in e6 if "one-hot twin" in r][0]
 
 

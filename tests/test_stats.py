@@ -462,14 +462,16 @@ def test_unit_count_names_the_resampling_unit():
 
 def test_claims_at_tau_one_are_reported_where_tau_star_differs():
     """A claim the paper measured at τ = 1 is reported (labelled) when this run's τ* of a compared setting beats τ = 1
-    beyond the CI; its τ* twin then carries the verdict."""
+    beyond the CI on valid (never decided on test); its τ* twin then carries the verdict."""
     import pandas as pd
 
     from knnlm.experiments.findings import CLAIMS, TAU1_OFF, _tau1_off, _tested
 
-    t1 = pd.DataFrame([{"split": "test", "comparison": c, "verdict": v} for c, v in (
-        ("att/L2 τ* vs att/L2", "lower"), ("ffn/L2 τ* vs ffn/L2", "inconclusive"), ("att/IP τ* vs att/IP", "inconclusive"),
-        ("ffn/IP τ* vs ffn/IP", "inconclusive"))])
+    # which row carries the verdict is chosen on valid: test's rows say the opposite and are not read
+    t1 = pd.DataFrame([{"split": split, "comparison": c, "verdict": v if split == "valid" else w}
+                       for split in ("valid", "test") for c, v, w in (
+        ("att/L2 τ* vs att/L2", "lower", "inconclusive"), ("ffn/L2 τ* vs ffn/L2", "inconclusive", "lower"),
+        ("att/IP τ* vs att/IP", "inconclusive", "lower"), ("ffn/IP τ* vs ffn/IP", "inconclusive", "lower"))])
     sources = {"table1": (t1, "")}
     claim = next(c for c in CLAIMS if c["comparison"] == "att/L2 vs ffn/L2")
     twin = next(c for c in CLAIMS if c["comparison"] == "att/L2 τ* vs ffn/L2 τ*")
@@ -488,3 +490,28 @@ def test_claims_at_tau_one_are_reported_where_tau_star_differs():
     share = next(c for c in CLAIMS if c["tau1"] and c["source"] == "parametric" and c["share"])
     r3 = pd.Series({"comparison": "share of the gain: W_ds (learned) att of kNN-LM att/L2"})
     assert _tau1_off(share, r3, sources) == "att/L2"
+
+
+def test_a_row_whose_premise_fails_gets_no_verdict_and_counts_apart():
+    """E.6.1: an overfitted LM that did not memorise makes its comparisons 'not tested (premise absent: ...)', counted
+    under 'not tested (premise absent)' whatever their interval says, and the memorisation row itself says so
+    instead of 'contradicted'; an LM that memorised gets its verdicts."""
+    import pandas as pd
+
+    from knnlm.experiments.findings import CLAIMS, PREMISE_ABSENT, _tested
+
+    within = next(c for c in CLAIMS if c["section"] == "Sec. 6, E.6.1" and c["within"])
+    mem = next(c for c in CLAIMS if c["section"] == "Sec. 6, E.6.1" and c["verdicts"])
+    row = {"split": "test", "comparison": "base + base-overfit vs base alone", "relative difference": -0.05,
+           "CI low": -0.06, "CI high": -0.04, "verdict": "lower", "documents": 60, "flag": ""}
+    counts = {}
+    absent = _tested(within, pd.Series({**row, "premise": "base-overfit did not memorise, train PPL 42.6"}), "",
+                     counts, 20, "wikitext")
+    assert absent["verdict"] == "not tested (premise absent: base-overfit did not memorise, train PPL 42.6)"
+    assert counts == {PREMISE_ABSENT: 1}
+    tested = _tested(within, pd.Series({**row, "premise": ""}), "", counts, 20, "wikitext")
+    assert tested["verdict"] == "contradicted" and counts == {PREMISE_ABSENT: 1, "contradicted": 1}
+    m = {"split": "test", "comparison": "memorisation of base-overfit: train / valid perplexity (token)",
+         "relative difference": 0.7, "CI low": 0.7, "CI high": 0.7, "documents": None}
+    assert _tested(mem, pd.Series({**m, "verdict": "not memorised"}), "", {}, 20)["verdict"] == PREMISE_ABSENT
+    assert _tested(mem, pd.Series({**m, "verdict": "memorised"}), "", {}, 20)["verdict"] == "reproduced"

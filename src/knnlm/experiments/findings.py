@@ -8,10 +8,12 @@ docs/statistics.md) and a verdict computed from the CI:
                    interval counts them (Kish's effective number n_eff), whatever its CI
   reported      -- a number shown without a verdict (see below)
   not run       -- the run has no table for the claim
+  not tested (premise absent: ...) -- the paper's premise fails in this run (E.6.1: the overfitted LM did not
+                   memorise as the paper's did): no verdict, counted apart
   lower / higher -- (in the comparison tables, not here) the CI of a / b − 1 lies below / above 0
 A verdict in parentheses carries what it rests on: '(base LM under-trained)' when the base LM's valid perplexity
 was still falling (the summary counts these apart), '(τ* on the grid edge)' and the like when a tuned value sat on
-the edge of its grid, '(... did not memorise)' when E.6.1's overfitted LM did not overfit as the paper's did.
+the edge of its grid.
 Every row names its resampling unit and how many it rests on ('units': WikiText articles when the text has article
 structure, else paragraphs or token blocks, with Kish's effective number n_eff), and the store and keys ('on').
 A claim that two settings are about as good ("IP is about as good as L2") is tested against a stated margin m:
@@ -102,6 +104,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
         "follow-up": "the follow-up's (the paper its section names)"}
 TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
+# A row whose premise fails in this run (an LM that did not memorise as the paper's did): no verdict, counted apart
+PREMISE_ABSENT = "not tested (premise absent)"
 PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
@@ -242,7 +246,7 @@ CLAIMS = [
            kind="ours", paper_text="Table 8: 18.941 vs 19.095"),
     _claim("Sec. 6, E.6.1", f"the overfitted LM memorised its training set (training perplexity under {MEMORISED:g}× its "
            f"valid perplexity; the premise of the paper's test)", "overfitting", r"memorisation of \S+: .+", regex=True,
-           verdicts={"memorised": "reproduced", "not memorised": "contradicted"}, unit=(1, "(train / valid PPL)"),
+           verdicts={"memorised": "reproduced", "not memorised": PREMISE_ABSENT}, unit=(1, "(train / valid PPL)"),
            paper_text="trained until the training loss was near zero (92 and 129 epochs)"),
     _claim("Sec. 6, E.6.1", f"an LM overfitted to the training set helps little when interpolated with the base LM "
            f"(gain under {100 * MARGIN:.0f} %)", "overfitting", r"base \+ \S+ vs base alone", regex=True,
@@ -435,8 +439,9 @@ def _fewer_rows(r: pd.Series) -> bool:
 
 def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     """For a claim the paper measured at τ = 1 (c['tau1']) on comparison row r: the settings it compares whose τ*
-    beats τ = 1 beyond the CI on test in this run ('X τ* vs X' lower: Table 1's rows for Table 1 and the parametric
-    kNN-LMs, the store's own rows for Sec. 5), joined by ', '; '' when τ = 1 is as good as τ* for each of them."""
+    beats τ = 1 beyond the CI on valid in this run ('X τ* vs X' lower: Table 1's rows for Table 1 and the parametric
+    kNN-LMs, the store's own rows for Sec. 5), joined by ', '; '' when τ = 1 is as good as τ* for each of them. Which
+    row carries the verdict is chosen on valid, where τ* was tuned; test only measures."""
     if not c["tau1"]:
         return ""
     cmp_ = r["comparison"]
@@ -449,8 +454,8 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     df = sources.get(src, (None, ""))[0]
     if df is None or df.empty:
         return ""
-    test = df[df["split"] == "test"].set_index("comparison")["verdict"]
-    return ", ".join(n for n in names if str(test.get(f"{n}{TUNED} vs {n}", "")) == "lower")
+    valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
+    return ", ".join(n for n in names if str(valid.get(f"{n}{TUNED} vs {n}", "")) == "lower")
 
 
 def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int, scheme: str = "",
@@ -459,8 +464,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     count fewer than `min_documents` (config 'stats.min_documents') as its interval counts them (column 'effective
     documents', Kish's; the raw count without it) is 'inconclusive (N articles, n_eff E)'. scheme: the documents
     scheme, naming the unit; base_undertrained: the base LM's valid perplexity was still falling, so a verdict
-    ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge, an
-    LM that did not memorise) is added to its verdict in parentheses. tau1_off (_tau1_off): the settings whose τ*
+    ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge) is added to its verdict
+    in parentheses; a row's 'premise' (why the paper's premise fails here) makes it PREMISE_ABSENT. tau1_off (_tau1_off): the settings whose τ*
     beats the paper's τ = 1 in this run: the row is then reported (TAU1_OFF), its verdict is the τ* twin's."""
     from ..statistics.documents import unit_count
 
@@ -471,7 +476,10 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     units = "-" if docs is None else unit_count(docs, scheme) + (f" (n_eff {eff:.1f})" if eff is not None else "")
     if not label and isinstance(r.get("on"), str):  # the source's rows say what they rest on (App. D, E.1-E.4)
         label = r["on"]
-    if c["count_zero"]:
+    premise = r.get("premise") if isinstance(r.get("premise"), str) and r.get("premise") else ""
+    if premise:
+        v = PREMISE_ABSENT
+    elif c["count_zero"]:
         v = {"none": "reproduced", "some": "contradicted"}.get(r["verdict"], "inconclusive (unresolved)")
     elif c["verdicts"]:
         v = c["verdicts"].get(r["verdict"], "inconclusive")
@@ -487,20 +495,22 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
     else:
         v = paper_verdict(r["verdict"], sign)
-    if str(r.get("converged", "yes")).startswith("no") and not v.startswith("inconclusive") \
-            and _alternative_looks_worse(c, r):
+    if str(r.get("converged", "yes")).startswith("no") and v not in (PREMISE_ABSENT,) and \
+            not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
         v = "inconclusive (under-trained)"
-    if _fewer_rows(r) and not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
+    if _fewer_rows(r) and v != PREMISE_ABSENT and not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
         v = "inconclusive (subset-trained)"
     if "converged" in r:
         trained = "" if str(r["converged"]).startswith("yes") else ", under-trained"
         label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
-    if tau1_off and not v.startswith("inconclusive ("):
+    if tau1_off and v != PREMISE_ABSENT and not v.startswith("inconclusive ("):
         v = TAU1_OFF
     if base_undertrained and v in ("reproduced", "contradicted"):
         v = f"{v} (base LM under-trained)"
     counts[v] = counts.get(v, 0) + 1
-    if isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
+    if premise:
+        v = f"not tested (premise absent: {premise})"
+    elif isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
         v = f"{v} ({r['flag']})"
     fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"].endswith("tuning") else "{:+.1f}"
     if c["count_zero"]:

@@ -409,7 +409,8 @@ def memorisation(name: str, training: dict | None) -> dict:
 
 
 def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str,
-               extra_rows: list[dict] = (), flags: dict[str, str] | None = None) -> dict:
+               extra_rows: list[dict] = (), flags: dict[str, str] | None = None,
+               premises: dict[str, str] | None = None) -> dict:
     """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
     interpolated with the base LM (weights tuned on valid by EM, knnlm.scoring.analysis.mixture_weights), with its
     oracle (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1,
@@ -417,7 +418,8 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
     (comparisons 'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and
     reference 'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over
     documents; then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that
-    LM. Raises ArtifactError as _load_lms (config key `key`)."""
+    LM; premises: {LM: why the paper's premise fails for it} set as column 'premise' of those comparisons (the findings
+    then test none of them and count them apart). Raises ArtifactError as _load_lms (config key `key`)."""
     from ..scoring.analysis import mixture_log_prob, mixture_weights
     from ..scoring.interpolation import oracle_log_prob, summarize
 
@@ -449,6 +451,7 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
                             doc_words, names, pairs, st)
         for r in comparison_rows(ci[split], split=split):
             r["flag"] = "; ".join(f for n, f in (flags or {}).items() if f and f" {n} " in f" {r['comparison']} ")
+            r["premise"] = "; ".join(f for n, f in (premises or {}).items() if f and f" {n} " in f" {r['comparison']} ")
             cmp_rows.append(r)
     cmp_rows += list(extra_rows)
     for split in ("test", "valid"):
@@ -501,11 +504,12 @@ def overfitting(job: Job) -> dict:
            f"full store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM. The paper: "
            f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2). "
            f"An LM memorised its training set when its training perplexity is under {MEMORISED:g}× its valid "
-           f"perplexity; the verdicts on an LM that did not are marked so (it tests another regime than the paper's).")
+           f"perplexity; the comparisons of an LM that did not are not tested (the paper's premise is absent: it "
+           f"would test another regime than the paper's) and count apart in the findings.")
     mem = [memorisation(n, trained.get(n)) for n in members]
-    flags = {n: f"{n} did not memorise ({m['on']})" for n, m in zip(members, mem) if m["verdict"] != "memorised"}
+    premises = {n: f"{n} did not memorise, {m['on']}" for n, m in zip(members, mem) if m["verdict"] != "memorised"}
     return _with_base(job, members, [], "hypotheses.overfit_lms", "Table 9: overfitted LMs vs the kNN-LM", cap,
-                      extra_rows=mem, flags=flags)
+                      extra_rows=mem, premises=premises)
 
 
 def soft_labels(job: Job) -> dict:
