@@ -20,14 +20,16 @@ SOFT_LABEL = CFG["hypotheses"]["soft_label_lms"]
 def with_base_inputs(names):
     """Named inputs of an App. E table of other LMs over the primary LM's tokens (E.5, E.6): every trained LM's
     training.json, the base LM's and each of `names`' per-split log-probs and targets ('lm_<name>', 'targets_<name>'),
-    the kNN component of Table 1 (full store, Table 3's pair) and the documents."""
+    the kNN component of Table 1 (full store, Table 3's pair) at its τ* tuned on valid, like the LMs' weights ('knn',
+    and 'score' naming τ*), and the documents."""
     return dict(
         lm_training=[artifact("lm_training", lm=n) for n in [PRIMARY] + names if BACKEND[n].trained],
         lm_logprobs=per_split("lm_logprobs"),
         targets=per_split("targets"),
         **{f"lm_{n}": per_split("lm_logprobs", lm=n) for n in names},
         **{f"targets_{n}": per_split("targets", lm=n) for n in names},
-        knn=per_split("knn_logprobs", store="full", **TABLE3_KEY),
+        knn=per_split("knn_logprobs_tuned", store="full", **TABLE3_KEY),
+        score=artifact("score", store="full", **TABLE3_KEY),
         documents=per_split("documents"),
     )
 

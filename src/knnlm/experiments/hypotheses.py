@@ -385,6 +385,13 @@ def _load_lms(job: Job, others: list[str], key: str) -> tuple[dict, dict, dict, 
     return lp, docs, words, knn
 
 
+def knn_component(job: Job) -> str:
+    """How a caption names the kNN component of E.5 and E.6 (input 'knn': Table 1's full store at its τ* tuned on
+    valid, input 'score'): 'τ* = 0.75 (tuned on valid)', with '(on its grid's edge)' when τ* sat on the grid's edge."""
+    tuned = read_json(job.path("score"))["tuned"]
+    return f"τ* = {tuned['temperature']:g} (tuned on valid" + ("; on its grid's edge)" if tuned.get("tau_edge") else ")")
+
+
 def _trainings(job: Job) -> dict[str, dict]:
     """{LM name: its training.json (knnlm.lm.training.convergence)} of the job's input 'lm_training' files (lms/<name>/)."""
     files = job.paths("lm_training") if job.input.get("lm_training") else []
@@ -488,7 +495,7 @@ def overfitting(job: Job) -> dict:
     would give too? The LMs of config 'hypotheses.overfit_lms' continue training the base LM ('lms.<name>.init_from',
     typically dropout 0 and the last checkpoint, chained entries as checkpoints along the way); each alone,
     interpolated with the base LM and its oracle, against the kNN-LM (Table 1's kNN component: full store, Table 3's
-    key type and metric, config τ). Inputs as ensembling, plus each LM's 'lm_training' (updates and last training
+    key type and metric, at its τ* tuned on valid). Inputs as ensembling, plus each LM's 'lm_training' (updates and last training
     perplexity, how far the overfitting went)."""
     cfg = job.cfg
     members = list(cfg["hypotheses"]["overfit_lms"])
@@ -501,7 +508,7 @@ def overfitting(job: Job) -> dict:
            f"'lms' with 'init_from'; {reach or 'training not recorded'}; 'train PPL' is fairseq's last logged training "
            f"perplexity per token, which the paper drives near 1), each alone, interpolated with the base LM and its "
            f"oracle (per token the better of the two), against the kNN-LM (base LM + the kNN component of Table 1, "
-           f"full store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM. The paper: "
+           f"full store, {knn_component(job)}); every mixture's weights tuned on valid by EM. The paper: "
            f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2). "
            f"An LM memorised its training set when its training perplexity is under {MEMORISED:g}× its valid "
            f"perplexity; the comparisons of an LM that did not are not tested (the paper's premise is absent: it "
@@ -526,8 +533,8 @@ def soft_labels(job: Job) -> dict:
            f"(1 − w)·one-hot + w·p_base (the base LM's distribution; {weights}: config 'hypotheses.soft_label_lms', "
            f"entries of 'lms' with 'teacher'), each alone and interpolated with the base LM"
            + (f", against LMs trained on one-hot labels ({', '.join(refs)}: 'hypotheses.ensemble_lms')" if refs else "")
-           + f" and against the kNN-LM (base LM + the kNN component of Table 1, full store, τ = "
-           f"{cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM; 'oracle' = per token the better "
+           + f" and against the kNN-LM (base LM + the kNN component of Table 1, full store, {knn_component(job)}); "
+           f"every mixture's weights tuned on valid by EM; 'oracle' = per token the better "
            f"of the base LM and the other component. The paper: soft labels from the base LM do not help the "
            f"interpolated perplexity at all (no numbers given).")
     return _with_base(job, members, refs, "hypotheses.soft_label_lms", "App. E.6.2: soft-label LMs vs the kNN-LM", cap)
@@ -536,10 +543,10 @@ def soft_labels(job: Job) -> dict:
 def ensembling(job: Job) -> dict:
     """E.5 (Xu et al. 2023, App. E.5, Table 8, Figure 8): is the kNN-LM just an ensemble? Other LMs of config
     'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
-    full store, config τ): each LM alone, interpolated with the base LM, and its oracle (Table 8); the ensemble of
+    full store, at its τ* tuned on valid like every mixture's weights): each LM alone, interpolated with the base LM, and its oracle (Table 8); the ensemble of
     K LMs against K − 1 LMs + the kNN component, K = 1 … M (Figure 8). Every mixture's weights are tuned on valid
     (EM, knnlm.scoring.analysis.mixture_weights). Inputs: per split 'lm_logprobs', 'targets' (the base LM), 'lm_<name>',
-    'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1), 'documents'. Raises ArtifactError when an LM's
+    'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1 at τ*), 'score' (τ*), 'documents'. Raises ArtifactError when an LM's
     targets differ from the base LM's (another tokenisation)."""
     from ..scoring.analysis import mixture_log_prob, mixture_weights
     from ..report.figures import pyplot, save_figure
@@ -614,7 +621,7 @@ def ensembling(job: Job) -> dict:
     cap = (f"Is the kNN-LM just an ensemble? ({cfg['name']}; Xu et al. 2023, App. E.5, Table 8 and Figure 8): the base "
            f"LM, other LMs over the same tokens ({', '.join(others)}: config 'hypotheses.ensemble_lms', each an entry of "
            f"'lms' whose training its Table 4 row and MLflow runs describe), and the kNN component of Table 1 (full "
-           f"store, τ = {cfg['knn']['temperature']:g}); every mixture's weights tuned on valid by EM ('weights'); "
+           f"store, {knn_component(job)}); every mixture's weights tuned on valid by EM ('weights'); "
            f"'oracle' = per token the better of its two components. Figure 8: the ensemble of K LMs against K − 1 LMs "
            f"+ the kNN component. {ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")
     write_table(pd.DataFrame(rows), job.path("csv"), job.path("md"), "Table 8: ensembles of LMs vs the kNN component",
