@@ -140,6 +140,12 @@ CLAIMS = [
     _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers about 55 % of the kNN-LM's (att, IP) gain", "parametric",
            r"share of the gain: W_ds \(learned\) att of kNN-LM att/IP", share=PAPER_SHARE, about=SHARE_MARGIN,
            regex=True, ref="the paper's", tau1=True),
+    _claim("Sec. 4, Table 2", "the kNN-LM (att, IP) still beats the learned W_ds (att), the kNN-LM at its τ*", "parametric",
+           r"kNN-LM att/IP τ\* vs W_ds \(learned\) att", (19.095, 20.353), regex=True, ref="the paper's (att/IP, τ*)",
+           kind="tau*"),
+    _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers about 55 % of the kNN-LM's (att, IP) gain, the kNN-LM at "
+           "its τ*", "parametric", r"share of the gain: W_ds \(learned\) att of kNN-LM att/IP τ\*", share=PAPER_SHARE,
+           about=SHARE_MARGIN, regex=True, ref="the paper's (att/IP, τ*)", kind="tau*"),
     _claim("Sec. 4, Table 2", "beside the share: the learned W_ds (att) alone vs the base LM alone (reported: how much of "
            "the share the second softmax achieves without interpolation)", "parametric",
            r"W_ds \(learned\) att alone vs base", regex=True, kind="ours", reported=True, paper_text="not stated"),
@@ -157,6 +163,9 @@ CLAIMS = [
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity (nV, adaptive counts, MoS, clustered datastore) "
            "closes the gap to the kNN-LM (att, IP)", "parametric", r"kNN-LM att/IP vs " + ALTERNATIVES, APP_BC,
            sign=-1, regex=True, ref="the paper's", tau1=True),
+    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP) at its τ*",
+           "parametric", r"kNN-LM att/IP τ\* vs " + ALTERNATIVES, APP_BC, sign=-1, regex=True,
+           ref="the paper's (att/IP, τ*)", kind="tau*"),
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the best kNN-LM at its τ*",
            "parametric", r"kNN-LM \S+ τ\* vs " + ALTERNATIVES, sign=-1, regex=True, kind="tau*", ref="best on valid, τ*"),
     _claim("Sec. 4, App. B, Table 5", f"at equal training rows, nV (n > 1) is about as good as W_ds (within "

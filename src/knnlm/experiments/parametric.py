@@ -288,8 +288,9 @@ def comparison_variant(comparison: str, variants: list[str]) -> str:
 
 def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) -> list[str]:
     """Table 'parametric_comparisons': every variant's interpolated perplexity vs the base LM, vs the best kNN-LM
-    (Table 1, chosen on valid; at τ and at τ*) and vs the paper's reference kNN-LM of Tables 2 and 5-7 (att/IP at the
-    config τ), and the share of each one's gain it recovers (Sec. 4: the learned W_ds recovers ~55 %), each with a paired 95 % CI over documents (whole valid and test; knnlm.statistics.intervals, config 'stats.interval')."""
+    (Table 1, chosen on valid; at τ and at τ*) and vs the paper's reference kNN-LM of Tables 2 and 5-7 (att/IP, at the
+    config τ and at its τ*), and the share of each one's gain it recovers (Sec. 4: the learned W_ds recovers ~55 %),
+    each with a paired 95 % CI over documents (whole valid and test; knnlm.statistics.intervals, 'stats.interval')."""
     from ..scoring.interpolation import interpolate
     from ..statistics.captions import ci_caption, comparison_rows
     from ..statistics.intervals import compare
@@ -308,6 +309,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     knn_name = {id(s): f"kNN-LM {s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores}
     best_name = knn_name[id(best)]
     best_tuned = best_name + " τ*"  # the same kNN-LM at its τ tuned on valid (λ re-tuned; Table 1's 'τ tuned' row)
+    paper_ref = "kNN-LM att/IP"  # Tables 2 and 5-7 of the paper: h_ds = att, ⊗ = IP (τ = 1 there; here also at τ*)
     par_names = [_variant_name(r) for r in results]
     rows = []
     for j, split in enumerate(SPLITS):
@@ -316,10 +318,10 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         for i, s in enumerate(scores):
             lps.append(interpolate(lp_lm[split], np.load(knn_files[i * len(SPLITS) + j]).astype(np.float64), s["lambda"]))
             names.append(knn_name[id(s)])
-            if s is best:
+            if s is best or knn_name[id(s)] == paper_ref:  # at its τ* too: ours, and the paper's reference
                 lps.append(interpolate(lp_lm[split], np.load(tuned_files[i * len(SPLITS) + j]).astype(np.float64),
                                        s["tuned"]["lambda"]))
-                names.append(best_tuned)
+                names.append(knn_name[id(s)] + " τ*")
         for i, r in enumerate(results):
             lam = r["stages"][r.get("final_stage", list(r["stages"])[-1])]["lambda"]
             lp_par = np.load(par_files[i * len(SPLITS) + j]).astype(np.float64)
@@ -327,8 +329,9 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
             names += [par_names[i], par_names[i] + ALONE]
         nll = per_document(-np.stack(lps), doc, len(doc_words))
         # the best kNN-LM (ours, chosen on valid) at τ and at τ*, and the paper's own reference of Tables 2 and 5-7,
-        # the att/IP kNN-LM at the config τ (19.095 in the paper), when the run has it
-        refs = [best_name, best_tuned] + [n for n in ("kNN-LM att/IP",) if n in names and n != best_name]
+        # the att/IP kNN-LM (19.095 in the paper) at the config τ and at its τ*, when the run has it
+        refs = [best_name, best_tuned] + [n for n in (paper_ref, paper_ref + " τ*")
+                                          if n in names and n not in (best_name, best_tuned)]
         pairs = ([(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
                  + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
                  + equal_rows_pairs(results, par_names))  # each variant vs W_ds trained on the same rows
@@ -339,14 +342,15 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                   "effective documents": v.get("effective")}
                  for k, v in c["share"].items()]
     history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
-    paper_ref = "kNN-LM att/IP"  # Tables 2 and 5-7 of the paper: h_ds = att, ⊗ = IP, τ = 1
     for row in rows:  # which kNN-LM a row compares with: ours (best on valid, at τ or τ*) and/or the paper's
         c, ref = row["comparison"], []
         if best_tuned in c:
             ref.append("best on valid, τ*")
         elif best_name in c:
             ref.append("best on valid")
-        if paper_ref in c and f"{paper_ref} τ*" not in c:
+        if f"{paper_ref} τ*" in c:
+            ref.append("the paper's (att/IP, τ*)")
+        elif paper_ref in c:
             ref.append("the paper's (att/IP, config τ)")
         row["reference"] = "; ".join(ref)
     by_name = dict(zip(par_names, results))
@@ -364,7 +368,8 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
     cap = (f"Parametric alternatives ({job.cfg['name']}; Xu et al. 2023, Sec. 4): interpolated perplexity of each "
            f"variant vs the base LM and vs the best kNN-LM ({best_name}, chosen on valid, at τ = "
            f"{job.cfg['knn']['temperature']} and at its τ tuned on valid, 'τ*') and vs the paper's reference of Tables "
-           f"2 and 5-7, the att/IP kNN-LM at τ = {job.cfg['knn']['temperature']} (when the run has it), and 'share of the gain: "
+           f"2 and 5-7, the att/IP kNN-LM at τ = {job.cfg['knn']['temperature']} and at its τ* (when the run has it), and "
+           f"'share of the gain: "
            f"a of b' = (base − a) / (base − b) of per-word perplexity (the paper: W_ds att recovers ~55 %). "
            f"steps / converged / train rows: the training of the variant the comparison involves; 'reference rows': the "
            f"rows of what it is compared with (a kNN-LM: every datastore row; W_ds: the rows it was trained on). "
