@@ -121,3 +121,57 @@ def test_the_checks_fail_on_a_bad_graph(monkeypatch):
     monkeypatch.setitem(GRAPH, "knnlm.io", GRAPH["knnlm.io"] | {"knnlm.paths"})
     with pytest.raises(pytest.fail.Exception, match="import circle: knnlm.io -> knnlm.paths -> knnlm.io"):
         test_no_import_circle()
+
+
+def _defined(module: str) -> set[str]:
+    """Names a module of the package defines at its top level (or the submodules of a package)."""
+    path = PACKAGE.parent / module.replace(".", "/")
+    names = {p.stem for p in path.iterdir() if p.suffix == ".py" or p.is_dir()} if path.is_dir() else set()
+    source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.Try):  # try: from x import Y / except ImportError: Y = object
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names |= {(a.asname or a.name).split(".")[0] for a in sub.names}
+                elif isinstance(sub, ast.Assign):
+                    names |= {n.id for t in sub.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def test_every_import_of_the_package_names_something_that_exists():
+    """Every `from knnlm... import name` (relative ones too, inside functions too) in the package, the tests and the
+    benchmarks names a module that exists and a name it defines: a moved function leaves no import behind that fails
+    only when its job runs."""
+    root = PACKAGE.parent
+    files = [*PACKAGE.rglob("*.py"), *(root.parent / "tests").glob("*.py"), *(root.parent / "benchmarks").glob("*.py")]
+    bad = []
+    for path in files:
+        in_package = PACKAGE in path.parents
+        name = module_name(path) if in_package else ""
+        package = (name if path.name == "__init__.py" else name.rpartition(".")[0]) if in_package else ""
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                if not in_package:
+                    continue
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.split(".")[0] == "knnlm":
+                mod = node.module
+            else:
+                continue
+            if not _is_module(mod):
+                bad.append(f"{path.relative_to(root.parent)}:{node.lineno}: no module {mod}")
+                continue
+            missing = [a.name for a in node.names if a.name != "*" and a.name not in _defined(mod)]
+            if missing:
+                bad.append(f"{path.relative_to(root.parent)}:{node.lineno}: {mod} has no {', '.join(missing)}")
+    assert not bad, "\n".join(bad)

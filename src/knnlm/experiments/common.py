@@ -113,7 +113,7 @@ def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:
     0-3 are <s>, <pad>, </s>, <unk>) or a Hugging Face LM's tokenizer (input 'model_card'). Raises ArtifactError
     when neither input is given or dict.txt is missing."""
     from ..io import ArtifactError
-    from ..lm.training import backend_of
+    from ..lm import backend_of
 
     files = {k: v for k, v in job.input.items() if v}
     try:

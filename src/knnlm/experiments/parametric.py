@@ -42,7 +42,7 @@ def output_matrix(job: Job) -> torch.Tensor:
     decoder.output_projection.weight) or 'model_card' (a Hugging Face LM's output embeddings), by the backend the
     input belongs to (knnlm.lm.backend_of). Raises ArtifactError when the LM has no plain bias-free linear output
     layer (adaptive softmax, lm_head bias)."""
-    from ..lm.training import backend_of
+    from ..lm import backend_of
 
     files = {k: v for k, v in job.input.items() if v}
     return backend_of(files).impl().output_matrix(files)
