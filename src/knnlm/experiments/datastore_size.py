@@ -19,6 +19,7 @@ from ..report.tables import write_table
 from ..scoring.settings import SETTING_LABEL, SETTINGS, settings_ci_caption, settings_rows
 from .common import lm_training_label
 
+
 def size_table(sweeps: list[dict], stats: dict) -> pd.DataFrame:
     """One row per (split, key, metric, ratio, setting) from settings JSONs, sorted for plotting, with CIs and the
     paired difference to the full datastore."""

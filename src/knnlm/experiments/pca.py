@@ -11,6 +11,7 @@ from ..report.tables import write_table
 from ..scoring.settings import settings_rows
 from .common import lm_training_label
 
+
 def table(job: Job) -> dict:
     """Table 'pca': interpolated perplexity vs key dimension (CSV + Markdown)."""
     cfg, sweeps = job.cfg, [read_json(p) for p in job.paths("settings")]

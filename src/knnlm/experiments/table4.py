@@ -24,9 +24,10 @@ from ..scoring.interpolation import interpolate
 from ..statistics.captions import ci_caption, fmt_ci
 from ..statistics.intervals import compare, effective_documents, estimate, per_document
 from ..statistics.verdicts import verdict
+from .common import lm_training_label
 
 log = logging.getLogger(__name__)
-from .common import lm_training_label
+
 
 def lm_summary(path: str | Path) -> dict:
     """What Table 4 says of a base LM: {'parameters': int, 'training': str}. Parameters: from a Hugging Face model

@@ -18,6 +18,7 @@ from ..report.tables import write_table
 from ..scoring.settings import SETTING_LABEL, SETTINGS, TUNED, settings_ci_caption
 from .common import lm_training_label
 
+
 def figures(job: Job) -> dict:
     """Figure 5 for each swept store (PNG + PDF; 5a = 5 %, 5b = the full datastore), one column per (h_ds, ⊗), with
     95 % bands over documents (config 'stats.interval'), and table 'temperature' (best τ per setting, tuned vs τ = 1 with its CI)."""

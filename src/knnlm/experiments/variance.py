@@ -17,6 +17,7 @@ from ..report.tables import write_table
 from ..scoring.settings import SETTING_LABEL, SETTINGS
 from .common import lm_training_label
 
+
 def _group(s: dict, default_index_seed: int) -> tuple[str, int]:
     """('IVFPQ seed' | 'subset draw', seed) of a settings JSON: subsets vary by their draw, the full store by its
     index seed."""

@@ -25,6 +25,7 @@ from ..io import ArtifactError, read_json, sha256_file
 from ..paths import PretrainedLayout
 from . import LMPass, text_lines
 
+
 def load_lm(checkpoint: str | Path, data_bin: str | Path):
     """Load a fairseq LM checkpoint in eval mode; returns (model, cfg). data_bin holds dict.txt."""
     from fairseq import checkpoint_utils

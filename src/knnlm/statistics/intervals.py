@@ -24,7 +24,6 @@ from .documents import check_documents
 from .verdicts import verdict
 
 
-
 @dataclass(frozen=True)
 class Interval:
     """One interval method of config 'stats.interval': whether it draws bootstrap resamples (config 'stats.resamples',
