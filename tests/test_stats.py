@@ -515,3 +515,24 @@ def test_a_row_whose_premise_fails_gets_no_verdict_and_counts_apart():
          "relative difference": 0.7, "CI low": 0.7, "CI high": 0.7, "documents": None}
     assert _tested(mem, pd.Series({**m, "verdict": "not memorised"}), "", {}, 20)["verdict"] == PREMISE_ABSENT
     assert _tested(mem, pd.Series({**m, "verdict": "memorised"}), "", {}, 20)["verdict"] == "reproduced"
+
+
+def test_finding_one_is_tested_for_its_size():
+    """Finding 1 ("att keys are crucial") as a size: the share of att keys' gain that ffn keys keep, against the
+    paper's 39 % (L2) / 24 % (IP) within ±10 pp; ffn keeping nearly all of att's gain contradicts it, a share near the
+    paper's reproduces it, and an interval across the band's edge is inconclusive."""
+    import pandas as pd
+
+    from knnlm.experiments.findings import CLAIMS, FFN_SHARE, _tested
+
+    assert FFN_SHARE["L2"] == pytest.approx(0.3944, abs=1e-4) and FFN_SHARE["IP"] == pytest.approx(0.2444, abs=1e-4)
+    claim = next(c for c in CLAIMS if c["share"] is not None and c["source"] == "table1" and "(L2)" in c["claim"])
+    row = {"split": "test", "comparison": "share of the gain: ffn/L2 of att/L2", "verdict": "-", "documents": 60}
+
+    def verdict(v, lo, hi):
+        return _tested(claim, pd.Series({**row, "relative difference": v, "CI low": lo, "CI high": hi}), "", {}, 20,
+                       "wikitext")["verdict"]
+
+    assert verdict(0.97, 0.93, 1.01) == "contradicted"
+    assert verdict(0.40, 0.33, 0.47) == "reproduced"
+    assert verdict(0.45, 0.30, 0.60) == "inconclusive"

@@ -106,6 +106,8 @@ KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the 
 TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 # A row whose premise fails in this run (an LM that did not memorise as the paper's did): no verdict, counted apart
 PREMISE_ABSENT = "not tested (premise absent)"
+# Finding 1's size (Table 1): the share of att keys' gain over the base LM that ffn keys keep, L2 and IP
+FFN_SHARE = {"L2": (21.750 - 20.734) / (21.750 - 19.174), "IP": (21.750 - 21.101) / (21.750 - 19.095)}  # 39 %, 24 %
 PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
@@ -131,6 +133,12 @@ CLAIMS = [
            (19.095, 21.101), kind="tau*"),
     _claim("Sec. 3, Table 1", f"IP is about as good as L2 for att keys, each at its τ* (within ±{100 * MARGIN:.0f} %)",
            "table1", "att/IP τ* vs att/L2 τ*", (19.095, 19.174), equivalent=MARGIN, kind="tau*"),
+    *[_claim("Sec. 3, Table 1", f"ffn keys keep a small share of att keys' gain ({m}): the second representation is "
+             f"crucial", "table1", f"share of the gain: ffn/{m} of att/{m}", share=FFN_SHARE[m], about=SHARE_MARGIN,
+             tau1=True) for m in ("L2", "IP")],
+    *[_claim("Sec. 3, Table 1", f"ffn keys keep a small share of att keys' gain ({m}), each at its τ*", "table1",
+             f"share of the gain: ffn/{m} τ\\* of att/{m} τ\\*", share=FFN_SHARE[m], about=SHARE_MARGIN, regex=True,
+             kind="tau*") for m in ("L2", "IP")],
     _claim("Sec. 5.2, Figure 5", "tuning τ matters: τ tuned on valid beats τ = 1 (att, L2, full datastore, Table 1)",
            "table1", "att/L2 τ* vs att/L2", sign=-1, kind="ours"),
     _claim("Sec. 4, Table 2", "the learned W_ds (att) beats the base LM", "parametric", r"W_ds \(learned\) att vs base",
@@ -458,6 +466,8 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
         names, src = re.findall(r"kNN-LM (\S+/\S+)(?! τ\*)", cmp_), "table1"
     elif c["source"] == "size":
         names, src = [cmp_.split(" (small store vs full)")[0]], "table3"
+    elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
+        names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
         names, src = [n for n in cmp_.split(" vs ") if n != "base"], c["source"]
     df = sources.get(src, (None, ""))[0]

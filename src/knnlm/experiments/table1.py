@@ -109,6 +109,9 @@ def table1(job: Job) -> dict:
     pairs = [(n, "base") for n in plain + tuned] + list(zip(tuned, plain))
     for group in (plain, tuned):  # att vs ffn per metric, IP vs L2 per key type
         pairs += [(a, b) for a in group for b in group if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
+    # finding 1 as a size (Sec. 3: the att keys are "crucial"): the share of att keys' gain that ffn keys keep
+    shares = [(f"ffn{a[3:]}", a) for group in (plain, tuned) for a in group
+              if a.startswith("att/") and f"ffn{a[3:]}" in group]
     ci, comparisons = {}, []
     for split in SPLITS:
         doc, doc_words = split_documents(job, split)
@@ -119,8 +122,11 @@ def table1(job: Job) -> dict:
         lps += [interpolate(lp_lm[split], np.load(p).astype(np.float64), s["tuned"]["lambda"])
                 for s, p in zip(scores, job.paths(f"tuned_{split}"))]
         doc_nll = per_document(-np.stack(lps), doc, n_docs)
-        ci[split] = compare(doc_nll, doc_words, names, pairs, st)
+        ci[split] = compare(doc_nll, doc_words, names, pairs, st, shares=shares)
         comparisons += comparison_rows(ci[split], split=split)
+        comparisons += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
+                         "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"],
+                         "effective documents": v.get("effective")} for k, v in ci[split]["share"].items()]
     rows = []
     for split in ("test", "valid"):
         c = ci[split]
