@@ -268,3 +268,15 @@ def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
         for dd in (False, True):
             np.testing.assert_array_equal(one[split]["subset"][("att", dd)], many[split]["subset"][("att", dd)])
         assert np.isfinite(one[split]["topk"]).any() and np.isfinite(one[split]["e1"]["att"]).any()  # not all −inf
+
+
+def test_soft_label_lm_is_compared_with_its_one_hot_twin_only():
+    """App. E.6.2: the one-hot twin of a soft-label LM is the LM of the same architecture, seed, budget and start
+    without a teacher; a smaller LM or another seed is not."""
+    from knnlm.experiments.hypotheses import one_hot_twin
+
+    soft = {"source": "train", "teacher": "base", "lm": {"seed": 2}, "init_from": None, "checkpoint": "best"}
+    assert one_hot_twin(soft, {"source": "train", "lm": {"seed": 2}, "init_from": None, "checkpoint": "best"})
+    assert not one_hot_twin(soft, {"source": "train", "lm": {"seed": 2, "decoder_layers": 2}, "checkpoint": "best"})
+    assert not one_hot_twin(soft, {"source": "train", "lm": {"seed": 3}, "checkpoint": "best"})
+    assert not one_hot_twin(soft, {**soft, "teacher": "base"})

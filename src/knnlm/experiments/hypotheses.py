@@ -417,13 +417,14 @@ def memorisation(name: str, training: dict | None) -> dict:
 
 def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str,
                extra_rows: list[dict] = (), flags: dict[str, str] | None = None,
-               premises: dict[str, str] | None = None) -> dict:
+               premises: dict[str, str] | None = None, twins: dict[str, list[str]] | None = None) -> dict:
     """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
     interpolated with the base LM (weights tuned on valid by EM, knnlm.scoring.analysis.mixture_weights), with its
     oracle (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1,
     tuned the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv'
     (comparisons 'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and
-    reference 'base + M vs base + R (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over
+    reference R of it in `twins` ({member: its references}; default: every reference), 'base + M vs base + R
+    (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over
     documents; then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that
     LM; premises: {LM: why the paper's premise fails for it} set as column 'premise' of those comparisons (the findings
     then test none of them and count them apart). Raises ArtifactError as _load_lms (config key `key`)."""
@@ -450,7 +451,7 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
     names = list(mixes)
     pairs = [("kNN-LM", "base alone")] + [(f"base + {label[n]}", "base alone") for n in members + refs]
     pairs += [(f"base + {label[n]}", "kNN-LM") for n in members + refs]
-    pairs += [(f"base + {m}", f"base + {label[r]}") for m in members for r in refs]
+    pairs += [(f"base + {m}", f"base + {label[r]}") for m in members for r in (refs if twins is None else twins[m])]
     ci, rows, cmp_rows = {}, [], []
     for split in SPLITS:
         doc, doc_words = docs[split]
@@ -528,6 +529,7 @@ def soft_labels(job: Job) -> dict:
     cfg, hyp = job.cfg, job.cfg["hypotheses"]
     members = list(hyp["soft_label_lms"])
     refs = [n for n in _other_lms(job) if n not in members]
+    twins = {m: [r for r in refs if one_hot_twin(cfg["lms"][m], cfg["lms"][r])] for m in members}
     weights = ", ".join(f"{n}: w = {cfg['lms'][n]['soft_label_weight']:g}" for n in members)
     cap = (f"Are soft labels the key? ({cfg['name']}; Xu et al. 2023, App. E.6.2): fresh LMs trained on the label "
            f"(1 − w)·one-hot + w·p_base (the base LM's distribution; {weights}: config 'hypotheses.soft_label_lms', "
@@ -537,7 +539,18 @@ def soft_labels(job: Job) -> dict:
            f"every mixture's weights tuned on valid by EM; 'oracle' = per token the better "
            f"of the base LM and the other component. The paper: soft labels from the base LM do not help the "
            f"interpolated perplexity at all (no numbers given).")
-    return _with_base(job, members, refs, "hypotheses.soft_label_lms", "App. E.6.2: soft-label LMs vs the kNN-LM", cap)
+    pairs = "; ".join(f"{m} vs {', '.join(twins[m]) or 'none'}" for m in members)
+    cap += (f" 'base + M vs base + R (one-hot)' compares each soft-label LM with its one-hot twin only, an LM of the "
+            f"same architecture, seed and budget trained on one-hot labels ({pairs}).")
+    return _with_base(job, members, refs, "hypotheses.soft_label_lms", "App. E.6.2: soft-label LMs vs the kNN-LM", cap,
+                      twins=twins)
+
+
+def one_hot_twin(soft: dict, other: dict) -> bool:
+    """Whether config entry `other` of 'lms' is the one-hot twin of soft-label LM `soft` (App. E.6.2): trained by this
+    run with the same 'lm' overrides (architecture, seed, budget), start and checkpoint, and no teacher."""
+    keys = ("source", "lm", "init_from", "checkpoint")
+    return not other.get("teacher") and all((soft.get(k) or None) == (other.get(k) or None) for k in keys)
 
 
 def ensembling(job: Job) -> dict:
