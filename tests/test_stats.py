@@ -557,3 +557,21 @@ def test_a_stated_size_is_tested_against_its_band():
     assert verdict(-0.004, -0.006, -0.002) == "contradicted"
     assert verdict(-0.035, -0.045, -0.025) == "reproduced"
     assert verdict(-0.02, -0.03, -0.01) == "inconclusive"
+
+
+def test_about_as_good_scales_with_the_reference_gain():
+    """'nV about as good as W_ds' gets a margin of 10 % of W_ds's own gain over the base LM (its row in the same
+    table), stated in the row: with W_ds gaining 0.6 %, a 0.5 % difference is not 'about as good'; with W_ds gaining
+    10 %, it is."""
+    import pandas as pd
+
+    from knnlm.experiments.findings import CLAIMS, _tested, _with_gain_margin
+
+    claim = next(c for c in CLAIMS if c["equivalent_gain"])
+    r = pd.Series({"split": "test", "comparison": "2V embeddings att vs W_ds (learned) att", "relative difference": 0.005,
+                   "CI low": 0.003, "CI high": 0.007, "verdict": "higher", "documents": 60})
+    for gain, want in ((-0.006, "contradicted"), (-0.10, "reproduced")):
+        df = pd.DataFrame([{"split": "test", "comparison": "W_ds (learned) att vs base", "relative difference": gain}])
+        c = _with_gain_margin(claim, r, df)
+        assert c["equivalent"] == pytest.approx(0.1 * abs(gain)) and f"±{100 * 0.1 * abs(gain):.2f} %" in c["claim"]
+        assert _tested(c, r, "", {}, 20, "wikitext")["verdict"] == want
