@@ -259,7 +259,8 @@ def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
     runs = []
     for chunk, threads in ((t, 1), (7, 2)):
         monkeypatch.setattr(hy, "CHUNK", chunk)
-        runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0]))
+        runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0],
+                                     cfg["hypotheses"]["sparsify_temperatures"]))
     (one, drift1), (many, drift2) = runs
     assert drift1 == drift2 and drift1["ks"] == [4, 16] and drift1["valid"] < 1e-12
     for split in ("valid", "test"):
@@ -280,3 +281,38 @@ def test_soft_label_lm_is_compared_with_its_one_hot_twin_only():
     assert not one_hot_twin(soft, {"source": "train", "lm": {"seed": 2, "decoder_layers": 2}, "checkpoint": "best"})
     assert not one_hot_twin(soft, {"source": "train", "lm": {"seed": 3}, "checkpoint": "best"})
     assert not one_hot_twin(soft, {**soft, "teacher": "base"})
+
+
+def test_e2_temperature_grid_is_extended_at_its_edges(monkeypatch):
+    """E.1's τ and E.2's T grids grow where a twin's tuned value sits on an edge (as the kNN-LM's τ grid does): the
+    extra pass computes only the new values, which land in the grid's order and equal one pass over the whole grid."""
+    from types import SimpleNamespace
+
+    from knnlm.experiments import hypotheses as hy
+
+    rng = np.random.default_rng(5)
+    t, d, v, k, n = 200, 8, 30, 8, 300
+    w_sm = (3 * rng.standard_normal((v, d))).astype(np.float32)  # peaked logits: the best T is below the grid
+    vals = rng.integers(0, v, n)
+    ffn = rng.standard_normal((t, d)).astype(np.float32)
+    lg = (ffn @ w_sm.T).astype(np.float64)
+    targets = lg.argmax(1)  # the LM's own argmax: a sharper distribution (lower T) always fits better
+    lm = lg[np.arange(t), targets] - np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) - lg.max(1)
+    ids = rng.integers(0, n, (t, k)).astype(np.int32)
+    inputs = {split: {"targets": targets, "lm": lm, "ffn": ffn, "queries": {"att": rng.standard_normal((t, d)).astype(
+        np.float32)}, "ids": {"att": (ids, np.arange(t))}} for split in ("valid", "test")}
+    monkeypatch.setattr(hy, "_split_inputs", lambda job, split, keys: inputs[split])
+    cfg = {"hypotheses": {"topk": [4]}, "temperature": {"max_extensions": 2, "start": 0.0, "step": 0.5, "stop": 1.0}}
+    job = SimpleNamespace(cfg=cfg, threads=1)
+    taus, temps = [0.5, 1.0], [1.0, 2.0]
+    per, drift = hy._per_token(job, w_sm, vals, ["att"], taus, temps)
+    lp_lm = {s: np.asarray(lm, dtype=np.float64) for s in ("valid", "test")}
+    words = {s: t for s in ("valid", "test")}
+    taus2, temps2 = hy._extend_grids(job, w_sm, vals, ["att"], per, lp_lm, words, 11, taus, temps, drift["ks"])
+    assert temps2[:2] == [0.25, 0.5] and temps2 == sorted(temps2) and len(temps2) > len(temps)
+    whole, _ = hy._per_token(job, w_sm, vals, ["att"], taus2, temps2)
+    for s in ("valid", "test"):
+        np.testing.assert_allclose(per[s]["topk"], whole[s]["topk"], rtol=1e-12)
+        np.testing.assert_allclose(per[s]["e1"]["att"], whole[s]["e1"]["att"], rtol=1e-6)
+        for c in whole[s]["subset"]:
+            np.testing.assert_allclose(per[s]["subset"][c], whole[s]["subset"][c], rtol=1e-12)

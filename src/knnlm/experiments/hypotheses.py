@@ -63,9 +63,11 @@ def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
     return out
 
 
-def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float]) -> tuple[dict, dict]:
-    """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ),
-    E.2a (per (k, temperature)) and E.2b (per temperature), and {split: max |log p_LM recomputed − dumped|}.
+def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float],
+               temps: list[float]) -> tuple[dict, dict]:
+    """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ of
+    `taus`; none when empty), E.2a (per (k, temperature of `temps`)) and E.2b (per temperature), and {split: max |log
+    p_LM recomputed − dumped|}.
     Every quantity is per token, so chunks of CHUNK tokens run on job.threads threads at once (numpy releases the
     GIL; the numba kernels, themselves parallel, run one at a time), with the same numbers as one chunk at a time."""
     from ..scoring.analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
@@ -74,7 +76,6 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     hyp = job.cfg["hypotheses"]
     v = w_sm.shape[0]
     ks = sorted({k for k in hyp["topk"] if k < v})
-    temps = hyp["sparsify_temperatures"]
     kernels = threading.Lock()  # numba's parallel kernels, one call at a time
     out, drift = {}, {}
     for split in SPLITS:
@@ -92,15 +93,17 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
             m = lg.max(1, keepdims=True)
             lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
             worst = float(np.abs(lg[np.arange(b - a), tg] - lse - s["lm"][a:b]).max(initial=0))
-            if ks:  # E.2a: the LM's top k tokens, every (k, temperature) from one sort
+            if ks and temps:  # E.2a: the LM's top k tokens, every (k, temperature) from one sort
                 r["topk"][:, :, a:b] = topk_log_prob_grid(lg, tg, ks, temps)
             for key in keys:
                 ids_mm, rows = s["ids"][key]
                 ids = np.asarray(ids_mm[rows[a:b]])
                 valid = ids >= 0
                 nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
-                for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))):  # E.2b: retrieved tokens
+                for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))) if temps else ():  # E.2b
                     r["subset"][(key, dd)][:, a:b] = subset_log_prob_grid(lg, tg, tokens, temps)
+                if not taus:
+                    continue
                 # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
                 scores = output_embedding_scores(s["queries"][key][a:b], w_sm, nb_vals)
                 with kernels:
@@ -116,6 +119,42 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
             drift[split] = max(done, default=0.0)  # a chunk's error is raised here
         out[split] = r
     return out, drift | {"ks": ks}
+
+
+def _extend_grids(job: Job, w_sm: np.ndarray, vals, keys: list[str], per: dict, lp_lm: dict, words: dict, steps: int,
+                  taus: list[float], temps: list[float], ks: list[int]) -> tuple[list[float], list[float]]:
+    """E.1's τ grid and E.2's T grid extended where a twin's tuned value sits on an edge, as τ's is for the kNN-LM
+    (both sides tuned alike): while some twin's τ* is the grid's last value, the τ grid grows by its own span
+    (knnlm.config.extended_temperatures); while some T* is the last (first) T, the T grid gains 1.5 and 2 times its
+    last value (half its first); at most config 'temperature.max_extensions' times, one pass over the tokens per
+    extension for the new values only. Updates `per` (_per_token's arrays, the grids' values in ascending order) in
+    place; returns (taus, temps)."""
+    from ..config import extended_temperatures
+
+    def at(values: dict) -> int:
+        return _tune(lp_lm, values, words, steps)[0]
+
+    for _ in range(job.cfg["temperature"]["max_extensions"]):
+        e1 = [at({s: per[s]["e1"][key] for s in SPLITS}) for key in keys]
+        e2 = [at({s: per[s]["topk"][i] for s in SPLITS}) for i in range(len(ks))]
+        e2 += [at({s: per[s]["subset"][c] for s in SPLITS}) for c in per["valid"]["subset"]]
+        more_taus = extended_temperatures(job.cfg, taus) if len(taus) - 1 in e1 else []
+        more_temps = ([temps[0] / 2] if 0 in e2 else []) + ([temps[-1] * 1.5, temps[-1] * 2]
+                                                            if len(temps) - 1 in e2 else [])
+        if not (more_taus or more_temps):
+            break
+        log.info("E.1/E.2: a tuned value on its grid's edge: τ += %s, T += %s", more_taus, more_temps)
+        extra, _ = _per_token(job, w_sm, vals, keys, more_taus, more_temps)
+        order = np.argsort(temps + more_temps, kind="stable")
+        for s in SPLITS:
+            r, x = per[s], extra[s]
+            for key in keys:
+                r["e1"][key] = np.concatenate([r["e1"][key], x["e1"][key]])
+            r["topk"] = np.concatenate([r["topk"], x["topk"]], axis=1)[:, order]
+            for c in r["subset"]:
+                r["subset"][c] = np.concatenate([r["subset"][c], x["subset"][c]])[order]
+        taus, temps = taus + more_taus, [(temps + more_temps)[i] for i in order]
+    return taus, temps
 
 
 def _base_lm(job: Job) -> tuple[dict, dict, dict]:
@@ -153,11 +192,13 @@ def hypotheses(job: Job) -> dict:
     w_sm = output_matrix(job).numpy().astype(np.float32)
     vals = np.load(job.path("vals"), mmap_mode="r")
     taus = [t for t in temperatures(cfg) if t > 0] or [1.0]
-    per, drift = _per_token(job, w_sm, vals, keys, taus)
+    temps = sorted(hyp["sparsify_temperatures"])
+    per, drift = _per_token(job, w_sm, vals, keys, taus, temps)
     if max(drift["valid"], drift["test"]) > 0.05:
         raise ArtifactError(f"log softmax(W_sm h_ffn) differs from the dumped log p_LM by up to "
                             f"{max(drift['valid'], drift['test']):.3f} nats: W_sm or the ffn queries are not the LM's")
     lp_lm, docs, words = _base_lm(job)
+    taus, temps = _extend_grids(job, w_sm, vals, keys, per, lp_lm, words, steps, taus, temps, drift["ks"])
     variants = {}  # name -> (labels, {split: log p interpolated}, evaluate result)
 
     def add(name, labels, lp_alt):
@@ -187,7 +228,6 @@ def hypotheses(job: Job) -> dict:
         add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
                                      "τ / T": f"{taus[i]:g}" + (" (grid edge)" if edges[f"W_sm distance {key}"] else "")},
             {s: per[s]["e1"][key][i] for s in SPLITS})
-    temps = list(hyp["sparsify_temperatures"])
     for i, k in enumerate(drift["ks"]):
         j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
         edges[f"LM top-{k}"] = edge_of(j, temps, "T*")
@@ -276,10 +316,13 @@ def hypotheses(job: Job) -> dict:
            f"valid and test token; the kNN-LM rows are Table 1's ({'/'.join(keys)} keys, {METRIC_NAME[metric]}, τ = "
            f"{cfg['knn']['temperature']:g}, and at τ* tuned on valid: 'kNN-LM vs this' compares each row with it, "
            f"both sides tuned on the same valid tokens). E.1: the kNN scores of the full store's FAISS neighbours replaced by "
-           f"−‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i, τ tuned on valid over {taus[0]:g} … {taus[-1]:g} "
+           f"−‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i, τ tuned on valid over {taus[0]:g} … {taus[-1]:g} (the "
+           f"grid extended while a twin's τ* sat on its last value, as the kNN-LM's) "
            f"('τ / T'). E.2: the LM's own distribution sparsified, (a) to its top k tokens, (b) to the tokens the kNN "
            f"search retrieved (their distances ignored; 'weighted by count' keeps duplicates), renormalised at a "
-           f"temperature T chosen on valid from {hyp['sparsify_temperatures']}; λ tuned on valid for every row. E.3: "
+           f"temperature T chosen on valid from {', '.join(f'{x:g}' for x in temps)} (config "
+           f"{', '.join(f'{x:g}' for x in hyp['sparsify_temperatures'])}, extended at an edge where a T* sat); λ tuned "
+           f"on valid for every row. E.3: "
            f"how the base LM's per-token NLL and the kNN-LM's gain (log p interpolated − log p_LM, nats) change with "
            f"the token's position in its context window (tokens of context it was scored with; the quarters of "
            f"{man['context_window']} … {man['tokens_per_sample'] - 1}, the tokens scored with a full context window, "
