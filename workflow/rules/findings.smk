@@ -40,7 +40,7 @@ knnlm_rule(
     output=files(
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
     ),
-    cfg=quoted_cfg("stats", adaptive_softmax=not PLAIN_W_SM),
+    cfg=quoted_cfg("stats", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
 )
 
 

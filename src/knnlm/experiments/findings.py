@@ -338,7 +338,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
     every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     t = read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None
-    probe = _probe_label(t) if t is not None else ""
+    probe = _probe_label(t, job.cfg["knn"]["k"]) if t is not None else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
@@ -349,7 +349,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
     if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
-        label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store{_probe_label(s)}"
+        label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store{_probe_label(s, job.cfg['knn']['k'])}"
         every = ", all tokens" if _every_token(s) else ""
         out["small_store"] = (pd.DataFrame(rows), label + every)
         out["small_tuning"] = (tuning_contrasts(s, job.cfg["stats"]), label + every)
@@ -360,14 +360,22 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
-def _probe_label(s: dict) -> str:
-    """', nprobe n of L lists (x %)' of a settings JSON's test search (knnlm.search.index.search), '' when it does not
-    say: how approximate the FAISS mask of the row is, beside the paper's 32 of 4,096 lists (0.78 %; the probe sweep
-    shows the comparison at other strengths)."""
+PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
+
+
+def _probe_label(s: dict, k: int) -> str:
+    """', nprobe n of L lists (x %), m·k keys scanned per query (the paper: ~1,170·k), recall@k r' of a settings
+    JSON's test search (knnlm.search.index.search), '' when it does not say: the regime of the row's FAISS mask, how
+    approximate it is beside the paper's (the probe sweep shows the comparison at other strengths)."""
     scan = s.get("scan", {}).get("test", {})
     if not scan.get("nprobe") or not scan.get("lists"):
         return ""
-    return f", nprobe {scan['nprobe']} of {scan['lists']} lists ({100 * scan['nprobe'] / scan['lists']:.3g} %)"
+    out = f", nprobe {scan['nprobe']} of {scan['lists']} lists ({100 * scan['nprobe'] / scan['lists']:.3g} %)"
+    if scan.get("keys_scanned_per_query"):
+        out += (f", {scan['keys_scanned_per_query'] / k:,.1f}·k keys scanned per query (the paper: ~{PAPER_SCAN:,}·k)")
+    if isinstance(s.get("recall"), dict) and s["recall"].get("test") is not None:
+        out += f", recall@k {s['recall']['test']:.2f}"
+    return out
 
 
 def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:
