@@ -60,8 +60,17 @@ def test_table1_produced(tiny_run):
         assert lo <= v <= hi and v == pytest.approx(want, rel=1e-3)
     cmp = pd.read_csv(art(tiny_run, "table", table="table1_comparisons", ext="csv"))
     # per split: 8 kNN-LMs (τ = 1 and τ tuned) vs base, 4 tuned vs τ = 1, and at each τ: att vs ffn for L2 and IP,
-    # IP vs L2 for att and ffn
-    assert len(cmp) == 2 * 20 and set(cmp["verdict"]) <= {"lower", "higher", "inconclusive"}
+    # IP vs L2 for att and ffn; then finding 1 as a size: the share of att's gain that ffn keeps, per metric and τ
+    shares = cmp[cmp["comparison"].str.startswith("share of the gain: ")]
+    assert len(cmp) == 2 * 24 and len(shares) == 2 * 4 and (shares["verdict"] == "-").all()
+    assert set(cmp.drop(shares.index)["verdict"]) <= {"lower", "higher", "inconclusive"}
+    for _, r in shares.iterrows():  # (base − ffn) / (base − att) of the table's perplexities on the same tokens
+        m, tuned = re.match(r"share of the gain: ffn/(\w+)( τ\*)? of att/", r["comparison"]).groups()
+        row = lambda key: df[(df["split"] == r["split"]) & (df["h_ds"] == key) & (df["⊗"] == m)
+                             & (df["model"] == ("kNN-LM (τ tuned)" if tuned else "kNN-LM"))].iloc[0]
+        base = df[(df["split"] == r["split"]) & (df["model"] == "Base LM")].iloc[0]["PPL (word)"]
+        want = (base - row("ffn")["interp PPL (word)"]) / (base - row("att")["interp PPL (word)"])
+        assert r["relative difference"] == pytest.approx(want, rel=1e-2, abs=1e-3)
     assert (cmp["documents"] >= TINY["stats"]["min_documents"]).all()
     tuned = df[df["model"] == "kNN-LM (τ tuned)"]
     grid = temperatures(TINY)  # extended by its span while τ* is its last value (temperature.max_extensions)
@@ -370,7 +379,7 @@ def test_table4_over_base_lms(tiny_run):
         ckpt = torch.load(art(tiny_run, "checkpoint", lm=lm), map_location="cpu", weights_only=False)
         assert (training.loc[lm] == f"{TINY['lm']['max_update']} updates, epoch "
                 f"{ckpt['extra_state']['train_iterator']['epoch']}, best valid PPL/token "
-                f"{2 ** ckpt['extra_state']['best']:.1f}").all()
+                f"{2 ** ckpt['extra_state']['best']:.1f} (fairseq's validation)").all()
     man = read_json(art(tiny_run, "datastore_manifest", lm=TINY_HF))
     assert man["checkpoint_sha256"] == card["checkpoint_sha256"] and man["source"] == "hf"
     with pytest.raises(ArtifactError, match="another checkpoint"):
@@ -674,17 +683,17 @@ def test_findings_report(tiny_run):
     assert re.search(r"Scope of Table 3 and the store claims: \d+ test documents, [\d,]+ tokens\. The median 95 % CI "
                      r"half-width.* The 20% store's claims use every test token \(\d+ documents, [\d,]+ tokens\)", text)
 
-    # one row per claim, but each App. B-C family claim (against the paper's att/IP kNN-LM at τ = 1, against the best
-    # one at its τ*, and ours against the best one) gets one per alternative the tiny config trains: 2V att and ffn,
-    # adaptive by frequency and by loss, MoS R=2 only / + embed on att and ffn, the clustered datastore; nV vs W_ds at
-    # equal rows one per 2V (att, ffn)
+    # one row per claim, but each App. B-C family claim (against the paper's att/IP kNN-LM at τ = 1 and at its τ*,
+    # against the best one at its τ*, and ours against the best one) gets one per alternative the tiny config trains:
+    # 2V att and ffn, adaptive by frequency and by loss, MoS R=2 only / + embed on att and ffn, the clustered
+    # datastore; nV vs W_ds at equal rows one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 67 and len(family) == 3 * 9 and len(equal_rows) == 2
-    # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality; He et
-    # al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled with their paper
+    assert len(CLAIMS) == 76 and len(family) == 4 * 9 and len(equal_rows) == 2
+    # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
+    # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
     follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021"))]
-    assert len(follow) == 6 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
+    assert len(follow) == 8 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
     assert sum("nats per token" in r for r in follow) == 2
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs
@@ -692,11 +701,11 @@ def test_findings_report(tiny_run):
     # two per E.3 effect claim (the base LM's NLL and the kNN-LM's gain) and four for E.3's r (reported), two for
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
-    assert len(rows) == len(CLAIMS) - 6 - 4 + len(family) + len(equal_rows) + 13
+    assert len(rows) == len(CLAIMS) - 8 - 5 + len(family) + len(equal_rows) + 13
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")
-    assert [sum(k in r for r in rows) for k in kinds] == [36, 22, 18, 23] and sum(map(sum, [[k in r for r in rows]
+    assert [sum(k in r for r in rows) for k in kinds] == [36, 24, 31, 23] and sum(map(sum, [[k in r for r in rows]
                                                                                           for k in kinds])) == len(rows)
     # every row names its resampling unit (the tiny corpus has no headings: token blocks) with Kish's n_eff
     assert all(re.search(r"\| \d+ token blocks( \(n_eff [\d.]+\))? +\|", r) for r in rows
@@ -706,16 +715,19 @@ def test_findings_report(tiny_run):
     assert sum("nats per token" in r for r in rows if "E.3" in r) == 4
     assert any("memorisation of " in r for r in rows if "E.6.1" in r)
     # tiny: Table 3 and the 20 % store have ffn keys only, so their claims run on ffn/L2 (column 'on' says so)
-    # (with the probe count of the store's FAISS search: nprobe of its lists, beside the paper's 32 of 4,096)
-    on = [re.search(r"\| (ffn/L2(, 20% store)?(, nprobe \d+ of \d+ lists \([\d.]+ %\))(, all tokens)?( vs full)?) +\|", r)
+    # (with the regime of the store's FAISS search: nprobe of its lists, beside the paper's 32 of 4,096, the keys it
+    # scans per query as a multiple of k, beside the paper's ~1,170·k, and its recall@k)
+    on = [re.search(r"\| (ffn/L2(?P<small>, 20% store)?, nprobe \d+ of \d+ lists \([\d.]+ %\), [\d.,]+·k keys scanned "
+                    r"per query \(the paper: ~1,170·k\), recall@k [\d.]+(?P<all>, all tokens)?(?P<vs> vs full)?) +\|", r)
           for r in rows]  # column 'on'
     assert sum("not run" in r for r in rows) == 0 and sum(bool(m) for m in on) == 10 + 6 + 2
     # Table 3's claims and its τ-tuning contrast on the full store over every token (retrieval.table3_all_tokens)
-    assert sum(bool(m and m.group(4) and not m.group(2)) for m in on) == 10
+    assert sum(bool(m and m.group("all") and not m.group("small")) for m in on) == 10
     # the 20 % store's claims (Figures 4, 5a) and its τ-tuning contrast, on every token
-    assert sum(bool(m and m.group(2) and m.group(4) and not m.group(5)) for m in on) == 6
-    assert sum(bool(m and m.group(5) and not m.group(4)) for m in on) == 2  # vs the full one on the scope (Figure 2)
-    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported")) for r in rows
+    assert sum(bool(m and m.group("small") and m.group("all") and not m.group("vs")) for m in on) == 6
+    assert sum(bool(m and m.group("vs") and not m.group("all")) for m in on) == 2  # vs the full one on the scope
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "reported",
+                                    "not tested (premise absent")) for r in rows
                if "not run" not in r)
     # τ = 1 near-optimal (full and 20 % store), W_ds alone vs the base LM alone, E.1's twins vs base, E.5's base +
     # another LM vs the kNN-LM, E.6.2's base + soft vs base alone, E.3's r: numbers only; and every claim made at
