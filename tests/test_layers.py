@@ -44,6 +44,15 @@ def _is_module(name: str) -> bool:
     return path.is_dir() or path.with_suffix(".py").is_file()
 
 
+def imported_module(node: ast.ImportFrom, package: str) -> str | None:
+    """The absolute knnlm module a `from ... import` names (relative ones resolved from `package`), None for another
+    package's."""
+    if node.level:
+        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module if node.module and node.module.split(".")[0] == "knnlm" else None
+
+
 def imports(path: Path) -> set[str]:
     """The knnlm modules `path` imports (absolute names; 'from . import x' resolved to the module x where it is one)."""
     name = module_name(path)
@@ -53,12 +62,8 @@ def imports(path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.split(".")[0] == "knnlm"}
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.split(".")[0] == "knnlm":
-                mod = node.module
-            else:
+            mod = imported_module(node, package)
+            if mod is None:
                 continue
             subs = {f"{mod}.{a.name}" for a in node.names if _is_module(f"{mod}.{a.name}")}
             out |= subs or {mod}
@@ -157,16 +162,10 @@ def test_every_import_of_the_package_names_something_that_exists():
         name = module_name(path) if in_package else ""
         package = (name if path.name == "__init__.py" else name.rpartition(".")[0]) if in_package else ""
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.ImportFrom):
+            if not isinstance(node, ast.ImportFrom) or (node.level and not in_package):
                 continue
-            if node.level:
-                if not in_package:
-                    continue
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                mod = ".".join(base + ([node.module] if node.module else []))
-            elif node.module and node.module.split(".")[0] == "knnlm":
-                mod = node.module
-            else:
+            mod = imported_module(node, package)
+            if mod is None:
                 continue
             if not _is_module(mod):
                 bad.append(f"{path.relative_to(root.parent)}:{node.lineno}: no module {mod}")
