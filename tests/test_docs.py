@@ -125,41 +125,19 @@ def test_readme_ablation_example_runs(tiny_run, tmp_path):
     assert (results / "tiny/logs/write_my_ablation_base.log").is_file()
 
 
-def _defined_names(path: Path) -> set[str]:
-    """Top-level names of a module's source (functions, classes, assignments, imports)."""
-    import ast
-
-    names = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.AnnAssign,)) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
 def dangling_references(text: str) -> list[str]:
     """The `knnlm.<module>[.<name>]` references of a text that name no module of src/knnlm, or a name its module does
-    not define."""
-    root = PROJECT_ROOT / "src"
+    not define (test_layers' view of the package: its modules and their top-level names)."""
+    from test_layers import _defined, _is_module
+
     bad = []
     for ref in sorted(set(re.findall(r"\bknnlm(?:\.\w+)+", text))):
         parts = ref.split(".")
         i = len(parts)
-        while i > 1 and not ((root / "/".join(parts[:i])).with_suffix(".py").is_file()
-                             or (root / "/".join(parts[:i]) / "__init__.py").is_file()):
+        while i > 1 and not _is_module(".".join(parts[:i])):
             i -= 1
-        if i == 1 and len(parts) > 1 and parts[1] not in _defined_names(root / "knnlm" / "__init__.py"):
+        if i < len(parts) and parts[i] not in _defined(".".join(parts[:i])):
             bad.append(ref)
-        elif i < len(parts):
-            mod = root / "/".join(parts[:i])
-            path = mod.with_suffix(".py") if mod.with_suffix(".py").is_file() else mod / "__init__.py"
-            if parts[i] not in _defined_names(path) and not (mod / f"{parts[i]}.py").is_file():
-                bad.append(ref)
     return bad
 
 

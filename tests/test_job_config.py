@@ -12,6 +12,7 @@ from functools import lru_cache
 import pytest
 
 from conftest import PROJECT_ROOT, SNAKEMAKE
+from test_layers import imported_module
 
 PACKAGE = PROJECT_ROOT / "src" / "knnlm"
 ALWAYS = {"name", "results_dir", "threads"}  # every rule's cfg has them (quoted_cfg)
@@ -24,12 +25,11 @@ def module_tree(module: str) -> tuple[ast.Module, dict[str, str]]:
     if not path.is_file():
         path = PACKAGE.joinpath(*module.split("."), "__init__.py")
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    package = module.rpartition(".")[0] if path.name != "__init__.py" else module
+    package = "knnlm." + (module.rpartition(".")[0] if path.name != "__init__.py" else module)
     names = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if package else []
-            mod = ".".join([b for b in base if b] + ([node.module] if node.module else []))
+            mod = imported_module(node, package.rstrip("."))[len("knnlm."):]
             for a in node.names:
                 names[a.asname or a.name] = f"{mod}:{a.name}"
     return tree, names

@@ -129,7 +129,8 @@ def test_the_checks_fail_on_a_bad_graph(monkeypatch):
 
 
 def _defined(module: str) -> set[str]:
-    """Names a module of the package defines at its top level (or the submodules of a package)."""
+    """Names a module of the package ('knnlm', 'knnlm.a.b') defines at its top level (or the submodules of a
+    package)."""
     path = PACKAGE.parent / module.replace(".", "/")
     names = {p.stem for p in path.iterdir() if p.suffix == ".py" or p.is_dir()} if path.is_dir() else set()
     source = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")

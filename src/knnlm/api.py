@@ -181,7 +181,7 @@ class KNNLM:
         'faiss'; parameters: config section 'index', `index` overriding its defaults); nprobe defaults to the resolved
         'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated
         file, a key type the datastore lacks, or keys of another dimension than the LM's."""
-        from .config import _fill_defaults, load_schema
+        from .config import section_defaults
         from .datastore.dump import open_datastore
         from .search.index import build_ivfpq, resolve_index_params
 
@@ -194,7 +194,7 @@ class KNNLM:
         if man["D"] != lm.dim:
             raise ArtifactError(f"{ds.path('keys', key=key)}: keys of dim {man['D']}, the LM's hidden states have "
                                 f"{lm.dim} (a datastore of another LM)")
-        icfg = {**_fill_defaults({}, load_schema()["properties"]["index"]), **(index or {})}
+        icfg = {**section_defaults("index"), **(index or {})}
         params = resolve_index_params(icfg, man["N"], man["D"], k)
         ipath = ds.path("index", key=key, metric=metric)
         if mask == "faiss" and not ipath.exists():

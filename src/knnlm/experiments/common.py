@@ -107,20 +107,26 @@ def lm_training_label(job: Job) -> str:
     return " ".join(convergence_label(read_json(p), who=f"LM {p.parent.name}") for p in files)
 
 
-def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:
-    """(strings [V], special [V] bool) of the base LM's token ids 0 … V−1 (V ≥ vocab), without the word-start marks
-    of SentencePiece ('▁') and byte-level BPE ('Ġ'): from the fairseq dictionary (input 'data_bin', dict.txt; ids
-    0-3 are <s>, <pad>, </s>, <unk>) or a Hugging Face LM's tokenizer (input 'model_card'). Raises ArtifactError
-    when neither input is given or dict.txt is missing."""
+def lm_backend(job: Job):
+    """(the backend module of the base LM whose files the job's named inputs hold, those inputs {name: path} less the
+    empty ones): knnlm.lm.backend_of. Raises ArtifactError naming the rule when no input is an LM's."""
     from ..io import ArtifactError
     from ..lm import backend_of
 
     files = {k: v for k, v in job.input.items() if v}
     try:
-        b = backend_of(files)
+        return backend_of(files).impl(), files
     except ValueError as err:
         raise ArtifactError(f"rule {job.rule}: {err}") from None
-    pieces, special = b.impl().token_strings(files, vocab)
+
+
+def token_strings(job: Job, vocab: int) -> tuple[list[str], np.ndarray]:
+    """(strings [V], special [V] bool) of the base LM's token ids 0 … V−1 (V ≥ vocab), without the word-start marks
+    of SentencePiece ('▁') and byte-level BPE ('Ġ'): from the fairseq dictionary (input 'data_bin', dict.txt; ids
+    0-3 are <s>, <pad>, </s>, <unk>) or a Hugging Face LM's tokenizer (input 'model_card'). Raises ArtifactError
+    when neither input is given or dict.txt is missing."""
+    impl, files = lm_backend(job)
+    pieces, special = impl.token_strings(files, vocab)
     pieces = [p or "" for p in pieces] + [""] * (max(vocab, len(pieces)) - len(pieces))
     special = np.r_[special, np.zeros(len(pieces) - len(special), dtype=bool)]
     return [p.lstrip("▁Ġ") for p in pieces], special

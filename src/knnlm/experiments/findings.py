@@ -99,7 +99,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     τ = 1 beyond the CI, the row is reported (labelled) and the verdict is the twin claim's with each side at its τ*
     (kind 'tau*')."""
     return {"section": section, "claim": claim, "source": source, "paper": paper, "sign": sign, "within": within,
-            "share": share, "size": size, "about": about, "equivalent_gain": equivalent_gain, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
+            "share": share, "size": size, "about": about, "equivalent_gain": equivalent_gain, "equivalent": equivalent,
+            "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
@@ -111,9 +112,9 @@ TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 PREMISE_ABSENT = "not tested (premise absent)"
 # Finding 1's size (Table 1): the share of att keys' gain over the base LM that ffn keys keep, L2 and IP
 FFN_SHARE = {"L2": (21.750 - 20.734) / (21.750 - 19.174), "IP": (21.750 - 21.101) / (21.750 - 19.095)}  # 39 %, 24 %
-PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)
+PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
 GAIN_MARGIN = 0.10  # "about as good as" a model whose own gain is small: within ±10 % of that gain
-SIZE_MARGIN = 0.02  # "nearly 4 %" (Drozdov et al. 2022): a relative difference of −4 % ± 2 percentage points  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
+SIZE_MARGIN = 0.02  # "nearly 4 %" (Drozdov et al. 2022): a relative difference of −4 % ± 2 percentage points
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
           "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
@@ -515,9 +516,10 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     count fewer than `min_documents` (config 'stats.min_documents') as its interval counts them (column 'effective
     documents', Kish's; the raw count without it) is 'inconclusive (N articles, n_eff E)'. scheme: the documents
     scheme, naming the unit; base_undertrained: the base LM's valid perplexity was still falling, so a verdict
-    ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge) is added to its verdict
-    in parentheses; a row's 'premise' (why the paper's premise fails here) makes it PREMISE_ABSENT. tau1_off (_tau1_off): the settings whose τ*
-    beats the paper's τ = 1 in this run: the row is then reported (TAU1_OFF), its verdict is the τ* twin's."""
+    ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge) is added
+    to its verdict in parentheses; a row's 'premise' (why the paper's premise fails here) makes it PREMISE_ABSENT.
+    tau1_off (_tau1_off): the settings whose τ* beats the paper's τ = 1 in this run: the row is then reported
+    (TAU1_OFF), its verdict is the τ* twin's."""
     from ..statistics.documents import unit_count
 
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
@@ -538,20 +540,19 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         v = "reported"
     elif n_for_verdict is not None and n_for_verdict < min_documents:
         v = f"inconclusive ({unit_count(docs, scheme)}" + (f", n_eff {eff:.1f})" if eff is not None else ")")
-    elif c["share"] is not None:
-        v = band_verdict(r["CI low"], r["CI high"], c["share"] - c["about"], c["share"] + c["about"])
-    elif c["size"] is not None:
-        v = band_verdict(r["CI low"], r["CI high"], c["size"] - c["about"], c["size"] + c["about"])
+    elif c["share"] is not None or c["size"] is not None:  # a stated value (a share, a size) ± its band
+        stated = c["share"] if c["share"] is not None else c["size"]
+        v = band_verdict(r["CI low"], r["CI high"], stated - c["about"], stated + c["about"])
     elif c["equivalent"] is not None:
         v = band_verdict(r["CI low"], r["CI high"], -c["equivalent"], c["equivalent"])
     elif c["within"] is not None:
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
     else:
         v = paper_verdict(r["verdict"], sign)
-    if str(r.get("converged", "yes")).startswith("no") and v not in (PREMISE_ABSENT,) and \
-            not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
+    verdict_given = v != PREMISE_ABSENT and not v.startswith("inconclusive")  # what the qualifiers below may turn
+    if str(r.get("converged", "yes")).startswith("no") and verdict_given and _alternative_looks_worse(c, r):
         v = "inconclusive (under-trained)"
-    if _fewer_rows(r) and v != PREMISE_ABSENT and not v.startswith("inconclusive") and _alternative_looks_worse(c, r):
+    elif _fewer_rows(r) and verdict_given and _alternative_looks_worse(c, r):
         v = "inconclusive (subset-trained)"
     if "converged" in r:
         trained = "" if str(r["converged"]).startswith("yes") else ", under-trained"

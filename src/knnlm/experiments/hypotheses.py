@@ -167,7 +167,8 @@ def _base_lm(job: Job) -> tuple[dict, dict, dict]:
 
 def _tune(lp_lm: dict, per: dict, words: dict, steps: int) -> tuple[int, dict]:
     """(index of the candidate with the lowest valid interpolated NLL at its best λ,
-    knnlm.scoring.interpolation.tune_temperature: ties go to the first; its evaluate() result); per = {split: [n, T] log p of each candidate}."""
+    knnlm.scoring.interpolation.tune_temperature: ties go to the first; its evaluate() result); per = {split: [n, T]
+    log p of each candidate}."""
     from ..scoring.interpolation import tune_temperature
 
     best = tune_temperature(lp_lm["valid"], np.asarray(per["valid"]), None, steps)
@@ -459,18 +460,17 @@ def memorisation(name: str, training: dict | None) -> dict:
 
 
 def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: str, cap: str,
-               extra_rows: list[dict] = (), flags: dict[str, str] | None = None,
-               premises: dict[str, str] | None = None, twins: dict[str, list[str]] | None = None) -> dict:
+               extra_rows: list[dict] = (), premises: dict[str, str] | None = None,
+               twins: dict[str, list[str]] | None = None) -> dict:
     """App. E.6.1 / E.6.2: each LM of `members` (and of `refs`, the reference LMs it is compared with) alone and
     interpolated with the base LM (weights tuned on valid by EM, knnlm.scoring.analysis.mixture_weights), with its
     oracle (per token the better of the base LM and it), against the kNN-LM (base LM + the kNN component of Table 1,
     tuned the same way). Writes outputs 'csv', 'md' (the table, caption `cap` + the CI method) and 'cmp_csv'
     (comparisons 'base + X vs base alone', 'base + X vs kNN-LM', 'kNN-LM vs base alone', and for each member and
     reference R of it in `twins` ({member: its references}; default: every reference), 'base + M vs base + R
-    (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over
-    documents; then `extra_rows` (memorisation). flags: {LM: text} set as column 'flag' of every comparison naming that
-    LM; premises: {LM: why the paper's premise fails for it} set as column 'premise' of those comparisons (the findings
-    then test none of them and count them apart). Raises ArtifactError as _load_lms (config key `key`)."""
+    (one-hot)'; a reference R is labelled 'R (one-hot)' everywhere), paired over documents; then `extra_rows` (memorisation). premises: {LM: why the paper's premise fails for it} set as column
+    'premise' of every comparison naming that LM (the findings then test none of them and count them apart). Raises
+    ArtifactError as _load_lms (config key `key`)."""
     from ..scoring.analysis import mixture_log_prob, mixture_weights
     from ..scoring.interpolation import oracle_log_prob, summarize
 
@@ -501,7 +501,6 @@ def _with_base(job: Job, members: list[str], refs: list[str], key: str, title: s
         ci[split] = compare(per_document(-np.stack([mixes[n][0][split] for n in names]), doc, len(doc_words)),
                             doc_words, names, pairs, st)
         for r in comparison_rows(ci[split], split=split):
-            r["flag"] = "; ".join(f for n, f in (flags or {}).items() if f and f" {n} " in f" {r['comparison']} ")
             r["premise"] = "; ".join(f for n, f in (premises or {}).items() if f and f" {n} " in f" {r['comparison']} ")
             cmp_rows.append(r)
     cmp_rows += list(extra_rows)
@@ -539,8 +538,8 @@ def overfitting(job: Job) -> dict:
     would give too? The LMs of config 'hypotheses.overfit_lms' continue training the base LM ('lms.<name>.init_from',
     typically dropout 0 and the last checkpoint, chained entries as checkpoints along the way); each alone,
     interpolated with the base LM and its oracle, against the kNN-LM (Table 1's kNN component: full store, Table 3's
-    key type and metric, at its τ* tuned on valid). Inputs as ensembling, plus each LM's 'lm_training' (updates and last training
-    perplexity, how far the overfitting went)."""
+    key type and metric, at its τ* tuned on valid). Inputs as ensembling, plus each LM's 'lm_training' (updates and
+    last training perplexity, how far the overfitting went)."""
     cfg = job.cfg
     members = list(cfg["hypotheses"]["overfit_lms"])
     trained = _trainings(job)
@@ -599,11 +598,12 @@ def one_hot_twin(soft: dict, other: dict) -> bool:
 def ensembling(job: Job) -> dict:
     """E.5 (Xu et al. 2023, App. E.5, Table 8, Figure 8): is the kNN-LM just an ensemble? Other LMs of config
     'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
-    full store, at its τ* tuned on valid like every mixture's weights): each LM alone, interpolated with the base LM, and its oracle (Table 8); the ensemble of
-    K LMs against K − 1 LMs + the kNN component, K = 1 … M (Figure 8). Every mixture's weights are tuned on valid
-    (EM, knnlm.scoring.analysis.mixture_weights). Inputs: per split 'lm_logprobs', 'targets' (the base LM), 'lm_<name>',
-    'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1 at τ*), 'score' (τ*), 'documents'. Raises ArtifactError when an LM's
-    targets differ from the base LM's (another tokenisation)."""
+    full store, at its τ* tuned on valid like every mixture's weights): each LM alone, interpolated with the base LM,
+    and its oracle (Table 8); the ensemble of K LMs against K − 1 LMs + the kNN component, K = 1 … M (Figure 8).
+    Every mixture's weights are tuned on valid (EM, knnlm.scoring.analysis.mixture_weights). Inputs: per split
+    'lm_logprobs', 'targets' (the base LM), 'lm_<name>', 'targets_<name>' (each other LM), 'knn' (p_kNN of Table 1
+    at τ*), 'score' (τ*), 'documents'. Raises ArtifactError when an LM's targets differ from the base LM's (another
+    tokenisation)."""
     from ..scoring.analysis import mixture_log_prob, mixture_weights
     from ..report.figures import pyplot, save_figure
     from ..scoring.interpolation import oracle_log_prob, summarize

@@ -29,8 +29,8 @@ from ..parametric import (KeyBatches, build_model, cached, cluster_aggregation, 
 from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..statistics.intervals import per_document
 from ..datastore.stores import subsample_rows
-from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split,
-                     split_documents, words_per_split)
+from .common import (by_split, documents_label, lm_backend, lm_log_probs, lm_training_label, open_datastore,
+                     open_split, split_documents, words_per_split)
 
 log = logging.getLogger(__name__)
 SUBSET = " on the subset"  # nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants
@@ -40,12 +40,10 @@ ALONE = " alone"  # a parametric model's own perplexity, not interpolated with t
 def output_matrix(job: Job) -> torch.Tensor:
     """W_sm [V, D] float32: the base LM's output projection, from the job's input 'checkpoint' (fairseq
     decoder.output_projection.weight) or 'model_card' (a Hugging Face LM's output embeddings), by the backend the
-    input belongs to (knnlm.lm.backend_of). Raises ArtifactError when the LM has no plain bias-free linear output
+    input belongs to (lm_backend). Raises ArtifactError when the LM has no plain bias-free linear output
     layer (adaptive softmax, lm_head bias)."""
-    from ..lm import backend_of
-
-    files = {k: v for k, v in job.input.items() if v}
-    return backend_of(files).impl().output_matrix(files)
+    impl, files = lm_backend(job)
+    return impl.output_matrix(files)
 
 
 def train_parametric(job: Job) -> dict:
@@ -336,11 +334,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                  + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
                  + equal_rows_pairs(results, par_names))  # each variant vs W_ds trained on the same rows
         c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names])
-        rows += comparison_rows(c, split=split)
-        rows += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
-                  "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"],
-                  "effective documents": v.get("effective")}
-                 for k, v in c["share"].items()]
+        rows += comparison_rows(c, split=split)  # the shares of a gain too
     history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
     for row in rows:  # which kNN-LM a row compares with: ours (best on valid, at τ or τ*) and/or the paper's
         c, ref = row["comparison"], []

@@ -207,10 +207,10 @@ def lm_pass(job: Job, split: str):
     """The job's base LM over `split` (knnlm.lm.LMPass), run by the backend whose weights the rule gives
     (knnlm.lm.backend_of: a fairseq 'checkpoint' over 'data_bin', or a Hugging Face 'model_card' and the split's
     'text')."""
-    from ..lm import backend_of
+    from .common import lm_backend
 
-    files = {k: v for k, v in job.input.items() if v}
-    return backend_of(files).impl().lm_pass(files, split, job.cfg, job.wildcards.get("lm", ""))
+    impl, files = lm_backend(job)
+    return impl.lm_pass(files, split, job.cfg, job.wildcards.get("lm", ""))
 
 
 def dump_datastore(job: Job) -> dict:

@@ -123,10 +123,7 @@ def table1(job: Job) -> dict:
                 for s, p in zip(scores, job.paths(f"tuned_{split}"))]
         doc_nll = per_document(-np.stack(lps), doc, n_docs)
         ci[split] = compare(doc_nll, doc_words, names, pairs, st, shares=shares)
-        comparisons += comparison_rows(ci[split], split=split)
-        comparisons += [{"split": split, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
-                         "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"],
-                         "effective documents": v.get("effective")} for k, v in ci[split]["share"].items()]
+        comparisons += comparison_rows(ci[split], split=split)  # the shares of a gain too
     rows = []
     for split in ("test", "valid"):
         c = ci[split]

@@ -18,11 +18,15 @@ def ci_caption(stats: dict | None, documents: str = "") -> str:
 
 def comparison_rows(result: dict, **labels) -> list[dict]:
     """Rows (labels, comparison, relative difference, CI low, CI high, verdict, documents, effective documents) of a
-    compare() result."""
-    return [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
+    compare() result: its differences, then its shares of a gain ('share of the gain: a of b', the share in 'relative
+    difference', verdict '-': a share is tested against a claim's band, not against 0)."""
+    rows = [{**labels, "comparison": k, "relative difference": v["value"], "CI low": v["lo"], "CI high": v["hi"],
              "verdict": v["verdict"], "documents": v.get("documents", result.get("documents")),
              "effective documents": v.get("effective", result.get("effective"))}
             for k, v in result["diff"].items()]
+    return rows + [{**labels, "comparison": f"share of the gain: {k}", "relative difference": v["value"],
+                    "CI low": v["lo"], "CI high": v["hi"], "verdict": "-", "documents": v["documents"],
+                    "effective documents": v.get("effective")} for k, v in result.get("share", {}).items()]
 
 
 def fmt_ci(v: dict, pct: bool = False) -> str:
