@@ -1,4 +1,6 @@
 """Parametric alternatives (learned W_ds, nV, adaptive counts, MoS, clustered keys) vs brute-force references."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -407,6 +409,40 @@ def test_variants_are_compared_at_equal_training_rows():
                      "reference rows": 5000})
     assert _tested(gap, row, "", {}, 20)["verdict"] == "inconclusive (subset-trained)"
     assert _tested(gap, pd.Series({**row, "train rows": 5000}), "", {}, 20)["verdict"] == "reproduced"
+
+
+def test_alternatives_on_a_subset_are_held_against_the_knn_lm_on_the_same_rows(tmp_path):
+    """Store 'trainsubset' holds exactly the rows the alternatives train on (the same seeded subset as the parametric
+    jobs'); the findings test a subset-trained alternative against that kNN-LM ('kNN-LM att/IP on the subset'),
+    where a verdict stands, and leave its row against the all-rows kNN-LM to the parametric table."""
+    import pandas as pd
+
+    from knnlm.datastore.stores import TRAINING_SUBSET, prepare_store, searches_every_token, training_subset_rows
+    from knnlm.experiments.findings import CLAIMS, _equal_rows_twin, _tested
+
+    n, cfg = 5000, {"parametric": {"train_tokens": 1000, "seed": 3}}
+    keys = np.zeros((n, 4), dtype=np.float16)
+    man = {"N": n, "D": 4, "checkpoint_sha256": "x"}
+    meta = prepare_store(TRAINING_SUBSET, "att", keys, man, cfg, tmp_path / "sub")
+    rows = np.load(tmp_path / "sub" / "rows.npy")
+    assert meta["size"] == 1000 and np.array_equal(rows, training_subset_rows(n, 1000, 3))
+    assert searches_every_token(TRAINING_SUBSET) and searches_every_token("full") and not searches_every_token("r0.05")
+    with pytest.raises(ValueError, match="parametric.train_tokens"):
+        prepare_store(TRAINING_SUBSET, "att", keys, man, {"parametric": {"train_tokens": None, "seed": 3}}, tmp_path / "x")
+
+    def row(comparison, ref_rows, **kw):
+        return {"split": "test", "comparison": comparison, "relative difference": -0.05, "CI low": -0.07,
+                "CI high": -0.03, "verdict": "lower", "documents": 30, "converged": "yes", "steps": 9,
+                "train rows": 1000, "reference rows": ref_rows, **kw}
+    full = row("kNN-LM att/IP vs 3V embeddings att", n, reference="the paper's (att/IP, config τ)")
+    sub = row("kNN-LM att/IP on the subset vs 3V embeddings att", 1000, reference="the paper's (att/IP on the subset, config τ)")
+    df = pd.DataFrame([full, sub])
+    assert _equal_rows_twin(pd.Series(full), df) and not _equal_rows_twin(pd.Series(sub), df)
+    assert not _equal_rows_twin(pd.Series(full), df.iloc[:1])  # no twin: the row stays (and is 'subset-trained')
+    claim = next(c for c in CLAIMS if "exactly the rows" in c["claim"])
+    assert re.fullmatch(claim["pattern"], sub["comparison"]) and claim["ref"] in sub["reference"]
+    assert not re.fullmatch(claim["pattern"], full["comparison"])
+    assert _tested(claim, pd.Series(sub), "", {}, 20)["verdict"] == "reproduced"
 
 
 def test_table5_check_names_an_nv_worse_than_w_ds_on_the_same_rows():

@@ -78,18 +78,38 @@ def test_documents_of_a_wikitext_split(tmp_path):
         line_documents(text, "chapters")
 
 
-def test_scope_is_whole_documents_up_to_the_budget():
+def test_scope_is_one_word_aligned_block_per_document_every_token_equally_likely():
+    """scope_tokens: every document gives one contiguous (circular) block of whole words, its share of the budget;
+    over seeds every token is in the scope with the budget's fraction, whatever its document or its place in it
+    (near either end too), so the scope is self-weighting; seeded; null budget: every token."""
     from knnlm.search.scope import scope_tokens
 
-    sizes = np.array([5, 8, 3, 12, 7, 6, 9, 4, 10, 2])
-    doc = np.repeat(np.arange(10), sizes)
-    sc = scope_tokens(doc, 25, seed=3)
-    chosen = np.unique(doc[sc])
-    assert np.array_equal(sc, np.flatnonzero(np.isin(doc, chosen))) and sizes[chosen].sum() == len(sc)
-    assert len(chosen) == int(np.ceil(10 * 25 / len(doc)))  # ceil(D * budget / T) documents
-    assert np.array_equal(scope_tokens(doc, 25, seed=3), sc) and not np.array_equal(scope_tokens(doc, 25, seed=4), sc)
-    assert len(scope_tokens(doc, None, seed=3)) == len(doc)
-    assert len(np.unique(doc[scope_tokens(doc, 1, seed=0)])) == 1  # a budget below every document: one document
+    sizes = np.array([200, 350, 500, 1200, 260])
+    doc = np.repeat(np.arange(5), sizes)
+    words = (np.random.default_rng(0).random(len(doc)) < 0.6).astype(np.int16)  # ~1.7 tokens per word
+    t, budget = len(doc), int(0.2 * len(doc))
+    sc = scope_tokens(doc, budget, seed=3, words=words)
+    assert np.array_equal(np.unique(doc[sc]), np.arange(5)) and abs(len(sc) - budget) <= 5 * 3
+    for d, (lo, n) in enumerate(zip(np.cumsum(sizes) - sizes, sizes)):
+        mine = sc[doc[sc] == d] - lo
+        assert abs(len(mine) - round(budget * n / t)) <= 3  # its share of the budget, to a word
+        starts = np.flatnonzero(np.roll(mine, 1) != mine - 1)  # a run of positions, or two joined around the end
+        assert len(starts) == 1 or (len(starts) == 2 and mine[0] == 0 and mine[-1] == n - 1)
+        assert words[lo + mine[starts[0] if len(starts) == 1 else starts[1]]] > 0  # the block opens on a word start
+        after = (mine[-1] + 1) % n if len(starts) == 1 else mine[starts[1] - 1] + 1
+        assert after == 0 or words[lo + after] > 0  # and ends before one (or at the document's end)
+    counts = np.zeros(t)
+    for seed in range(2000):
+        counts[scope_tokens(doc, budget, seed, words)] += 1
+    p = counts / 2000  # binomial sd at 2,000 draws: 0.009
+    assert abs(p.mean() - 0.2) < 0.005 and np.abs(p - 0.2).max() < 0.05 and p.std() < 0.012
+    assert np.allclose([p[doc == d].mean() for d in range(5)], 0.2, atol=0.005)
+    assert p[[0, 199, 200, t - 1]].min() > 0.15  # the documents' ends as likely as their middles
+    assert np.array_equal(scope_tokens(doc, budget, 3, words), sc) and not np.array_equal(scope_tokens(doc, budget, 4, words), sc)
+    assert len(scope_tokens(doc, None, seed=3)) == t
+    assert len(np.unique(doc[scope_tokens(doc, 1, seed=0)])) == 5  # a budget below every share: a word of each
+    with pytest.raises(ValueError, match="contiguous"):
+        scope_tokens(np.array([0, 1, 0, 1]), 2, seed=0)
 
 
 def test_tuning_sample_is_n_whole_documents_uniformly():
@@ -300,10 +320,12 @@ def test_coverage_in_realistic_scenarios_and_why_the_unit_is_the_article():
     """Articles resampled as units cover the truth although their paragraphs share one effect; paragraphs of the
     same articles treated as independent units do not (knnlm.statistics.coverage.scenario_coverage; docs/coverage.md).
     Heavy tails are covered; an effect that grows with the document's length is the measured shortfall of the interval
-    (docs/coverage.md names it), and this test fails if it silently gets worse."""
+    (docs/coverage.md names it), and this test fails if it silently gets worse. The retrieval scope's block sample
+    (one block of ~3 % of every article, effects varying inside articles) is covered resampled by article."""
     from knnlm.statistics.coverage import scenario_coverage
 
     for n in (20, 60):
+        assert scenario_coverage("block_sample", n, 300, seed=n)["coverage"] >= 0.92
         assert scenario_coverage("nested_articles", n, 300, seed=n)["coverage"] >= 0.92
         assert scenario_coverage("nested_paragraphs", n, 300, seed=n)["coverage"] < 0.7
         assert scenario_coverage("heavy_tails", n, 300, seed=n)["coverage"] >= 0.92
@@ -368,27 +390,24 @@ def test_auto_documents_follow_the_stated_rule(tmp_path, articles, want):
     assert split_token_documents(tmp_path / "t", line, "wikitext")[1] == "wikitext"
 
 
-def test_scope_inclusion_does_not_depend_on_document_length():
-    """Over many seeds, long and short documents enter the scope equally often (a fill up to the budget favours
-    short ones), each scope is whole documents, and the scope holds the budget on average."""
+def test_scope_takes_the_same_fraction_of_long_and_short_documents():
+    """On WikiText-like lengths (log-normal, 60 articles) at the main job's ~3 % budget, each article gives the
+    budget's fraction of its tokens (a long article's block is longer, a short one's shorter), so the scope's
+    fraction does not depend on the length, every article is in it and it holds the budget."""
     from knnlm.search.scope import scope_tokens
 
     rng = np.random.default_rng(6)
     sizes = np.exp(rng.normal(np.log(2500), 1.2, 60)).astype(int) + 1
     doc = np.repeat(np.arange(60), sizes)
-    budget = int(sizes.sum() * 0.25)
-    hits, tokens = np.zeros(60), []
-    for seed in range(2000):
+    budget = int(sizes.sum() * 0.03)
+    frac = np.zeros(60)
+    for seed in range(50):
         sc = scope_tokens(doc, budget, seed)
-        chosen = np.unique(doc[sc])
-        assert np.array_equal(sc, np.flatnonzero(np.isin(doc, chosen)))
-        hits[chosen] += 1
-        tokens.append(len(sc))
-    assert abs(np.mean(tokens) / budget - 1) < 0.1
-    long, short = sizes > np.median(sizes), sizes <= np.median(sizes)
-    p_long, p_short = hits[long].mean() / 2000, hits[short].mean() / 2000
-    assert abs(p_long - p_short) < 0.05, (p_long, p_short)
-    assert abs(np.corrcoef(np.log(sizes), hits)[0, 1]) < 0.15
+        assert abs(len(sc) / budget - 1) < 0.02
+        frac += np.bincount(doc[sc], minlength=60) / sizes / 50
+    assert (frac > 0).all()
+    big = sizes > 200  # a share of >= 6 tokens: rounding moves it by < 10 %
+    assert np.allclose(frac[big], 0.03, rtol=0.1)
 
 
 def test_findings_rows_on_too_few_documents_are_inconclusive():
@@ -575,3 +594,24 @@ def test_about_as_good_scales_with_the_reference_gain():
         c = _with_gain_margin(claim, r, df)
         assert c["equivalent"] == pytest.approx(0.1 * abs(gain)) and f"±{100 * 0.1 * abs(gain):.2f} %" in c["claim"]
         assert _tested(c, r, "", {}, 20, "wikitext")["verdict"] == want
+
+
+def test_stores_are_paired_only_on_the_same_tokens():
+    """store_vs_store pairs two stores' settings JSONs document by document only when they scored the same tokens:
+    the same documents with other tokens of them (another scope) are refused, naming both stores."""
+    from knnlm.io import ArtifactError
+    from knnlm.scoring.settings import store_vs_store
+
+    rng = np.random.default_rng(0)
+    words = rng.integers(50, 100, 30).tolist()
+    nll = (np.array(words) * 4.0 + rng.normal(0, 1, 30)).tolist()
+
+    def settings(store, digest, shift=0.0):
+        return {"store": store, "doc_ids": {"test": list(range(30))}, "token_digest": {"test": digest},
+                "doc_words": {"test": words}, "doc_nll": {"test": {"x": [v + shift * w for v, w in zip(nll, words)]}}}
+
+    st = {"interval": "jackknife_t", "resamples": 200, "level": 0.95, "min_documents": 5, "seed": 0, "documents": "blocks"}
+    d = store_vs_store(settings("r0.05", "ab12", 0.05), settings("full", "ab12"), "test", "x", st)
+    assert d["lo"] > 0 and d["verdict"] == "higher"
+    with pytest.raises(ArtifactError, match="r0.05 and full .* different test tokens"):
+        store_vs_store(settings("r0.05", "ab12"), settings("full", "cd34"), "test", "x", st)

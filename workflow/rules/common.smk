@@ -13,8 +13,9 @@ from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, inte
 from knnlm.lm import backend
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.report.front_page import front_page
-from knnlm.datastore.stores import (ALL_TOKENS, nested_shards, probe_store, same_index_store, same_keys_store,
-                          same_search_store, scores_every_token, store_name, store_wildcard)
+from knnlm.datastore.stores import (ALL_TOKENS, TRAINING_SUBSET, nested_shards, probe_store, same_index_store,
+                          same_keys_store, same_search_store, scores_every_token, searches_every_token, store_name,
+                          store_wildcard)
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -101,6 +102,17 @@ def cfg_with_keys(section, keys, *sections):
     """cfg_json(*sections) plus only `keys` of config section `section` (a change to its other keys reruns nothing
     here)."""
     return quoted_cfg(*sections, **{section: {k: CFG[section][k] for k in keys}})
+
+
+def cfg_of_store(*sections):
+    """params function: cfg_json(*sections) plus, for the alternatives' training subset (store TRAINING_SUBSET), the
+    keys of config 'parametric' that choose its rows (train_tokens, seed), so that no other store reruns when they
+    change."""
+    def fn(wildcards):
+        if wildcards.store != TRAINING_SUBSET:
+            return quoted_cfg(*sections)
+        return quoted_cfg(*sections, parametric={k: CFG["parametric"][k] for k in ("train_tokens", "seed")})
+    return fn
 
 
 def cfg_of_lm(*sections):
@@ -322,9 +334,10 @@ def index_of(name):
 def scope_of(full_is_all=False, both_splits=False):
     """Input function: the retrieval scope of the job's split ('scope'; of both splits, in EVAL_SPLITS order, when
     `both_splits`), or nothing for a store scored on every token (knnlm.datastore.stores.scores_every_token) and, when
-    `full_is_all`, for the full store (its FAISS search covers every token: Table 1 reads it)."""
+    `full_is_all`, for a store whose FAISS search covers every token (searches_every_token: the full store, which
+    Table 1 reads, and the alternatives' training subset)."""
     def fn(wc):
-        if scores_every_token(wc.store) or (full_is_all and wc.store == "full"):
+        if scores_every_token(wc.store) or (full_is_all and searches_every_token(wc.store)):
             return []
         return per_split("scope", lm=wc.lm) if both_splits else artifact("scope", lm=wc.lm, split=wc.split)
     return fn

@@ -2,6 +2,10 @@
 # LM frozen; one job per (variant, key type) of config section 'parametric' (knnlm.experiments.parametric).
 PAR_TABLES = parametric_tables(CFG)
 VARIANTS = parametric_variants(CFG)
+# The kNN-LM at equal rows (App. B-C): the paper's reference (att/IP when the run has them) on the store of exactly the
+# rows the alternatives train on (TRAINING_SUBSET), when they train on a subset ('parametric.train_tokens')
+SUBSET_KNN = (dict(store=TRAINING_SUBSET, key="att" if "att" in KEYS else KEYS[0], metric="ip" if "ip" in METRICS else METRICS[0])
+              if CFG["parametric"]["train_tokens"] is not None else {})
 
 
 knnlm_rule(
@@ -57,6 +61,8 @@ knnlm_rule(
                    for s in EVAL_SPLITS],
         par_logprobs=[artifact("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
         documents=per_split("documents"),
+        **(dict(subset_score=artifact("score", **SUBSET_KNN), subset_knn=per_split("knn_logprobs", **SUBSET_KNN),
+                subset_tuned=per_split("knn_logprobs_tuned", **SUBSET_KNN)) if SUBSET_KNN else {}),
     ),
     output=files(
         cmp_csv=artifact("table", table="parametric_comparisons", ext="csv"),

@@ -39,7 +39,7 @@ knnlm_rule(
     output=files(
         store=directory(artifact("store_prep")),
     ),
-    cfg=cfg_json("datastore_size", "index"),
+    cfg=cfg_of_store("datastore_size", "index"),
     threads=THREADS,
 )
 

@@ -1,5 +1,6 @@
 # Table 1 (Xu et al. 2023, Sec. 3): p_kNN from the full store's neighbour cache, λ tuned on valid, reported on
-# valid and test, for every (key type, metric).
+# valid and test, for every (key type, metric). The same job scores the kNN-LM of the parametric alternatives'
+# training rows (store TRAINING_SUBSET, Sec. 4 at equal rows), whose search also covers every token.
 
 knnlm_rule(
     "score", "table1.score",
@@ -7,16 +8,19 @@ knnlm_rule(
         **datastore(),
         **queries(),
         wordcounts=artifact("wordcounts"),
-        nb_ids=per_split("nb_ids", store="full"),
-        nb_dists=per_split("nb_dists", store="full"),
-        nb_meta=per_split("nb_meta", store="full"),
+        nb_ids=per_split("nb_ids"),
+        nb_dists=per_split("nb_dists"),
+        nb_meta=per_split("nb_meta"),
     ),
     output=files(
-        out=artifact("score", store="full"),
-        knn=per_split("knn_logprobs", store="full"),
-        knn_tuned=per_split("knn_logprobs_tuned", store="full"),
+        out=artifact("score"),
+        knn=per_split("knn_logprobs"),
+        knn_tuned=per_split("knn_logprobs_tuned"),
     ),
     cfg=cfg_json("knn", "temperature"),
+    constraints=dict(
+        store=lm_constraint(["full", TRAINING_SUBSET]),
+    ),
 )
 
 

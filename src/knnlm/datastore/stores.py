@@ -75,6 +75,13 @@ def subsample_rows(n: int, ratio: float, seed: int) -> np.ndarray:
     return np.sort(_permutation(n, seed)[:size]).astype(np.int64)
 
 
+def training_subset_rows(n: int, train_tokens: int, seed: int) -> np.ndarray:
+    """The datastore rows the parametric alternatives train on (config 'parametric.train_tokens' rows, seed
+    'parametric.seed'; Xu et al. 2023, App. B-C): subsample_rows(n, min(1, train_tokens / n), seed), sorted int64.
+    Store TRAINING_SUBSET holds exactly these rows, so a kNN-LM searches what they were trained on."""
+    return subsample_rows(n, min(1.0, train_tokens / n), seed)
+
+
 def _subset_size(n: int, ratio: float) -> int:
     """round(ratio × n); ValueError unless 0 < ratio ≤ 1 and the subset is non-empty."""
     if not 0 < ratio <= 1:
@@ -167,6 +174,30 @@ def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
     rows = subsample_rows(man["N"], ratio, seed)
     save_npy(out_dir / "rows.npy", rows)
     return {"ratio": ratio, "seed": seed, **_seeds(m)}
+
+
+TRAINING_SUBSET = "trainsubset"  # the store of the parametric alternatives' training rows (training_subset_rows)
+
+
+@store_kind(TRAINING_SUBSET)
+def _training_subset(m, keys, man, cfg, out_dir: Path) -> dict:
+    """The rows the parametric alternatives train on (training_subset_rows of config 'parametric.train_tokens' and
+    'parametric.seed'): the kNN-LM they are held against at equal rows. Raises ValueError when
+    'parametric.train_tokens' is null (they train on every row: the full store is that kNN-LM)."""
+    p = cfg["parametric"]
+    if p["train_tokens"] is None:
+        raise ValueError(f"store {TRAINING_SUBSET!r} needs config key 'parametric.train_tokens' (the alternatives' "
+                         f"training rows), found null: the full store holds every row")
+    rows = training_subset_rows(man["N"], p["train_tokens"], p["seed"])
+    save_npy(out_dir / "rows.npy", rows)
+    return {"ratio": len(rows) / man["N"], "seed": p["seed"], "train_tokens": p["train_tokens"]}
+
+
+def searches_every_token(name: str) -> bool:
+    """True for the stores whose FAISS search covers every token of valid and test whatever the retrieval scope, and
+    that Table 1's score job (knnlm.experiments.table1.score) reads: 'full' (Table 1) and TRAINING_SUBSET (the
+    parametric tables' kNN-LM at equal rows)."""
+    return name in ("full", TRAINING_SUBSET)
 
 
 def same_keys_store(name: str) -> str:

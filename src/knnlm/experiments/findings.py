@@ -30,9 +30,12 @@ A claim about a family of settings (every parametric alternative the run trained
 A parametric alternative that stopped before its valid NLL stopped improving is under-trained: a verdict that rests
 on it looking worse than the claim needs (worse than the kNN-LM or the base LM, or a smaller share of the gain) is
 'inconclusive (under-trained)', since more training could change it; one where it already looks better stands.
-Likewise a variant trained on fewer rows than what it is compared with (a kNN-LM searches every datastore row) is
-'inconclusive (subset-trained)' where it looks worse; variants are compared with each other at equal rows (W_ds is
-trained again on the subset the others saw when it trained on all rows).
+A variant trained on a subset of the datastore's rows (config 'parametric.train_tokens') is held against the kNN-LM
+whose datastore is exactly those rows ('kNN-LM att/IP on the subset', at τ = 1 and at its τ*), like for like; its
+rows against the all-rows kNN-LMs stay in the parametric comparisons table. Where no such kNN-LM exists, a variant
+on fewer rows than what it is compared with is 'inconclusive (subset-trained)' where it looks worse. Variants are
+compared with each other at equal rows (W_ds is trained again on the subset the others saw when it trained on all
+rows).
 App. D's slopes over word types and E.3's effects are statistics, not relative differences: their rows give the
 value in its unit with its CI (delete-one-document jackknife, docs/statistics.md). E.3's "no correlation with the
 position" is tested on an effect a reader can judge, the change of per-token NLL (nats) between the first and the
@@ -116,6 +119,7 @@ PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs
 GAIN_MARGIN = 0.10  # "about as good as" a model whose own gain is small: within ±10 % of that gain
 SIZE_MARGIN = 0.02  # "nearly 4 %" (Drozdov et al. 2022): a relative difference of −4 % ± 2 percentage points
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
+SUBSET = " on the subset"  # the kNN-LM on the alternatives' training rows (knnlm.experiments.parametric.SUBSET)
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
           "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
           "adaptive counts by base-LM loss att": (19.095, 20.440), "MoS R=2 (+ embed) att": (19.095, 20.720),
@@ -180,6 +184,13 @@ CLAIMS = [
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP) at its τ*",
            "parametric", r"kNN-LM att/IP τ\* vs " + ALTERNATIVES, APP_BC, sign=-1, regex=True,
            ref="the paper's (att/IP, τ*)", kind="tau*"),
+    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP), the "
+           "kNN-LM searching exactly the rows each alternative was trained on (equal rows)", "parametric",
+           r"kNN-LM \S+ on the subset vs " + ALTERNATIVES, APP_BC, sign=-1, regex=True, ref="on the subset, config τ",
+           tau1=True),
+    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP) on the same "
+           "rows, each side at its τ*", "parametric", r"kNN-LM \S+ on the subset τ\* vs " + ALTERNATIVES, APP_BC,
+           sign=-1, regex=True, ref="on the subset, τ*", kind="tau*"),
     _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the best kNN-LM at its τ*",
            "parametric", r"kNN-LM \S+ τ\* vs " + ALTERNATIVES, sign=-1, regex=True, kind="tau*", ref="best on valid, τ*"),
     _claim("Sec. 4, App. B, Table 5", f"at equal training rows, nV (n > 1) is about as good as W_ds (within "
@@ -475,6 +486,20 @@ def _fewer_rows(r: pd.Series) -> bool:
         return False
 
 
+def _equal_rows_twin(r: pd.Series, df: pd.DataFrame) -> bool:
+    """Whether parametric comparison row r, a variant trained on fewer rows than the all-rows kNN-LM it is compared
+    with, has a twin at equal rows in `df`: the same variant against the kNN-LM on its own training rows ('kNN-LM X on
+    the subset', knnlm.datastore.stores.TRAINING_SUBSET). The twin's claims then carry the verdict; r stays in the
+    parametric comparisons table."""
+    if not _fewer_rows(r) or not str(r["comparison"]).startswith(("kNN-LM ", "share of the gain: ")):
+        return False
+    variant = re.sub(r"^share of the gain: (.+) of kNN-LM .+$|^kNN-LM \S+(?: τ\*)? vs (.+)$",
+                     lambda m: m.group(1) or m.group(2), r["comparison"])
+    same = df[(df["split"] == r["split"]) & df["comparison"].str.contains(SUBSET + r"(?: τ\*)? vs |of kNN-LM \S+" + SUBSET)]
+    return bool(same["comparison"].map(lambda c: c.endswith(" vs " + variant) or
+                                       c.startswith(f"share of the gain: {variant} of ")).any())
+
+
 def _with_gain_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
     """Claim `c` with its 'equivalent' margin for row r when the margin scales with the effect (c['equivalent_gain']):
     that share of |b vs base| on test, b the row's right side, named in the claim; a claim with no such row is tested
@@ -495,8 +520,14 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     if not c["tau1"]:
         return ""
     cmp_ = r["comparison"]
-    if c["source"] == "parametric":
-        names, src = re.findall(r"kNN-LM (\S+/\S+)(?! τ\*)", cmp_), "table1"
+    if c["source"] == "parametric":  # the subset's kNN-LM has its own τ* row in the parametric table, the others Table 1's
+        names = [n for n in re.findall(r"kNN-LM (\S+/\S+(?: on the subset)?(?: τ\*)?)", cmp_) if not n.endswith("τ*")]
+        sub = [n for n in names if n.endswith(SUBSET)]
+        if sub:
+            df = sources.get("parametric", (None, ""))[0]
+            valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
+            return ", ".join(n for n in sub if str(valid.get(f"kNN-LM {n}{TUNED} vs kNN-LM {n}", "")) == "lower")
+        src = "table1"
     elif c["source"] == "size":
         names, src = [cmp_.split(" (small store vs full)")[0]], "table3"
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
@@ -606,6 +637,10 @@ def findings(job: Job) -> dict:
                          "comparison (a vs b)": c["comparison"], "paper": _paper(c, None)[0],
                          "ours (test, 95% CI)": "not run", "on": "-", "units": "-", "verdict": "not run"})
             continue
+        if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
+            sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
+            if sel.empty:
+                continue  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
         for _, r in sel.iterrows():
             rows.append(_tested(_with_gain_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"],
                                 scheme, undertrained, _tau1_off(c, r, sources)))

@@ -28,12 +28,13 @@ from ..parametric import (KeyBatches, build_model, cached, cluster_aggregation, 
                           tune_l2_temperature)
 from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..statistics.intervals import per_document
-from ..datastore.stores import subsample_rows
+from ..datastore.stores import training_subset_rows
 from .common import (by_split, documents_label, lm_backend, lm_log_probs, lm_training_label, open_datastore,
                      open_split, split_documents, words_per_split)
 
 log = logging.getLogger(__name__)
 SUBSET = " on the subset"  # nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants
+# the kNN-LM whose store is exactly those rows (knnlm.datastore.stores.TRAINING_SUBSET): 'kNN-LM att/IP on the subset'
 ALONE = " alone"  # a parametric model's own perplexity, not interpolated with the base LM ('W_ds (learned) att alone')
 
 
@@ -64,7 +65,7 @@ def train_parametric(job: Job) -> dict:
     stats_path = job.input.get("word_stats")
     vocab, dim = w_sm.shape[0], keys.shape[1]
     tr = training_settings(p, variant)
-    rows = None if tr["train_tokens"] is None else subsample_rows(man["N"], min(1.0, tr["train_tokens"] / man["N"]), p["seed"])
+    rows = None if tr["train_tokens"] is None else training_subset_rows(man["N"], tr["train_tokens"], p["seed"])
     q = {s: open_split(job, s, with_queries=True, checkpoint_sha256=man["checkpoint_sha256"]) for s in SPLITS}
     words = words_per_split(job)
     lp_lm = {s: np.asarray(q[s]["lm_logprobs"], dtype=np.float64) for s in q}
@@ -284,6 +285,18 @@ def comparison_variant(comparison: str, variants: list[str]) -> str:
     raise ValueError(f"comparison {comparison!r} names none of the trained variants {variants}")
 
 
+def _subset_reference(job: Job, results: list[dict]) -> dict | None:
+    """The kNN-LM on the alternatives' training rows (inputs 'subset_score', 'subset_knn', 'subset_tuned'; store
+    knnlm.datastore.stores.TRAINING_SUBSET, rows of config 'parametric.train_tokens'): {'name', 'label', 'rows', 'score'}
+    (the score JSON of knnlm.experiments.table1.score), or None without those inputs."""
+    if not job.input.get("subset_score"):
+        return None
+    s, p = read_json(job.path("subset_score")), job.cfg["parametric"]
+    rows = len(training_subset_rows(results[0]["datastore_rows"], p["train_tokens"], p["seed"])) if results else 0
+    pair = f"{s['key_type']}/{METRIC_NAME[s['metric']]}"
+    return {"name": f"kNN-LM {pair}{SUBSET}", "label": f"{pair}{SUBSET}", "rows": rows, "score": s}
+
+
 def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) -> list[str]:
     """Table 'parametric_comparisons': every variant's interpolated perplexity vs the base LM, vs the best kNN-LM
     (Table 1, chosen on valid; at τ and at τ*) and vs the paper's reference kNN-LM of Tables 2 and 5-7 (att/IP, at the
@@ -305,6 +318,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         raise ValueError(f"rule {job.rule}: inputs knn_logprobs / knn_tuned / par_logprobs must list one file per split "
                          f"of every score / score / variant, found {len(knn_files)} / {len(tuned_files)} / {len(par_files)}")
     knn_name = {id(s): f"kNN-LM {s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores}
+    sub = _subset_reference(job, results)
     best_name = knn_name[id(best)]
     best_tuned = best_name + " τ*"  # the same kNN-LM at its τ tuned on valid (λ re-tuned; Table 1's 'τ tuned' row)
     paper_ref = "kNN-LM att/IP"  # Tables 2 and 5-7 of the paper: h_ds = att, ⊗ = IP (τ = 1 there; here also at τ*)
@@ -320,6 +334,11 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                 lps.append(interpolate(lp_lm[split], np.load(tuned_files[i * len(SPLITS) + j]).astype(np.float64),
                                        s["tuned"]["lambda"]))
                 names.append(knn_name[id(s)] + " τ*")
+        if sub:  # the kNN-LM on the alternatives' training rows, at the config τ and at its τ* (λ tuned on valid)
+            for name, f, lam in ((sub["name"], "subset_knn", sub["score"]["lambda"]),
+                                 (sub["name"] + " τ*", "subset_tuned", sub["score"]["tuned"]["lambda"])):
+                lps.append(interpolate(lp_lm[split], np.load(by_split(job, f)[split]).astype(np.float64), lam))
+                names.append(name)
         for i, r in enumerate(results):
             lam = r["stages"][r.get("final_stage", list(r["stages"])[-1])]["lambda"]
             lp_par = np.load(par_files[i * len(SPLITS) + j]).astype(np.float64)
@@ -330,14 +349,22 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         # the att/IP kNN-LM (19.095 in the paper) at the config τ and at its τ*, when the run has it
         refs = [best_name, best_tuned] + [n for n in (paper_ref, paper_ref + " τ*")
                                           if n in names and n not in (best_name, best_tuned)]
+        on_sub = [n for n, r in zip(par_names, results) if sub and r["train_rows"] == sub["rows"]]
+        sub_refs = [sub["name"], sub["name"] + " τ*"] if on_sub else []
         pairs = ([(n, "base") for n in par_names] + [(r, n) for r in refs for n in par_names]
+                 + [(r, n) for r in sub_refs for n in on_sub]  # the kNN-LM on the same rows (App. B-C, like for like)
+                 + ([(sub_refs[1], sub_refs[0])] if sub_refs else [])  # does its τ* beat τ = 1 (chosen on valid)
                  + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
                  + equal_rows_pairs(results, par_names))  # each variant vs W_ds trained on the same rows
-        c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names])
+        c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names]
+                    + [(n, r) for r in sub_refs for n in on_sub])
         rows += comparison_rows(c, split=split)  # the shares of a gain too
     history = {n: r.get("history", {}) for n, r in zip(par_names, results)}
     for row in rows:  # which kNN-LM a row compares with: ours (best on valid, at τ or τ*) and/or the paper's
         c, ref = row["comparison"], []
+        if sub and sub["name"] in c:
+            row["reference"] = "the paper's (" + sub["label"] + (", τ*)" if sub["name"] + " τ*" in c else ", config τ)")
+            continue
         if best_tuned in c:
             ref.append("best on valid, τ*")
         elif best_name in c:
@@ -349,9 +376,14 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
         row["reference"] = "; ".join(ref)
     by_name = dict(zip(par_names, results))
     for row in rows:  # the training of the variant each comparison involves: under-trained rows prove less
+        if sub and row["comparison"] == f"{sub['name']} τ* vs {sub['name']}":
+            row.update({"train rows": "-", "reference rows": sub["rows"]})
+            continue
         v = by_name[comparison_variant(row["comparison"], par_names)]
         h = history[_variant_name(v)]
-        if row["comparison"].startswith(("kNN-LM ", "share of the gain: ")):
+        if sub and sub["name"] in row["comparison"]:
+            ref_rows = sub["rows"]  # the kNN-LM on the alternatives' training rows
+        elif row["comparison"].startswith(("kNN-LM ", "share of the gain: ")):
             ref_rows = v.get("datastore_rows", "-")  # a kNN-LM searches every datastore row
         else:  # 'X vs base' (no rows), 'X vs W_ds ...' (the rows W_ds was trained on)
             other = row["comparison"].split(" vs ", 1)[-1]
@@ -368,7 +400,10 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
            f"steps / converged / train rows: the training of the variant the comparison involves; 'reference rows': the "
            f"rows of what it is compared with (a kNN-LM: every datastore row; W_ds: the rows it was trained on). "
            f"'X vs W_ds (learned)[ on the subset]' compares a variant with W_ds trained on the same rows, "
-           f"'X alone vs base' the model without interpolation.")
+           f"'X alone vs base' the model without interpolation."
+           + (f" '{sub['name']}': the kNN-LM whose datastore is exactly the {sub['rows']:,} rows the variants "
+              f"'{SUBSET.strip()}' were trained on (the same seeded subset), at τ = {job.cfg['knn']['temperature']} and "
+              f"at its τ* (λ tuned on valid): each such variant is also compared with it, at equal rows." if sub else ""))
     write_comparisons(rows, job.path("cmp_csv"), job.path("cmp_md"), "Parametric comparisons with 95% CIs", cap, boot, note=lm_training_label(job))
     return [str(job.path("cmp_csv")), str(job.path("cmp_md"))]
 

@@ -64,6 +64,16 @@ def scope_indices(job: Job, split: str, n_tokens: int) -> np.ndarray:
     return sc
 
 
+def scope_digest(job: Job, split: str) -> str:
+    """A digest of the token indices the job scores on `split` (scope_file): 'all' for every token, else the first 16
+    hex digits of the SHA-256 of the sorted int64 indices. Two settings JSONs are paired token for token only when
+    their digests match (knnlm.scoring.settings.store_vs_store)."""
+    import hashlib
+
+    path = scope_file(job, split)
+    return "all" if path is None else hashlib.sha256(np.load(path).astype(np.int64).tobytes()).hexdigest()[:16]
+
+
 def _scoped(job: Job, man: dict, everything: bool = False):
     """(queries manifest, queries [t, D] float32, scope [t] token indices) of the job's split: the tokens it scores
     (scope_indices), or every token when `everything`; every token's queries stay a memmap, read in chunks."""
@@ -95,9 +105,11 @@ def tuning_sample(job: Job) -> dict:
 
 
 def scope(job: Job) -> dict:
-    """The retrieval scope of a split: whole documents in a seeded order up to 'retrieval.max_queries' tokens."""
+    """The retrieval scope of a split: one seeded word-aligned block per document, 'retrieval.max_queries' tokens in
+    all (knnlm.search.scope.scope_tokens)."""
     docs = np.load(job.path("documents"))
-    sc = scope_tokens(docs["doc"], job.cfg["retrieval"]["max_queries"], job.cfg["retrieval"]["scope_seed"])
+    sc = scope_tokens(docs["doc"], job.cfg["retrieval"]["max_queries"], job.cfg["retrieval"]["scope_seed"],
+                      docs["words"])
     save_npy(job.path("out"), sc)
     return {"metrics": {"tokens": len(sc), "documents": len(np.unique(docs["doc"][sc])),
                         "split_tokens": len(docs["doc"]), "split_documents": len(docs["tokens"])}}
@@ -155,6 +167,7 @@ def build_index(job: Job) -> dict:
 def search(job: Job) -> dict:
     """Top-k FAISS neighbours (the FAISS mask) and their PQ distances (the FAISS score) for the queries of the
     job's split: all of them for the full store (Table 1), the retrieval scope for other stores."""
+    from ..datastore.stores import searches_every_token
     from ..search.index import check_index_matches, search as faiss_search
 
     store, man = _store(job)
@@ -163,7 +176,7 @@ def search(job: Job) -> dict:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
     params = _index_params(job, store, man)
     check_index_matches(idx_meta, params, job.path("index"))
-    everything = job.wildcards["store"] == "full"  # Table 1 reads the full store's search of every token
+    everything = searches_every_token(job.wildcards["store"])  # Table 1 reads the full store's search of every token
     q, queries, sc = _scoped(job, man, everything)
     everything = len(sc) == q["manifest"]["T"]
     t0 = time.time()
@@ -461,6 +474,7 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
             "tau_sweep": sweep or {}, "ci": ci, "recall": recall,
             "doc_ids": {s: d[2].tolist() for s, d in docs.items()}, "documents_scheme": documents_scheme(job),
+            "token_digest": {s: scope_digest(job, s) for s in docs},
             "scan": _scan(job),
             "doc_words": {s: d[1].tolist() for s, d in docs.items()}, "doc_nll": doc_nll}
 

@@ -44,9 +44,14 @@ def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> d
     """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
     or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}
     of ppl_a / ppl_b − 1 from the per-document NLL of both (knnlm.statistics.intervals.compare, config section `stats`).
-    Raises ArtifactError when the two were scored on different documents."""
+    Raises ArtifactError when the two were scored on different documents or on different tokens of them (their
+    'token_digest', knnlm.experiments.retrieval.scope_digest)."""
     if a["doc_ids"][split] != b["doc_ids"][split]:
         raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
+    da, db = (s.get("token_digest", {}).get(split) for s in (a, b))
+    if da != db:
+        raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} tokens of the same "
+                            f"documents (token digests {da} and {db}): rerun their settings jobs")
     scheme = a.get("documents_scheme", {}).get("scheme", "")
     return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
                    [("a", "b")], stats, scheme=scheme)["diff"]["a vs b"]

@@ -1,8 +1,11 @@
 """Which query tokens an experiment scores, and their word counts (the scope of Xu et al. 2023, Sec. 5).
 
-The retrieval experiments (Table 3, Figures 2, 4, 5, the store tables) score a seeded sample of whole
-documents of valid and of test spread over the split, `retrieval.max_queries` tokens each on average (all
-documents when null), the same tokens for every setting they compare; Table 1 and the parametric tables
+The retrieval experiments (Table 3, Figures 2, 4, 5, the store tables) score a proportional block sample of valid
+and of test: every document of a split gives one contiguous, word-aligned block of about
+`retrieval.max_queries` · T_a / T of its T_a tokens at a seeded offset (all tokens when null), the same tokens for
+every setting they compare. Every token is in the scope with about the same probability, every document is in it,
+and the documents stay the resampling unit of the intervals, so a scoped comparison rests on the split's documents.
+The context windows of the scoped tokens still come from the whole-split dumps. Table 1 and the parametric tables
 score whole splits. Documents: knnlm.statistics.intervals.
 """
 from __future__ import annotations
@@ -10,29 +13,60 @@ from __future__ import annotations
 import numpy as np
 
 
-def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int) -> np.ndarray:
-    """The scope of a split: sorted int64 token indices of whole documents.
+def _word_starts(words: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Token positions lo..hi-1 of one document where a word starts (words > 0), the document's first token always."""
+    starts = lo + np.flatnonzero(np.asarray(words[lo:hi]) > 0)
+    return starts if len(starts) and starts[0] == lo else np.concatenate([[lo], starts]).astype(np.int64)
 
-    doc: [T] document id per target token (knnlm.statistics.documents.split_token_documents). A seeded uniform sample
-    without replacement of m = ⌈D · max_tokens / T⌉ of the D documents (null: all documents), so every document is in
-    the scope with probability m / D whatever its length and the scope holds max_tokens tokens on average
-    (a fill up to the budget would favour short documents, a stop at the budget long ones).
+
+def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int, words: np.ndarray | None = None) -> np.ndarray:
+    """The scope of a split: sorted int64 token indices, one word-aligned block per document.
+
+    doc: [T] document id per target token, each document contiguous (knnlm.statistics.documents.split_token_documents);
+    words: [T] words starting at each target (the documents artifact's 'words'; None: every token starts one).
+    Document a of T_a tokens gives a block of whole words, the first the word holding a seeded uniform token of the
+    document and the next ones after it, wrapping around to the document's start (a circular block, so that a token
+    near either end is as likely to be in it as one in the middle), until the block holds the whole number of words
+    nearest to round(max_tokens · T_a / T) tokens (at least one word, at most the document). Every token is then in the scope with probability about
+    max_tokens / T whatever its document (a self-weighting sample: the scope's perplexity estimates the split's),
+    the scope holds about max_tokens tokens, and every document is in it. Null max_tokens, or one ≥ T: every
+    token. Raises ValueError when a document is not contiguous or `words` does not match `doc`.
     """
     doc = np.asarray(doc)
-    if not max_tokens or max_tokens >= len(doc):
-        return np.arange(len(doc), dtype=np.int64)
-    n_docs = int(doc.max()) + 1
-    m = min(n_docs, max(1, int(np.ceil(n_docs * max_tokens / len(doc)))))
-    keep = np.random.default_rng(seed).choice(n_docs, size=m, replace=False)
-    return np.flatnonzero(np.isin(doc, keep)).astype(np.int64)
+    t = len(doc)
+    if not max_tokens or max_tokens >= t:
+        return np.arange(t, dtype=np.int64)
+    words = np.ones(t, dtype=np.int64) if words is None else np.asarray(words)
+    if len(words) != t:
+        raise ValueError(f"words per token has {len(words)} entries, the documents {t}")
+    bounds = np.flatnonzero(np.diff(doc)) + 1
+    edges = np.concatenate([[0], bounds, [t]]).astype(np.int64)
+    if len(np.unique(doc)) != len(edges) - 1:
+        raise ValueError("a document's tokens are not contiguous: the scope's blocks need contiguous documents")
+    rng = np.random.default_rng(seed)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        starts = _word_starts(words, lo, hi)
+        ends = np.append(starts[1:], hi)
+        want = int(round(max_tokens * (hi - lo) / t))
+        # the word holding a uniform token of the document (drawn for every document, so the draws do not depend
+        # on the budget's rounding): a long word is as likely to open the block as its tokens are to be in it
+        j = int(np.searchsorted(starts, lo + rng.integers(hi - lo), side="right")) - 1
+        order = np.roll(np.arange(len(starts)), -j)  # the words from the drawn one on, around the document
+        cum = np.cumsum(ends[order] - starts[order])
+        n = min(len(order), max(1, int(np.searchsorted(cum, want, side="left")) + 1)) if want > 0 else 1
+        if n > 1 and abs(cum[n - 2] - want) <= abs(cum[n - 1] - want):  # the nearer of the two block lengths
+            n -= 1
+        out += [np.arange(starts[w], ends[w]) for w in order[:n]]
+    return np.sort(np.concatenate(out)).astype(np.int64)
 
 
 def scope_caption(cfg: dict) -> str:
     """The scope of config key 'retrieval.max_queries' in words, for captions."""
     mq = cfg["retrieval"]["max_queries"]
     return ("all tokens of valid and test" if not mq else
-            f"a seeded uniform sample of whole documents of valid and of test, {mq:,} tokens each on average (every "
-            f"document equally likely)")
+            f"a seeded proportional block sample of valid and of test, {mq:,} tokens each (every document gives one "
+            f"block of whole words, its share of the budget; every token about equally likely)")
 
 
 def document_sample(doc: np.ndarray, n_documents: int | None, seed: int) -> np.ndarray:

@@ -60,9 +60,11 @@ def coverage(n_docs: int, method: str, reps: int, seed: int = 0, resamples: int 
 
 # Realistic scenarios beyond wikitext_like (docs/coverage.md): the coverage that a verdict's interval must reach at
 # >= 20 units in each (SCENARIO_MIN_COVERAGE), measured by scenario_coverage.
-SCENARIOS = ("wikitext", "length_effect", "heavy_tails", "nested_articles", "nested_paragraphs")
+SCENARIOS = ("wikitext", "length_effect", "heavy_tails", "nested_articles", "nested_paragraphs", "block_sample")
 SCENARIO_MIN_COVERAGE = 0.92
 LENGTH_SLOPE = 0.02  # length_effect: the kNN effect per word grows by this per unit of log document length
+BLOCK_FRACTION = 0.03  # block_sample: the scope's share of each article (the main job: 8,000 of ~270,000 tokens)
+SEGMENT_WORDS = 30  # block_sample: the words over which the kNN effect and the difficulty stay put inside an article
 
 
 def scenario_split(rng: np.random.Generator, name: str, n_units: int) -> tuple[np.ndarray, np.ndarray, float]:
@@ -74,7 +76,11 @@ def scenario_split(rng: np.random.Generator, name: str, n_units: int) -> tuple[n
     exp(DELTA_KNN + LENGTH_SLOPE σ²) − 1 (log-normal lengths). 'heavy_tails': lengths log-normal with σ = 1.8 (a few
     documents carry most words) and Student-t (3 d.o.f.) effects. 'nested_articles' / 'nested_paragraphs': articles of
     ~20 paragraphs whose effect and difficulty are the article's (spread 0.05), resampled by article / by paragraph
-    (n_units articles either way): the truth is the same, the second treats dependent paragraphs as independent."""
+    (n_units articles either way): the truth is the same, the second treats dependent paragraphs as independent.
+    'block_sample': the retrieval scope (knnlm.search.scope.scope_tokens): WikiText-like articles made of segments
+    of SEGMENT_WORDS words whose difficulty and kNN effect vary inside the article (spreads 0.3 and 0.1 around the
+    article's), of which each article gives one circular block of max(1, round(BLOCK_FRACTION · segments))
+    segments at a uniform offset; resampled by article."""
     sigma, delta = 1.3, DELTA_KNN
     if name in ("wikitext", "length_effect", "heavy_tails"):
         if name == "heavy_tails":
@@ -88,6 +94,8 @@ def scenario_split(rng: np.random.Generator, name: str, n_units: int) -> tuple[n
             truth = delta + LENGTH_SLOPE * sigma ** 2
         knn = base + words * (delta + eff) + np.sqrt(words) * 0.5 * rng.standard_normal(n_units)
         return np.stack([base, knn]), words, float(np.exp(truth) - 1)
+    if name == "block_sample":
+        return _block_sample(rng, n_units, delta)
     if name not in ("nested_articles", "nested_paragraphs"):
         raise ValueError(f"unknown coverage scenario {name!r}: expected one of {SCENARIOS}")
     per = rng.poisson(20, n_units) + 1  # paragraphs per article
@@ -101,6 +109,23 @@ def scenario_split(rng: np.random.Generator, name: str, n_units: int) -> tuple[n
         nll = np.stack([np.bincount(art, weights=row, minlength=n_units) for row in nll])
         words = np.bincount(art, weights=words, minlength=n_units)
     return nll, words, float(np.exp(delta) - 1)
+
+
+def _block_sample(rng: np.random.Generator, n_units: int, delta: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """scenario_split's 'block_sample': per-article NLL sums [2, n_units] and words of each article's block."""
+    words = np.maximum(20, np.round(np.exp(rng.normal(np.log(2500), 1.3, n_units))))
+    level, eff = rng.normal(4.5, 0.4, n_units), rng.normal(0, 0.05, n_units)
+    nll, kept = np.zeros((2, n_units)), np.zeros(n_units)
+    for a in range(n_units):
+        seg = max(1, int(round(words[a] / SEGMENT_WORDS)))
+        w = np.full(seg, words[a] / seg)
+        lev, e = level[a] + rng.normal(0, 0.3, seg), eff[a] + rng.normal(0, 0.1, seg)
+        take = (int(rng.integers(seg)) + np.arange(max(1, int(round(BLOCK_FRACTION * seg))))) % seg
+        w, lev, e = w[take], lev[take], e[take]
+        base = w * lev + np.sqrt(w) * 2.5 * rng.standard_normal(len(w))
+        knn = base + w * (delta + e) + np.sqrt(w) * 0.5 * rng.standard_normal(len(w))
+        nll[:, a], kept[a] = (base.sum(), knn.sum()), w.sum()
+    return nll, kept, float(np.exp(delta) - 1)
 
 
 def scenario_coverage(name: str, n_units: int, reps: int, method: str = "jackknife_t", seed: int = 0,
@@ -223,7 +248,9 @@ def main(argv=None) -> None:
              "wikitext: as above. length_effect: the kNN effect per word grows with the document's log length "
              f"({LENGTH_SLOPE} per unit), so long documents weigh in the truth. heavy_tails: log-normal lengths with "
              "σ = 1.8 and Student-t effects. nested_articles / nested_paragraphs: articles of ~20 paragraphs whose "
-             "effect is the article's, resampled by article / by paragraph (the count is of articles either way).\n\n"
+             "effect is the article's, resampled by article / by paragraph (the count is of articles either way). "
+             f"block_sample: the retrieval scope, one circular block of {100 * BLOCK_FRACTION:g} % of each article's "
+             f"{SEGMENT_WORDS}-word segments, whose difficulty and effect vary inside the article.\n\n"
              + scenario_table(a.reps))
     if a.out:
         from ..io import atomic_path
