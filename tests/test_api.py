@@ -68,6 +68,10 @@ def test_score_equals_table1(knn_of, tiny_run, lm, tuned):
     ref = json.loads((root / f"lms/{lm}/stores/full/scores/att_l2.json").read_text())
     row = ref["tuned"] if tuned else ref
     assert out.settings["temperature"] == row["temperature"] and out.settings["lambda"] == row["lambda"]
+    lam = row["lambda"]  # Eq. 5 by hand from the two components: the interpolation is the one Table 1 reports
+    with np.errstate(divide="ignore"):
+        lp = np.log((1 - lam) * np.exp(out.lp_lm) + lam * np.exp(out.lp_knn))
+    assert np.exp(-lp.sum() / out.words) == pytest.approx(row["test"]["interp"]["ppl_word"], rel=1e-5)
     assert out.ppl_word == pytest.approx(row["test"]["interp"]["ppl_word"], rel=1e-5)
     assert out.ppl_token == pytest.approx(row["test"]["interp"]["ppl_token"], rel=1e-5)
     assert out.lm_ppl_word == pytest.approx(ref["test"]["lm"]["ppl_word"], rel=1e-5)
@@ -98,8 +102,11 @@ def test_knn_distribution_over_the_vocabulary(knn_of, tiny_run):
     np.testing.assert_allclose(full.sum(1), 1.0, rtol=1e-9)
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(np.log(full[np.arange(200), t]), knn.knn_log_prob(q, t), rtol=1e-9)
-    mixed = knn.mix(np.log(np.full((1, knn.lm.vocab_size), 1.0 / knn.lm.vocab_size)), full[:1])
-    assert np.exp(mixed).sum() == pytest.approx(1.0)
+    v = knn.lm.vocab_size
+    mixed = knn.mix(np.log(np.full((1, v), 1.0 / v)), full[:1])
+    ref = json.loads((root / "lms/base/stores/full/scores/att_l2.json").read_text())["lambda"]  # Table 1's λ
+    assert 0 < knn.lam == ref < 1
+    np.testing.assert_allclose(np.exp(mixed[0]), (1 - ref) / v + ref * full[0], rtol=1e-12)  # Eq. 5, by hand
 
 
 def test_logits_processor_equals_scoring(knn_of):

@@ -128,7 +128,11 @@ def test_missing_split_names_file(tmp_path):
 
 
 def test_download_mode_skips_data_check(tmp_path):
-    check_data(validate_config({"name": "t", "data": {"dir": str(tmp_path / "nope"), "download": True}}))
+    """A data.dir that does not exist is an error naming it, unless the corpus is to be downloaded there."""
+    missing = {"name": "t", "data": {"dir": str(tmp_path / "nope")}}
+    with pytest.raises(ConfigError, match=r"data\.dir.*nope"):
+        check_data(validate_config(missing))
+    assert check_data(validate_config({**missing, "data": {**missing["data"], "download": True}})) is None
 
 
 def test_all_shipped_configs_validate():

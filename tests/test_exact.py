@@ -408,3 +408,28 @@ def test_cpu_tile_follows_the_l2_cache(tmp_path):
     assert cpu_l2_bytes(str(tmp_path)) == 2 << 20
     assert cpu_l2_bytes(str(tmp_path / "missing")) == 1 << 20
     assert TILE_KEYS in (1024, 2048, 4096) and TILE_KEYS * TILE_QUERIES * 4 <= max(cpu_l2_bytes(), 1 << 19)
+
+
+@pytest.mark.parametrize("buffer", [8, 1024])
+def test_running_topk_both_kinds_equal_torch_topk(buffer):
+    """The running top-k (the GPU kind _RunningTopK, run here on CPU tensors, and the CPU kind _RunningTopKCPU) over
+    several blocks of scores, a small candidate buffer forcing merges and a threshold seeded from a sample as
+    _seed_thresholds does: the same scores and ids as torch.topk over all the scores at once."""
+    import torch
+
+    from knnlm.search.exact import CPU_GROUP, GROUP, _RunningTopK, _RunningTopKCPU
+
+    g = torch.Generator().manual_seed(0)
+    m, k, blocks, width = 6, 20, 5, 4 * max(GROUP, CPU_GROUP) * 8
+    scores = torch.randn(m, blocks * width, generator=g)
+    ids = torch.arange(blocks * width, dtype=torch.int64) * 7 + 3  # datastore ids, not positions
+    want_s, want_p = scores.topk(k, dim=1)
+    sample = scores[:, torch.randperm(blocks * width, generator=g)[:4 * k]]
+    for top in (_RunningTopK(m, k, "cpu", buffer=buffer), _RunningTopKCPU(m, k, buffer=buffer)):
+        top.thr = torch.maximum(top.thr, sample.topk(k, dim=1).values.amin(1))  # a safe lower bound
+        for b in range(blocks):
+            top.add_block(scores[:, b * width:(b + 1) * width].contiguous(), ids[b * width:(b + 1) * width])
+        s, i = top.result()
+        s, i = torch.as_tensor(np.asarray(s)), torch.as_tensor(np.asarray(i))
+        torch.testing.assert_close(s, want_s)
+        assert torch.equal(i, ids[want_p]), type(top).__name__

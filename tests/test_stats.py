@@ -285,12 +285,13 @@ def test_every_interval_method_matches_a_brute_force_reference(method):
     ratio = lambda n, w: np.exp(n[0].sum() / w.sum()) / np.exp(n[1].sum() / w.sum())
     assert v[0] == pytest.approx(ratio(nll, words))
     counts = resample_counts(12, 400, 5)
+    assert counts.shape == (400, 12) and (counts.sum(1) == 12).all()  # each resample draws 12 documents
     boot = np.array([ratio(nll * c, words * c) for c in counts])
     loo = np.array([ratio(np.delete(nll, d, 1), np.delete(words, d)) for d in range(12)])
     if method == "jackknife_t":
         g = np.log(loo)
         se = np.sqrt(11 / 12 * ((g - g.mean()) ** 2).sum())
-        q = student_t.ppf(0.95, effective_documents(words) - 1)
+        q = student_t.ppf(0.95, words.sum() ** 2 / (words ** 2).sum() - 1)  # Kish's n_eff, by hand
         ref = np.exp(np.log(v[0]) + np.array([-q, q]) * se)
     elif method == "percentile":
         ref = np.quantile(boot, [0.05, 0.95])
@@ -615,3 +616,61 @@ def test_stores_are_paired_only_on_the_same_tokens():
     assert d["lo"] > 0 and d["verdict"] == "higher"
     with pytest.raises(ArtifactError, match="r0.05 and full .* different test tokens"):
         store_vs_store(settings("r0.05", "ab12"), settings("full", "cd34"), "test", "x", st)
+
+
+def test_kish_effective_number_of_documents_by_hand():
+    """effective_documents = (Σ w)² / Σ w² on literal examples, at least 2 (the t quantile's degrees of freedom)."""
+    from knnlm.statistics.intervals import effective_documents
+
+    assert effective_documents([5, 5, 5, 5]) == 4.0
+    assert effective_documents([2, 2, 4]) == pytest.approx(64 / 24)
+    assert effective_documents([100, 1, 1, 1]) == 2.0  # (103² / 10003 = 1.06) floored at 2
+    assert effective_documents([30, 10, 10, 10, 10, 10]) == pytest.approx(80 ** 2 / 1400)
+
+
+@pytest.mark.parametrize("lo, hi, docs, minimum, eff, want", [
+    (-0.05, -0.01, 30, 20, None, "lower"), (0.01, 0.05, 30, 20, None, "higher"), (-0.01, 0.01, 30, 20, None, "inconclusive"),
+    (-0.05, -0.01, 30, 20, 12.3, "inconclusive (30 articles, n_eff 12.3)"), (-0.05, -0.01, 10, 20, None, "inconclusive (10 articles)"),
+    (0.0, 0.05, 30, 20, None, "inconclusive"), (-0.05, 0.0, 30, 20, None, "inconclusive"),
+    (float("nan"), float("nan"), 30, 20, None, "inconclusive")])
+def test_verdict_of_an_interval(lo, hi, docs, minimum, eff, want):
+    """Every branch of verdict: a CI touching 0 or not finite is inconclusive; too few units (n_eff when given)
+    override any CI."""
+    from knnlm.statistics.verdicts import verdict
+
+    assert verdict(lo, hi, docs, minimum, eff, "wikitext") == want
+
+
+@pytest.mark.parametrize("ours, sign, want", [
+    ("lower", -1, "reproduced"), ("higher", -1, "contradicted"), ("higher", 1, "reproduced"), ("lower", 1, "contradicted"),
+    ("lower", 0, "inconclusive"), ("inconclusive", -1, "inconclusive"),
+    ("inconclusive (3 articles)", 1, "inconclusive (3 articles)")])
+def test_paper_verdict(ours, sign, want):
+    """paper_verdict: the paper's sign against ours; a paper without a sign (0) backs no verdict; an inconclusive
+    verdict stays as it is, qualifier included."""
+    from knnlm.statistics.verdicts import paper_verdict
+
+    assert paper_verdict(ours, sign) == want
+
+
+@pytest.mark.parametrize("lo, hi, want", [(-0.01, 0.01, "reproduced"), (-0.03, 0.01, "inconclusive"),
+                                          (-0.05, -0.03, "contradicted"), (0.03, 0.05, "contradicted"),
+                                          (-0.02, 0.02, "reproduced"), (-0.021, 0.0, "inconclusive")])
+def test_band_verdict(lo, hi, want):
+    """band_verdict with the band [−0.02, 0.02]: inside (edges included) reproduced, wholly outside contradicted."""
+    from knnlm.statistics.verdicts import band_verdict
+
+    assert band_verdict(lo, hi, -0.02, 0.02) == want
+
+
+def test_an_infinite_document_nll_gives_no_verdict():
+    """A document whose NLL is infinite (a target with probability 0) makes the point estimate and the interval not
+    finite: the comparison is 'inconclusive', never a verdict."""
+    from knnlm.statistics.intervals import compare
+
+    rng = np.random.default_rng(1)
+    words = rng.integers(50, 100, 30).astype(float)
+    nll = np.stack([words * 4.0, words * 3.8])
+    nll[1, 7] = np.inf
+    d = compare(nll, words, ["base", "knn"], [("knn", "base")], {"min_documents": 5})["diff"]["knn vs base"]
+    assert not np.isfinite(d["value"]) and d["verdict"] == "inconclusive"
