@@ -1,6 +1,7 @@
 """Bad input: config schema, data paths, truncated / mismatched artifacts, atomic writes."""
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -475,3 +476,45 @@ def test_lm_schedule_is_passed_to_fairseq():
     plain = train_command({**cfg["lm"], "lr_scheduler": "inverse_sqrt"}, "data-bin", "save", 2)
     assert plain[plain.index("--lr-scheduler") + 1] == "inverse_sqrt" and "--min-lr" not in plain
     assert load_config(PROJECT_ROOT / "configs" / "tiny.yaml")["lm"]["lr_scheduler"] == "inverse_sqrt"  # the default
+
+
+def test_a_corrupt_index_file_is_named(tmp_path):
+    """A faiss index cut short, replaced by other bytes or missing gives ArtifactError naming the file (not a faiss
+    RuntimeError from deep inside the search)."""
+    import faiss
+
+    from knnlm.search.index import read_index
+
+    x = np.random.default_rng(0).standard_normal((2000, 16)).astype(np.float32)
+    index = faiss.IndexIVFPQ(faiss.IndexFlatL2(16), 16, 8, 4, 8)
+    index.train(x)
+    index.add(x)
+    good = tmp_path / "att_l2.faiss"
+    faiss.write_index(index, str(good))
+    assert read_index(good).ntotal == 2000
+    cut = tmp_path / "cut.faiss"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    junk = tmp_path / "junk.faiss"
+    junk.write_bytes(b"\x93NUMPY" + bytes(200))
+    flat = tmp_path / "flat.faiss"
+    faiss.write_index(faiss.IndexFlatL2(16), str(flat))
+    for path in (cut, junk, flat, tmp_path / "none.faiss"):
+        with pytest.raises(ArtifactError, match=re.escape(str(path))):
+            read_index(path)
+
+
+def test_merge_topk_refuses_mismatched_shards():
+    """merge_topk's checks: a shard with another number of queries, ids and distances of different shapes, an output
+    of another shape, k above the shards' candidates, an unknown metric: ValueError saying what was found."""
+    from knnlm.search.exact import merge_topk
+
+    ids, d = np.zeros((5, 4), np.int64), np.zeros((5, 4), np.float32)
+    out = (np.empty((5, 3), np.int64), np.empty((5, 3), np.float32))
+    for parts, o, k, metric, msg in (
+            ([(ids, d), (ids[:4], d[:4])], out, 3, "l2", "parts must be"),
+            ([(ids, d[:, :3])], out, 3, "l2", "parts must be"),
+            ([(ids, d)], (out[0][:, :2], out[1]), 3, "l2", "parts must be"),
+            ([(ids[:, :2], d[:, :2])], out, 3, "l2", r"k must be in \[1, 2\]"),
+            ([(ids, d)], out, 3, "cos", "metric must be")):
+        with pytest.raises(ValueError, match=msg):
+            merge_topk(parts, k, metric, o, progress=False)

@@ -113,7 +113,9 @@ class KNNLM:
     def _set_index(self, index, nprobe):
         import faiss
 
-        self._index = faiss.read_index(str(index)) if isinstance(index, (str, Path)) else index
+        from .search.index import read_index
+
+        self._index = read_index(index) if isinstance(index, (str, Path)) else index
         self._ivf = faiss.extract_index_ivf(self._index)
         self.nprobe = int(nprobe or self._ivf.nprobe)
         self._ivf.nprobe = self.nprobe

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..io import atomic_path, create_npy, iter_chunks, release_rows
+from ..io import ArtifactError, atomic_path, create_npy, iter_chunks, release_rows
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,23 @@ def build_ivfpq(keys: np.ndarray, metric: str, params: dict, out_path: str | Pat
     return {"ntotal": int(index.ntotal), "trained_on": "gpu" if res is not None else "cpu", **params}
 
 
+def read_index(path: str | Path):
+    """faiss.read_index of an IVFPQ index file, or ArtifactError naming the file when it is missing, truncated or not
+    a faiss index with inverted lists (a copy cut short, another file under its name)."""
+    import faiss
+
+    path = Path(path)
+    if not path.is_file():
+        raise ArtifactError(f"missing index file {path}")
+    try:
+        index = faiss.read_index(str(path))
+        faiss.extract_index_ivf(index)
+    except RuntimeError as e:
+        raise ArtifactError(f"{path}: not a complete faiss IVF index ({str(e).strip().splitlines()[-1][:200]}); delete "
+                            f"it and rerun the job that builds it") from e
+    return index
+
+
 def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
            chunk: int = 8192, threads: int = 2) -> dict:
     """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
@@ -185,7 +202,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     import faiss
 
     faiss.omp_set_num_threads(threads)
-    index = faiss.read_index(str(index_path))
+    index = read_index(index_path)
     faiss.extract_index_ivf(index).nprobe = nprobe
     cpu_ivf = faiss.extract_index_ivf(index)  # the coarse quantizer and list sizes: keys scanned on any device
     list_sizes = np.array([cpu_ivf.invlists.list_size(i) for i in range(cpu_ivf.nlist)], dtype=np.int64)
