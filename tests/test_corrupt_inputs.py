@@ -1,0 +1,136 @@
+"""Every kind of bad artifact a job reads, tried once on the tiny run's own files: each job gets a clear error naming
+the file and what it expected, before any work, and leaves none of its outputs behind.
+
+A case copies the job's inputs it corrupts into a temporary folder, points the job's command (as the tiny DAG runs
+it: `python -m knnlm <job> --cfg ... --io ...`, taken from a dry run) at the copy and at temporary outputs, and runs it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import run_snakemake
+from knnlm.config import PROJECT_ROOT
+
+
+def _commands(tiny_run) -> dict[str, tuple[str, dict, dict]]:
+    """{log name: (job, cfg, io)} of every job of the tiny DAG, from a forced dry run that prints their commands."""
+    r = run_snakemake("--configfile", *tiny_run["configfiles"], "--config", f"results_dir={tiny_run['results_dir']}",
+                      "-n", "-p", "--forceall")
+    out = {}
+    for line in r.stdout.splitlines():
+        if " -m knnlm " not in line or "--io" not in line:
+            continue
+        argv = shlex.split(line.split(" -m knnlm ", 1)[1].split(" > ", 1)[0])
+        job, cfg, io = argv[0], json.loads(argv[argv.index("--cfg") + 1]), json.loads(argv[argv.index("--io") + 1])
+        log = line.rsplit(" > ", 1)[1].split()[0]
+        out[os.path.basename(log).removesuffix(".log")] = (job, cfg, io)
+    return out
+
+
+@pytest.fixture(scope="module")
+def commands(tiny_run):
+    return _commands(tiny_run)
+
+
+def _run(commands, name, tmp_path, corrupt):
+    """Run job `name` with its outputs in tmp_path/out and `corrupt(io, tmp)` rewriting its inputs; returns
+    (CompletedProcess, the output paths)."""
+    job, cfg, io = commands[name]
+    io = json.loads(json.dumps(io))
+    root = PROJECT_ROOT
+    outs = []
+    for k, v in io["output"].items():
+        paths = v if isinstance(v, list) else [v]
+        new = [str(tmp_path / "out" / f"{k}_{i}_{os.path.basename(p)}") for i, p in enumerate(paths)]
+        io["output"][k] = new if isinstance(v, list) else new[0]
+        outs += new
+    (tmp_path / "out").mkdir(parents=True, exist_ok=True)
+    corrupt(io, tmp_path)
+    cfg = {**cfg, "results_dir": str(tmp_path / "results")}
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    r = subprocess.run([sys.executable, "-m", "knnlm", job, "--threads", "1", "--cfg", json.dumps(cfg), "--io",
+                        json.dumps(io)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    return r, outs
+
+
+def _copy(io, tmp_path, name, i=None):
+    """Copy input `name` (its i-th path for a list) into tmp_path and point io at the copy; returns the copy."""
+    v = io["input"][name]
+    src = v[i] if i is not None else v
+    dst = tmp_path / f"in_{name}_{i}_{os.path.basename(src)}"
+    shutil.copy(os.path.join(PROJECT_ROOT, src) if not os.path.isabs(src) else src, dst)
+    if i is not None:
+        io["input"][name][i] = str(dst)
+    else:
+        io["input"][name] = str(dst)
+    return dst
+
+
+def _edit_json(path, **changes):
+    d = json.loads(path.read_text())
+    d.update(changes)
+    path.write_text(json.dumps(d))
+
+
+def _find(commands, prefix):
+    names = sorted(n for n in commands if n.startswith(prefix))
+    assert names, f"no job {prefix}* in the tiny DAG"
+    return names[0]
+
+
+CASES = {
+    # (job log-name prefix, what is corrupted, the error it must give)
+    "index from another checkpoint": ("search_base_full_ffn_l2_test",
+                                      lambda io, t: _edit_json(_copy(io, t, "index_meta"), datastore_checkpoint_sha256="0" * 64),
+                                      r"was built from another checkpoint than the datastore"),
+    "neighbours of another datastore": ("score_base_full_ffn_l2",
+                                        lambda io, t: _edit_json(_copy(io, t, "nb_meta", 0), N=7),
+                                        r"neighbours were searched in another datastore"),
+    "a cache of another size": ("real_score_base_r0.2_ffn_l2_test",
+                                lambda io, t: _edit_json(_copy(io, t, "nb_meta"), T=3, queries="scope"),
+                                r"expected shape \(3, \d+\), found \(\d+, \d+\)"),
+    "a truncated query file": ("search_base_full_ffn_l2_test",
+                               lambda io, t: (lambda p: p.write_bytes(p.read_bytes()[:-1000]))(_copy(io, t, "queries")),
+                               r"is truncated: header promises"),
+    "a garbage .npy header": ("search_base_full_ffn_l2_test",
+                              lambda io, t: _copy(io, t, "key_file").write_bytes(b"not an array" * 100),
+                              r"not a valid \.npy file"),
+    "a truncated index": ("search_base_full_ffn_l2_test",
+                          lambda io, t: (lambda p: p.write_bytes(p.read_bytes()[:200]))(_copy(io, t, "index")),
+                          r"not a complete faiss IVF index"),
+    "settings on an exact search of another scope": ("settings_base_full_ffn_ip",
+                                                     lambda io, t: _edit_json(_copy(io, t, "exact_meta", 1), T=5),
+                                                     r"exact search of 5 queries, the scope has \d+"),
+    "a scope beyond the split": ("exact_search_base_full_ffn_ip_test",
+                                 lambda io, t: np.save(_copy(io, t, "scope"), np.array([0, 10 ** 8])),
+                                 r"token 100000000 beyond the \d+ tokens of split test"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_corrupt_input_is_named_and_nothing_is_written(commands, tmp_path, case):
+    prefix, corrupt, message = CASES[case]
+    name = _find(commands, prefix)
+    seen = {}
+
+    def apply(io, t):
+        corrupt(io, t)
+        seen.update(io["input"])
+
+    r, outs = _run(commands, name, tmp_path, apply)
+    assert r.returncode != 0, f"{case}: the job succeeded on a corrupt input"
+    line = next((ln for ln in reversed(r.stderr.splitlines()) if re.search(message, ln)), None)
+    assert line is not None, f"{case}: {r.stderr[-2000:]}"
+    inputs = {p for v in seen.values() for p in (v if isinstance(v, list) else [v])}
+    assert any(p in line for p in inputs), f"{case}: the error names none of the job's input files: {line}"
+    left = [p for p in outs if os.path.exists(p)] + [str(p) for p in (tmp_path / "out").iterdir()]
+    assert not left, f"{case}: outputs left behind: {left}"
