@@ -1,8 +1,9 @@
 """Every kind of bad artifact a job reads, tried once on the tiny run's own files: each job gets a clear error naming
 the file and what it expected, before any work, and leaves none of its outputs behind.
 
-A case copies the job's inputs it corrupts into a temporary folder, points the job's command (as the tiny DAG runs
-it: `python -m knnlm <job> --cfg ... --io ...`, taken from a dry run) at the copy and at temporary outputs, and runs it.
+A case copies the job's inputs it corrupts into a temporary folder, points the job (its config and files as the tiny
+DAG runs it: `python -m knnlm <job> --cfg ... --io ...`, taken from a dry run) at the copy and at temporary outputs,
+and runs it as that command does (knnlm.cli.run_job, which logs the FAILED run).
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -42,11 +41,13 @@ def commands(tiny_run):
 
 
 def _run(commands, name, tmp_path, corrupt):
-    """Run job `name` with its outputs in tmp_path/out and `corrupt(io, tmp)` rewriting its inputs; returns
-    (CompletedProcess, the output paths)."""
+    """Run job `name` in this process (knnlm.cli.run_job, as `python -m knnlm` does) with its outputs in tmp_path/out
+    and `corrupt(io, tmp)` rewriting its inputs; returns (the error it raised, or None; the output paths)."""
+    from knnlm.cli import run_job
+    from knnlm.job import Job
+
     job, cfg, io = commands[name]
     io = json.loads(json.dumps(io))
-    root = PROJECT_ROOT
     outs = []
     for k, v in io["output"].items():
         paths = v if isinstance(v, list) else [v]
@@ -56,10 +57,12 @@ def _run(commands, name, tmp_path, corrupt):
     (tmp_path / "out").mkdir(parents=True, exist_ok=True)
     corrupt(io, tmp_path)
     cfg = {**cfg, "results_dir": str(tmp_path / "results")}
-    env = {**os.environ, "PYTHONPATH": str(root / "src"), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    r = subprocess.run([sys.executable, "-m", "knnlm", job, "--threads", "1", "--cfg", json.dumps(cfg), "--io",
-                        json.dumps(io)], cwd=root, env=env, capture_output=True, text=True, timeout=600)
-    return r, outs
+    try:
+        run_job(job, Job(cfg=cfg, input=io["input"], output=io["output"], wildcards=io.get("wildcards", {}),
+                         extra=io.get("extra", {}), threads=1, rule=job))
+    except Exception as e:  # noqa: BLE001 - the test asserts what it is
+        return e, outs
+    return None, outs
 
 
 def _copy(io, tmp_path, name, i=None):
@@ -116,8 +119,17 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    """One MLflow store for every case's FAILED run (created once)."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_corrupt_input_is_named_and_nothing_is_written(commands, tmp_path, case):
+def test_a_corrupt_input_is_named_and_nothing_is_written(commands, tracking, tmp_path, monkeypatch, case):
+    from knnlm.io import ArtifactError
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
     prefix, corrupt, message = CASES[case]
     name = _find(commands, prefix)
     seen = {}
@@ -126,11 +138,10 @@ def test_a_corrupt_input_is_named_and_nothing_is_written(commands, tmp_path, cas
         corrupt(io, t)
         seen.update(io["input"])
 
-    r, outs = _run(commands, name, tmp_path, apply)
-    assert r.returncode != 0, f"{case}: the job succeeded on a corrupt input"
-    line = next((ln for ln in reversed(r.stderr.splitlines()) if re.search(message, ln)), None)
-    assert line is not None, f"{case}: {r.stderr[-2000:]}"
+    err, outs = _run(commands, name, tmp_path, apply)
+    assert isinstance(err, ArtifactError), f"{case}: expected an ArtifactError, got {err!r}"
+    assert re.search(message, str(err)), f"{case}: {err}"
     inputs = {p for v in seen.values() for p in (v if isinstance(v, list) else [v])}
-    assert any(p in line for p in inputs), f"{case}: the error names none of the job's input files: {line}"
+    assert any(p in str(err) for p in inputs), f"{case}: the error names none of the job's input files: {err}"
     left = [p for p in outs if os.path.exists(p)] + [str(p) for p in (tmp_path / "out").iterdir()]
     assert not left, f"{case}: outputs left behind: {left}"
