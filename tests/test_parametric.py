@@ -417,7 +417,8 @@ def test_alternatives_on_a_subset_are_held_against_the_knn_lm_on_the_same_rows(t
     where a verdict stands, and leave its row against the all-rows kNN-LM to the parametric table."""
     import pandas as pd
 
-    from knnlm.datastore.stores import TRAINING_SUBSET, prepare_store, searches_every_token, training_subset_rows
+    from knnlm.datastore.stores import (TRAINING_SUBSET, prepare_store, searches_every_token, training_subset_rows,
+                                        training_subset_size)
     from knnlm.experiments.findings import CLAIMS, _equal_rows_twin, _tested
 
     n, cfg = 5000, {"parametric": {"train_tokens": 1000, "seed": 3}}
@@ -426,6 +427,7 @@ def test_alternatives_on_a_subset_are_held_against_the_knn_lm_on_the_same_rows(t
     meta = prepare_store(TRAINING_SUBSET, "att", keys, man, cfg, tmp_path / "sub")
     rows = np.load(tmp_path / "sub" / "rows.npy")
     assert meta["size"] == 1000 and np.array_equal(rows, training_subset_rows(n, 1000, 3))
+    assert [training_subset_size(m, 1000) for m in (999, 1000, 1001, 2003)] == [999, 1000, 1000, 1000]
     assert searches_every_token(TRAINING_SUBSET) and searches_every_token("full") and not searches_every_token("r0.05")
     with pytest.raises(ValueError, match="parametric.train_tokens"):
         prepare_store(TRAINING_SUBSET, "att", keys, man, {"parametric": {"train_tokens": None, "seed": 3}}, tmp_path / "x")

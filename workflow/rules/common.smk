@@ -69,8 +69,8 @@ wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
 
 
-def lm_constraint(names):
-    """A regex for the {lm} wildcard that matches exactly `names` (never matches when there are none)."""
+def names_constraint(names):
+    """A regex for a wildcard ({lm}, {store}) that matches exactly `names` (never matches when there are none)."""
     import re
 
     return "|".join(re.escape(n) for n in names) or "(?!)"

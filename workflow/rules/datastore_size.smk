@@ -50,7 +50,7 @@ if len(NESTED_STORES) > 1:
                 dists=artifact("exact_dists"),
                 meta=artifact("exact_meta"),
             wildcard_constraints:
-                store=lm_constraint(NESTED_STORES),
+                store=names_constraint(NESTED_STORES),
                 **NESTED_KEYS,
             params:
                 cfg=cfg_json("retrieval", "knn"),

@@ -112,7 +112,7 @@ knnlm_rule(
     ),
     cfg=cfg_json("knn", "stats", "profile"),
     constraints=dict(
-        lm=lm_constraint([PRIMARY]),
+        lm=names_constraint([PRIMARY]),
     ),
 )
 
@@ -137,7 +137,7 @@ knnlm_rule(
     ),
     cfg=cfg_with_keys("hypotheses", ("overfit_lms",), "knn", "stats", "profile"),
     constraints=dict(
-        lm=lm_constraint([PRIMARY]),
+        lm=names_constraint([PRIMARY]),
     ),
 )
 
@@ -155,7 +155,7 @@ knnlm_rule(
     ),
     cfg=cfg_with_keys("hypotheses", ("soft_label_lms",), "lms", "knn", "stats", "profile"),
     constraints=dict(
-        lm=lm_constraint([PRIMARY]),
+        lm=names_constraint([PRIMARY]),
     ),
 )
 

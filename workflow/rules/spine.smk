@@ -119,7 +119,7 @@ knnlm_rule(
     ),
     cfg=cfg_json(),
     constraints=dict(
-        lm=lm_constraint(FAIRSEQ_LMS),  # a Hugging Face LM's dump_queries_hf writes its own
+        lm=names_constraint(FAIRSEQ_LMS),  # a Hugging Face LM's dump_queries_hf writes its own
     ),
 )
 
@@ -159,7 +159,7 @@ knnlm_rule(
         mem_mb=8000,
     ),
     constraints=dict(
-        lm=lm_constraint([n for n in LMS if BACKEND[n].trained and n not in PRETRAINED]),
+        lm=names_constraint([n for n in LMS if BACKEND[n].trained and n not in PRETRAINED]),
     ),
 )
 
@@ -180,7 +180,7 @@ knnlm_rule(
     ),
     cfg=lambda wc: quoted_cfg(lm=lm_section(CFG, wc.lm), **train_options(wc.lm)),
     constraints=dict(
-        lm=lm_constraint(PRETRAINED),
+        lm=names_constraint(PRETRAINED),
     ),
 )
 
@@ -196,7 +196,7 @@ knnlm_rule(
     cfg=cfg_of_lm(),
     threads=THREADS,
     constraints=dict(
-        lm=lm_constraint(HF_LMS),
+        lm=names_constraint(HF_LMS),
     ),
 )
 
@@ -237,7 +237,7 @@ knnlm_rule(
     cfg=cfg_of_lm("eval"),
     threads=THREADS,
     constraints=dict(
-        lm=lm_constraint(FAIRSEQ_LMS),
+        lm=names_constraint(FAIRSEQ_LMS),
     ),
 )
 
@@ -260,7 +260,7 @@ knnlm_rule(
     cfg=cfg_of_lm("eval"),
     threads=THREADS,
     constraints=dict(
-        lm=lm_constraint(HF_LMS),
+        lm=names_constraint(HF_LMS),
     ),
     log_name="dump_queries",
 )

@@ -19,7 +19,7 @@ knnlm_rule(
     ),
     cfg=cfg_json("knn", "temperature"),
     constraints=dict(
-        store=lm_constraint(["full", TRAINING_SUBSET]),
+        store=names_constraint(["full", TRAINING_SUBSET]),
     ),
 )
 

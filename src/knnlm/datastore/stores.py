@@ -82,6 +82,11 @@ def training_subset_rows(n: int, train_tokens: int, seed: int) -> np.ndarray:
     return subsample_rows(n, min(1.0, train_tokens / n), seed)
 
 
+def training_subset_size(n: int, train_tokens: int) -> int:
+    """len(training_subset_rows(n, train_tokens, seed)) for any seed, without drawing the rows."""
+    return _subset_size(n, min(1.0, train_tokens / n))
+
+
 def _subset_size(n: int, ratio: float) -> int:
     """round(ratio × n); ValueError unless 0 < ratio ≤ 1 and the subset is non-empty."""
     if not 0 < ratio <= 1:
@@ -177,6 +182,8 @@ def _subset(m, keys, man, cfg, out_dir: Path) -> dict:
 
 
 TRAINING_SUBSET = "trainsubset"  # the store of the parametric alternatives' training rows (training_subset_rows)
+# what the tables append to a name of something trained on or searching those rows: 'kNN-LM att/IP on the subset'
+TRAINING_SUBSET_LABEL = " on the subset"
 
 
 @store_kind(TRAINING_SUBSET)

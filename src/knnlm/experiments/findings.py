@@ -71,6 +71,7 @@ from .common import lm_training_label
 from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
+from ..datastore.stores import TRAINING_SUBSET_LABEL
 from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
 from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
 
@@ -119,7 +120,7 @@ PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs
 GAIN_MARGIN = 0.10  # "about as good as" a model whose own gain is small: within ±10 % of that gain
 SIZE_MARGIN = 0.02  # "nearly 4 %" (Drozdov et al. 2022): a relative difference of −4 % ± 2 percentage points
 ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
-SUBSET = " on the subset"  # the kNN-LM on the alternatives' training rows (knnlm.experiments.parametric.SUBSET)
+SUBSET = TRAINING_SUBSET_LABEL  # the kNN-LM on the alternatives' training rows
 APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
           "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
           "adaptive counts by base-LM loss att": (19.095, 20.440), "MoS R=2 (+ embed) att": (19.095, 20.720),

@@ -28,13 +28,14 @@ from ..parametric import (KeyBatches, build_model, cached, cluster_aggregation, 
                           tune_l2_temperature)
 from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from ..statistics.intervals import per_document
-from ..datastore.stores import training_subset_rows
+from ..datastore.stores import TRAINING_SUBSET_LABEL, training_subset_rows, training_subset_size
 from .common import (by_split, documents_label, lm_backend, lm_log_probs, lm_training_label, open_datastore,
                      open_split, split_documents, words_per_split)
 
 log = logging.getLogger(__name__)
-SUBSET = " on the subset"  # nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants
-# the kNN-LM whose store is exactly those rows (knnlm.datastore.stores.TRAINING_SUBSET): 'kNN-LM att/IP on the subset'
+# nv<n>-sub: trained on the rows of config 'parametric.train_tokens', like the other variants; the kNN-LM whose
+# store is exactly those rows (knnlm.datastore.stores.TRAINING_SUBSET): 'kNN-LM att/IP on the subset'
+SUBSET = TRAINING_SUBSET_LABEL
 ALONE = " alone"  # a parametric model's own perplexity, not interpolated with the base LM ('W_ds (learned) att alone')
 
 
@@ -292,7 +293,7 @@ def _subset_reference(job: Job, results: list[dict]) -> dict | None:
     if not job.input.get("subset_score"):
         return None
     s, p = read_json(job.path("subset_score")), job.cfg["parametric"]
-    rows = len(training_subset_rows(results[0]["datastore_rows"], p["train_tokens"], p["seed"])) if results else 0
+    rows = training_subset_size(results[0]["datastore_rows"], p["train_tokens"]) if results else 0
     pair = f"{s['key_type']}/{METRIC_NAME[s['metric']]}"
     return {"name": f"kNN-LM {pair}{SUBSET}", "label": f"{pair}{SUBSET}", "rows": rows, "score": s}
 
