@@ -52,6 +52,7 @@ def test_readme_python_example_runs_as_written(tiny_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     ref = json.loads((tiny_run["root"] / "lms/base/stores/full/scores/att_l2.json").read_text())
     assert f"{ref['test']['interp']['ppl_word']:.2f}" in r.stdout
+    assert "True {'rows': 256, 'att': " in r.stdout and "'matches': ['att'], 'key': 'att', 'windows': True}" in r.stdout  # bundle
 
 
 @pytest.mark.parametrize("lm", ["base", TINY_HF])
@@ -137,8 +138,9 @@ def test_logits_processor_equals_scoring(knn_of):
     assert knn.lm.decode(gen[0, ids.shape[1]:]) == knn.generate(prompt, max_new_tokens=6)
 
 
-def test_generate_cli(tiny_run, tmp_path):
-    """python -m knnlm.generate continues a prompt from a run's kNN-LM and prints the text and its settings."""
+def test_generate_cli(tiny_run, knn_of, tmp_path):
+    """python -m knnlm.generate continues a prompt from a run's kNN-LM (Table 1's τ and λ) and prints the prompt and
+    the continuation KNNLM.generate gives, and the settings it used."""
     overlay = tmp_path / "overlay.yaml"
     overlay.write_text(yaml.safe_dump(overrides(tiny_run)))
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
@@ -146,7 +148,11 @@ def test_generate_cli(tiny_run, tmp_path):
                         str(overlay), "--prompt", "The tower was", "--max-new-tokens", "5"],
                        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith("The tower was") and "λ" in r.stderr
+    knn = knn_of()
+    s = knn.settings()
+    assert r.stdout.rstrip("\n") == knn.lm.decode(list(knn.lm.encode_prompt("The tower was")) +
+                                                  knn.generate_ids(knn.lm.encode_prompt("The tower was"), 5))
+    assert f"kNN-LM base att/l2: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} mask=faiss" in r.stderr
 
 
 def test_build_datastore_from_other_text(knn_of, tiny_run, tmp_path):
@@ -299,4 +305,97 @@ def test_import_memmap_datastore(tmp_path, layout):
     (vals - 31000).astype(vals.dtype).tofile(vf)  # ids past int16 wrap to negatives
     with pytest.raises(ArtifactError, match=f"{stem}_vals.npy: val -"):
         import_memmap(kf, vf, tmp_path / "bad2", **opts)
-    assert not (tmp_path / "bad2/manifest.json").exists()
+    # the failed import stopped at its first chunk past int16, after writing keys and vals of the chunks before it:
+    # nothing of them is left, under its name or a temporary one
+    assert not [p for p in (tmp_path / "bad2").rglob("*") if p.is_file()]
+
+
+def test_bundle_saves_and_loads_the_same_knn_lm(knn_of, tmp_path):
+    """save_pretrained → from_pretrained gives back the same kNN-LM: the same settings, and the same per-token
+    log-probs of a text; the bundle's config names the LM (with the sha256 of the weights and tokenizer that made the
+    keys), the hooked state, the windows, the datastore's corpus and where τ and λ were tuned (the run's Table 1)."""
+    from knnlm.api import BUNDLE_CONFIG, KNNLM
+
+    knn = knn_of(TINY_HF)
+    out = knn.save_pretrained(tmp_path / "bundle")
+    c = json.loads((out / BUNDLE_CONFIG).read_text())
+    assert c["lm"]["source"] == "hf" and c["lm"]["checkpoint_sha256"] == knn.manifest["checkpoint_sha256"]
+    assert len(c["lm"]["tokenizer_sha256"]) == 64 and c["hook"].startswith("last_ffn_input")
+    assert (c["k"], c["temperature"], c["lambda"], c["nprobe"]) == (knn.k, knn.temperature, knn.lam, knn.nprobe)
+    assert "Table 1" in c["tuned_on"] and c["datastore"]["data_sha256"] == knn.manifest["data_sha256"]
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == sorted(
+        [BUNDLE_CONFIG, "keys_att.npy", "vals.npy", "manifest.json", "att_l2.faiss"])
+    again = KNNLM.from_pretrained(out)
+    assert again.settings() == knn.settings()
+    text = "The tower was built in 1890 and rebuilt after the war .\n"
+    a, b = knn.score(text), again.score(text)
+    np.testing.assert_array_equal(a.lp, b.lp)
+    assert a.ppl_word == b.ppl_word
+
+
+def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
+    """verify() recomputes a sample of keys: the run's own LMs reproduce them (fp16 rounding only); a second tiny LM
+    of the same shape (same key dimension, another seed) is refused by from_pretrained with an error naming both
+    LMs; keys of type att stored as ffn are refused with an error saying they are att."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from knnlm.api import KNNLM, HuggingFaceLM, VERIFY_TOLERANCE
+    from knnlm.io import ArtifactError
+
+    for lm in ("base", TINY_HF):  # a fairseq LM and a Hugging Face one, each with its run's datastore
+        v = knn_of(lm).verify()
+        assert v["matches"] == ["att"] and v["att"] < 5e-3 < VERIFY_TOLERANCE < v["ffn"] and v["rows"] == 256, (lm, v)
+    knn = knn_of(TINY_HF)
+    out = knn.save_pretrained(tmp_path / "bundle")
+    path = knn.lm.identity["model"]
+    torch.manual_seed(7)
+    other = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(path))
+    other.save_pretrained(tmp_path / "other")
+    transformers.AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "other")
+    with pytest.raises(ArtifactError, match=r"keys_att.npy: .*neither this LM's att nor its ffn states[\s\S]*"
+                                            rf"Datastore's LM: .*{re.escape(path)}.*this LM: .*other"):
+        KNNLM.from_pretrained(out, HuggingFaceLM(str(tmp_path / "other")))
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    shutil.copy(out / "keys_att.npy", wrong / "keys_ffn.npy")
+    shutil.copy(out / "vals.npy", wrong / "vals.npy")
+    (wrong / "manifest.json").write_text(json.dumps({**knn.manifest, "key_types": ["ffn"]}))
+    with pytest.raises(ArtifactError, match=r"keys_ffn.npy: .*they are this LM's att states, not ffn: load the "
+                                            r"store with key='att'"):
+        KNNLM.from_datastore(knn.lm, wrong, mask="exact", k=8)
+    # the same keys imported from knn-transformers' headerless memmaps, labelled ffn, with the windows they were
+    # dumped in: refused the same way; without the windows the check can only be logged
+    from knnlm.datastore.importer import import_memmap
+
+    n, d = knn.keys.shape
+    raw = [tmp_path / f"dstore_tiny_{n}_{d}_{part}.npy" for part in ("keys", "vals")]
+    np.asarray(knn.keys).tofile(raw[0])
+    np.asarray(knn.vals, dtype=np.int32).reshape(-1, 1).tofile(raw[1])
+    windows = {k: knn.manifest[k] for k in ("tokens_per_sample", "context_window")}
+    import_memmap(*raw, tmp_path / "imported", key_type="ffn", **windows)
+    with pytest.raises(ArtifactError, match=r"they are this LM's att states, not ffn"):
+        KNNLM.from_datastore(knn.lm, tmp_path / "imported", mask="exact", k=8)
+    import_memmap(*raw, tmp_path / "imported_att", **windows)
+    assert KNNLM.from_datastore(knn.lm, tmp_path / "imported_att", mask="exact", k=8).verify()["matches"][0] == "att"
+    import_memmap(*raw, tmp_path / "no_windows", key_type="ffn")
+    assert not KNNLM.from_datastore(knn.lm, tmp_path / "no_windows", mask="exact", k=8).verify()["windows"]
+
+
+def test_bundle_cli_exports_a_run_store(tiny_run, tmp_path):
+    """python -m knnlm.bundle saves a run's kNN-LM (Table 1's τ and λ) as a bundle that from_pretrained loads."""
+    from knnlm.api import BUNDLE_CONFIG
+
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump(overrides(tiny_run)))
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    r = subprocess.run([sys.executable, "-m", "knnlm.bundle", "--config", "configs/tiny.yaml", "--config", str(overlay),
+                        "--lm", TINY_HF, "--key", "att", "--metric", "l2", "--out", str(tmp_path / "b")],
+                       cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ref = json.loads((tiny_run["root"] / f"lms/{TINY_HF}/stores/full/scores/att_l2.json").read_text())
+    c = json.loads((tmp_path / "b" / BUNDLE_CONFIG).read_text())
+    assert (c["temperature"], c["lambda"], c["key"], c["metric"]) == (ref["temperature"], ref["lambda"], "att", "l2")
+    assert "verified on 256 rows" in r.stderr

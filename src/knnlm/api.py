@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,14 @@ from .paths import DatastoreLayout
 log = logging.getLogger(__name__)
 MASKS = ("faiss", "exact")
 SCORES = ("faiss", "real")
+BUNDLE_CONFIG = "knnlm_config.json"  # a saved kNN-LM's settings and identities (KNNLM.save_pretrained)
+BUNDLE_FORMAT = 1
+# the hooked state of each key type (Xu et al. 2023, Sec. 3), by knn-transformers' names
+KEY_HOOKS = {"att": "last_ffn_input: the input of the last layer's FFN, after its LayerNorm",
+             "ffn": "last_ffn_output: the final decoder output, the input of the output projection"}
+# verify(): the largest median relative error ‖h − k‖ / ‖k‖ of recomputed keys that still counts as the same states
+# (fp16 storage alone gives ~5e-4; another model of the same shape gives ~1)
+VERIFY_TOLERANCE = 0.02
 
 
 def count_words(lines: list[str]) -> int:
@@ -82,12 +91,15 @@ class KNNLM:
     key: 'att' | 'ffn' (Xu et al. 2023, Sec. 3); metric: 'l2' | 'ip'; k neighbours; temperature τ > 0; lam λ in
     [0, 1]; nprobe: lists probed per query; mask: 'faiss' (IVFPQ top-k) | 'exact'; score: 'faiss' (PQ distances)
     | 'real' (recomputed from the keys; mask 'exact' always has real scores). context_window, max_tokens: the
-    sliding windows of scoring (knnlm.lm.windows.window_states). Raises ValueError on a bad setting.
+    sliding windows of scoring (knnlm.lm.windows.window_states). manifest: the datastore's manifest (what LM, text
+    and windows made the keys; verify() and save_pretrained() read it); tuned_on: where τ and λ come from, in words
+    (saved with a bundle). Raises ValueError on a bad setting.
     """
 
     def __init__(self, lm, keys, vals, *, key: str, metric: str, k: int, temperature: float, lam: float,
                  index=None, nprobe: int | None = None, mask: str = "faiss", score: str = "faiss",
-                 context_window: int = 0, max_tokens: int = 4096, threads: int | None = None, index_params=None):
+                 context_window: int = 0, max_tokens: int = 4096, threads: int | None = None, index_params=None,
+                 manifest: dict | None = None, tuned_on: str | None = None):
         if key not in ("att", "ffn"):
             raise ValueError(f"key must be 'att' or 'ffn', found {key!r}")
         if metric not in ("l2", "ip"):
@@ -106,6 +118,7 @@ class KNNLM:
         self.context_window, self.max_tokens = int(context_window), int(max_tokens)
         self.threads = threads
         self.index_params = index_params
+        self.manifest, self.tuned_on = manifest, tuned_on
         self._index, self.nprobe = None, nprobe
         if index is not None:
             self._set_index(index, nprobe)
@@ -165,24 +178,29 @@ class KNNLM:
             row = s["tuned"] if tuned else s
             settings.setdefault("temperature", row["temperature"])
             settings.setdefault("lam", row["lambda"])
+            settings.setdefault("tuned_on", f"run {lay.root}, Table 1 ({key}/{metric}): " +
+                                ("τ and λ tuned on valid" if tuned else "config τ, λ tuned on valid") + f" ({sp})")
         params = resolve_index_params(cfg["index"], man["N"], man["D"], k)
         settings.setdefault("nprobe", params["nprobe"])
         index = lay.path("index", lm=lm, store=store, key=key, metric=metric) if mask == "faiss" else None
         return cls(base, keys, vals, key=key, metric=metric, k=k, index=index, mask=mask, score=score,
                    context_window=cfg["eval"]["context_window"], max_tokens=cfg["eval"]["max_tokens"],
-                   threads=cfg.get("threads"), index_params=dict(cfg["index"]), **settings)
+                   threads=cfg.get("threads"), index_params=dict(cfg["index"]), manifest=man, **settings)
 
     @classmethod
     def from_datastore(cls, lm, folder: str | Path, key: str | None = None, metric: str = "l2", *, k: int = 1024,
                        temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
                        nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
-                       max_tokens: int = 4096, threads: int = 2) -> "KNNLM":
+                       max_tokens: int = 4096, threads: int = 2, verify: bool = True,
+                       tuned_on: str | None = None) -> "KNNLM":
         """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout
         (knnlm.datastore.dump, build_datastore or knnlm.datastore.importer; knnlm.paths.DatastoreLayout). key: default
         the manifest's first key type. The IVFPQ index of (key, metric) in the folder is built when missing (mask
         'faiss'; parameters: config section 'index', `index` overriding its defaults); nprobe defaults to the resolved
-        'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. Raises ArtifactError naming a missing or truncated
-        file, a key type the datastore lacks, or keys of another dimension than the LM's."""
+        'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. verify: check that this LM reproduces the stored
+        keys (verify(); a few hundred rows' forward passes). Raises ArtifactError naming a missing or truncated file, a
+        key type the datastore lacks, keys of another dimension than the LM's, or keys this LM's states do not
+        reproduce."""
         from .config import section_defaults
         from .datastore.dump import open_datastore
         from .search.index import build_ivfpq, resolve_index_params
@@ -202,9 +220,144 @@ class KNNLM:
         if mask == "faiss" and not ipath.exists():
             ipath.parent.mkdir(exist_ok=True)
             build_ivfpq(keys, metric, params, ipath, threads)
-        return cls(lm, keys, vals, key=key, metric=metric, k=k, temperature=temperature, lam=lam,
-                   index=ipath if mask == "faiss" else None, nprobe=nprobe or params["nprobe"], mask=mask, score=score,
-                   context_window=context_window, max_tokens=max_tokens, threads=threads, index_params=icfg)
+        knn = cls(lm, keys, vals, key=key, metric=metric, k=k, temperature=temperature, lam=lam,
+                  index=ipath if mask == "faiss" else None, nprobe=nprobe or params["nprobe"], mask=mask, score=score,
+                  context_window=context_window, max_tokens=max_tokens, threads=threads, index_params=icfg,
+                  manifest=man, tuned_on=tuned_on or ("the defaults of Khandelwal et al. (2020): τ = 1, λ = 0.25"
+                                                      if (temperature, lam) == (1.0, 0.25) else "given by the caller"))
+        if verify:
+            knn.verify()
+        return knn
+
+    # ---- bundles: a kNN-LM saved and loaded with everything that gives its numbers back -----------------------------
+    def save_pretrained(self, out_dir: str | Path) -> Path:
+        """Save this kNN-LM as a bundle (the Hugging Face convention): a datastore folder (knnlm.paths.DatastoreLayout:
+        keys of self.key, vals, manifest, the IVFPQ index of (key, metric)) and BUNDLE_CONFIG with the LM's identity
+        (source, path or checkpoint, revision; the sha256 of the weights and tokenizer that made the keys, from the
+        manifest), the hooked state (KEY_HOOKS), metric, k, τ, λ, nprobe, mask, score, the index parameters, the
+        windows, the datastore's size and corpus sha256, and where τ and λ were tuned. Files are hard-linked where
+        the file system allows, else copied; each is written under a temporary name and renamed. Returns out_dir.
+        Raises ArtifactError when the keys or the manifest are not there to save."""
+        import shutil
+
+        from .io import atomic_path, write_json
+
+        if self.keys is None or self.manifest is None:
+            raise ArtifactError("save_pretrained: this kNN-LM has no keys or datastore manifest to save (build it with "
+                                "from_run, from_datastore or build_datastore)")
+        ds = DatastoreLayout(out_dir)
+        ds.path("index", key=self.key, metric=self.metric).parent.mkdir(parents=True, exist_ok=True)
+        for name, arr in (("keys", self.keys), ("vals", self.vals)):
+            dst = ds.path(name, key=self.key)
+            with atomic_path(dst) as tmp:
+                src = getattr(arr, "filename", None)
+                if src:
+                    try:
+                        os.link(src, tmp)
+                    except OSError:
+                        shutil.copyfile(src, tmp)
+                else:
+                    with open(tmp, "wb") as f:
+                        np.save(f, np.asarray(arr, dtype=np.float16 if name == "keys" else np.int32))
+        write_json(ds.path("manifest"), {**self.manifest, "key_types": [self.key]})
+        if self._index is not None:
+            import faiss
+
+            with atomic_path(ds.path("index", key=self.key, metric=self.metric)) as tmp:
+                faiss.write_index(self._index, str(tmp))
+        man = self.manifest
+        write_json(Path(out_dir) / BUNDLE_CONFIG, {
+            "format": BUNDLE_FORMAT,
+            "lm": {**self.lm.identity, "checkpoint_sha256": man.get("checkpoint_sha256"),
+                   "tokenizer_sha256": man.get("tokenizer_sha256")},
+            "key": self.key, "hook": KEY_HOOKS[self.key], "metric": self.metric, "k": self.k,
+            "temperature": self.temperature, "lambda": self.lam, "nprobe": self.nprobe, "mask": self.mask,
+            "score": self.score_from, "index": self.index_params, "context_window": self.context_window,
+            "max_tokens": self.max_tokens, "tuned_on": self.tuned_on,
+            "datastore": {n: man.get(n) for n in ("N", "D", "corpus", "data_sha256", "source", "tokens_per_sample",
+                                                  "context_window")}})
+        return Path(out_dir)
+
+    @classmethod
+    def from_pretrained(cls, bundle: str | Path, lm=None, *, verify: bool = True, threads: int = 2,
+                        **settings) -> "KNNLM":
+        """A kNN-LM saved by save_pretrained, with the k, τ, λ, nprobe, mask, score and windows it was saved with
+        (`settings` override them: k=, temperature=, lam=, nprobe=, mask=, score=). lm: the LM (FairseqLM,
+        HuggingFaceLM); default: the Hugging Face LM the bundle names (a fairseq LM must be given). verify: as
+        from_datastore (the LM must reproduce the stored keys). Raises ArtifactError naming BUNDLE_CONFIG when it is
+        missing or of another format, and when the LM does not reproduce the keys (naming both identities)."""
+        path = Path(bundle) / BUNDLE_CONFIG
+        if not path.is_file():
+            raise ArtifactError(f"{path}: no bundle config (a folder written by KNNLM.save_pretrained)")
+        c = read_json(path)
+        if c.get("format") != BUNDLE_FORMAT:
+            raise ArtifactError(f"{path}: bundle format {c.get('format')!r}, this version reads {BUNDLE_FORMAT}")
+        if lm is None:
+            if c["lm"].get("source") != "hf":
+                raise ArtifactError(f"{path}: the bundle's LM is a {c['lm'].get('source')} checkpoint "
+                                    f"({c['lm'].get('checkpoint')}): pass it as lm= (FairseqLM)")
+            lm = HuggingFaceLM(c["lm"]["model"], dtype=c["lm"].get("dtype") or "float32",
+                               revision=c["lm"].get("revision"))
+        opts = {"k": c["k"], "temperature": c["temperature"], "lam": c["lambda"], "nprobe": c["nprobe"],
+                "mask": c["mask"], "score": c["score"], **settings}
+        return cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
+                                  context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
+                                  verify=verify, tuned_on=c.get("tuned_on"), **opts)
+
+    def verify(self, rows: int = 256, seed: int = 0, tolerance: float = VERIFY_TOLERANCE) -> dict:
+        """Recompute the keys of a seeded sample of datastore rows with this LM and compare them with the stored ones.
+
+        The token stream is the vals' (row i's target is vals[i]; the stream starts with the LM's start token), fed
+        in the sliding windows the manifest records (tokens_per_sample, context_window; the LM's and this kNN-LM's
+        otherwise), so the states are those of the dump. For both key types (att = the input of the last layer's FFN
+        after its LayerNorm, knn-transformers' `last_ffn_input`; ffn = the final decoder output, `last_ffn_output`)
+        it measures the median relative L2 error ‖h − k‖ / ‖k‖ over the sample. Returns {'rows', 'att', 'ffn' (median
+        errors), 'matches' (the key types within `tolerance`, closest first), 'key', 'windows' (whether the manifest
+        records them)}. A manifest without the windows (a store imported without --tokens-per-sample) gives states
+        with another amount of context than the dump's: then the result is only logged, as a warning when nothing
+        matches. Raises ArtifactError, naming the key file,
+        the datastore's LM and this LM, when the stored keys are not this LM's states of type self.key (another LM,
+        or keys of the other type: the error says which one matches)."""
+        man = self.manifest or {}
+        n = len(self.vals)
+        length = int(man.get("tokens_per_sample") or self.lm.tokens_per_sample)
+        context = int(man.get("context_window", self.context_window) or 0)
+        b = length - context
+        sample = np.sort(np.random.default_rng(seed).choice(n, size=min(rows, n), replace=False))
+        stored = np.asarray(self.keys[sample], dtype=np.float32)
+        got = {kt: np.empty_like(stored) for kt in ("att", "ffn")}
+        with torch.inference_mode():
+            for w in np.unique(sample // b):
+                s = int(w) * b
+                a, e = max(0, s - context), min(n, s + b)
+                # stream[a:e] with stream = [start] + vals: targets s..e-1 are fed from stream positions a..e-1
+                x = np.concatenate([[self.lm.start], np.asarray(self.vals[:e - 1])]) if a == 0 else \
+                    np.array(self.vals[a - 1:e - 1])
+                att, ffn, _ = self.lm.forward(torch.as_tensor(x, dtype=torch.int64)[None])
+                here = np.nonzero(sample // b == w)[0]
+                for kt, h in (("att", att), ("ffn", ffn)):
+                    got[kt][here] = h[0, sample[here] - a].float().cpu().numpy()
+        norm = np.maximum(np.linalg.norm(stored, axis=1), 1e-6)
+        err = {kt: float(np.median(np.linalg.norm(got[kt] - stored, axis=1) / norm)) for kt in got}
+        matches = sorted((kt for kt in ("att", "ffn") if err[kt] <= tolerance), key=err.get)
+        out = {"rows": int(len(sample)), **err, "matches": matches, "key": self.key,
+               "windows": "tokens_per_sample" in man}
+        if not out["windows"]:
+            (log.info if matches and matches[0] == self.key else log.warning)(
+                "verify: the datastore's manifest does not record the windows its keys were dumped in, so their "
+                "recomputed states are not comparable (median relative error att %.3g, ffn %.3g); import it with "
+                "--tokens-per-sample and --context-window to check it", err["att"], err["ffn"])
+            return out
+        if not matches or matches[0] != self.key:
+            what = (f"they are this LM's {matches[0]} states, not {self.key}: load the store with key={matches[0]!r}"
+                    if matches else "they are neither this LM's att nor its ffn states (a datastore of another LM?)")
+            raise ArtifactError(
+                f"{getattr(self.keys, 'filename', None) or 'the keys'}: {self.key} keys of {len(sample)} rows recomputed "
+                f"with this LM differ from the stored ones (median relative error att {err['att']:.3g}, ffn "
+                f"{err['ffn']:.3g}, tolerance {tolerance}): {what}. Datastore's LM: "
+                f"{ {k: man.get(k) for k in ('source', 'model', 'checkpoint_sha256') if man.get(k)} }; this LM: "
+                f"{self.lm.identity}")
+        return out
 
     # ---- the LM's pass ---------------------------------------------------------------------------------------
     def lm_pass(self, ids: np.ndarray, with_log_probs: bool = True) -> dict:

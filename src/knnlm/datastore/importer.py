@@ -44,14 +44,18 @@ def _memmap(path: Path, dtype, shape: tuple[int, ...], what: str) -> np.memmap:
 
 def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | Path, *, size: int | None = None,
                   dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "att",
-                  vocab_size: int | None = None, checkpoint_sha256: str | None = None, chunk: int = 1 << 16) -> dict:
+                  vocab_size: int | None = None, checkpoint_sha256: str | None = None, tokens_per_sample: int | None = None,
+                  context_window: int | None = None, chunk: int = 1 << 16) -> dict:
     """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
     (knnlm.paths.DatastoreLayout); returns the manifest.
 
     size N and dim D default to those in knn-transformers file names. key_type: which hidden state the keys are
     ('att', the default: the last FFN's input after its LayerNorm, knn-transformers' and urvashik/knnlm's
-    `last_ffn_input`; 'ffn' for their `last_ffn_output`, the final decoder output). vocab_size: when given, every val must be below it. checkpoint_sha256: the LM the keys came from
-    (recorded, and checked when queries of that LM are scored). Raises ArtifactError naming the file for a wrong
+    `last_ffn_input`; 'ffn' for their `last_ffn_output`, the final decoder output). vocab_size: when given, every
+    val must be below it. checkpoint_sha256: the LM the keys came from (recorded, and checked when queries of that LM
+    are scored). tokens_per_sample, context_window: the windows the keys were dumped in (fairseq-eval-lm's: windows of
+    tokens_per_sample tokens, each scoring the tokens after its first context_window), recorded so that
+    KNNLM.verify recomputes the very states; unknown, it checks them more loosely. Raises ArtifactError naming the file for a wrong
     size, a non-finite key in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767
     overflow: re-dump with int32 vals); ValueError for a missing N or D or a bad key type.
     """
@@ -89,6 +93,8 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     layout = "knn-transformers" if m else "urvashik/knnlm"
     manifest = {"split": "train", "N": size, "D": dim, "keys_dtype": "float16", "vals_dtype": "int32",
                 "key_types": [key_type], "source": "imported", "checkpoint_sha256": checkpoint_sha256,
+                **({"tokens_per_sample": int(tokens_per_sample), "context_window": int(context_window or 0)}
+                   if tokens_per_sample else {}),
                 "imported_from": {"layout": layout, "keys": str(keys_file), "vals": str(vals_file),
                                   "keys_dtype": keys_dtype, "vals_dtype": vals_dtype,
                                   "keys_sha256": sha256_file(keys_file), "vals_sha256": sha256_file(vals_file)}}
@@ -109,10 +115,13 @@ def main(argv=None) -> None:
                     help="att = the tools' last_ffn_input (their default), ffn = last_ffn_output")
     ap.add_argument("--vocab-size", type=int)
     ap.add_argument("--checkpoint", help="the LM checkpoint the keys came from (its sha256 is recorded)")
+    ap.add_argument("--tokens-per-sample", type=int, help="the window length the keys were dumped with")
+    ap.add_argument("--context-window", type=int, help="the context tokens each window carried before its targets")
     a = ap.parse_args(argv)
     man = import_memmap(a.keys, a.vals, a.out, size=a.size, dim=a.dim, keys_dtype=a.keys_dtype,
                         vals_dtype=a.vals_dtype, key_type=a.key_type, vocab_size=a.vocab_size,
-                        checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None)
+                        checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None,
+                        tokens_per_sample=a.tokens_per_sample, context_window=a.context_window)
     print(f"imported {man['N']} keys of dim {man['D']} ({man['key_types'][0]}) into {a.out}")
 
 

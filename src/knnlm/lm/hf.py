@@ -215,7 +215,7 @@ class HuggingFaceLM:
         self.dim = int(self.model.get_output_embeddings().weight.shape[1])
         self._capture = key_capture(self.model)
         self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
-        self.identity = {"source": "hf", "model": path}
+        self.identity = {"source": "hf", "model": path, "revision": revision, "dtype": dtype}
 
     def encode(self, lines: list[str]) -> np.ndarray:
         return tokenize_lines(self.tok, lines)["ids"]
