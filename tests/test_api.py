@@ -399,3 +399,46 @@ def test_bundle_cli_exports_a_run_store(tiny_run, tmp_path):
     c = json.loads((tmp_path / "b" / BUNDLE_CONFIG).read_text())
     assert (c["temperature"], c["lambda"], c["key"], c["metric"]) == (ref["temperature"], ref["lambda"], "att", "l2")
     assert "verified on 256 rows" in r.stderr
+
+
+def test_tune_and_compare_reproduce_table1(tiny_run, tmp_path):
+    """KNNLM.tune on the run's valid text gives Table 1's λ (config τ), τ* and λ*; KNNLM.compare on its test text gives
+    Table 1's comparison rows (kNN-LM vs base at τ and at τ*, att vs ffn keys) with the same interval, documents and
+    verdict; python -m knnlm.score prints the same row from the shell."""
+    import pandas as pd
+
+    from knnlm.api import KNNLM
+
+    root = tiny_run["root"]
+    valid, test = ((root / f"data/{s}.tokens").read_text(encoding="utf-8") for s in ("valid", "test"))
+    s = json.loads((root / "lms/base/stores/full/scores/att_l2.json").read_text())
+    knn = KNNLM.from_run("configs/tiny.yaml", lm="base", key="att", metric="l2", overrides=overrides(tiny_run))
+    t = knn.tune(valid, tuned=False)
+    assert (t["lambda"], t["tuned_temperature"], t["tuned_lambda"]) == (s["lambda"], s["tuned"]["temperature"],
+                                                                       s["tuned"]["lambda"])
+    assert knn.lam == s["lambda"] and "KNNLM.tune" in knn.tuned_on
+    df = pd.read_csv(root / "lms/base/tables/table1_comparisons.csv")
+    rows = df[df["split"] == "test"].set_index("comparison")
+
+    def same(c, row):
+        r = rows.loc[row]
+        assert c["relative difference"] == pytest.approx(r["relative difference"], abs=1e-4), row
+        assert (c["CI low"], c["CI high"]) == pytest.approx((r["CI low"], r["CI high"]), abs=1e-4), row
+        assert c["verdict"] == r["verdict"] and c["documents"] == r["documents"], row
+
+    same(knn.compare(test), "att/L2 vs base")
+    ffn = KNNLM.from_run("configs/tiny.yaml", lm="base", key="ffn", metric="l2", overrides=overrides(tiny_run))
+    same(knn.compare(test, against=ffn), "att/L2 vs ffn/L2")
+    knn.temperature, knn.lam = t["tuned_temperature"], t["tuned_lambda"]
+    same(knn.compare(test), "att/L2 τ* vs base")
+    for split in ("valid", "test"):
+        (tmp_path / f"{split}.txt").write_text(valid if split == "valid" else test, encoding="utf-8")
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text(yaml.safe_dump(overrides(tiny_run)))
+    r = subprocess.run([sys.executable, "-m", "knnlm.score", "--config", "configs/tiny.yaml", "--config", str(overlay),
+                        "--tune", str(tmp_path / "valid.txt"), "--text", str(tmp_path / "test.txt")], cwd=PROJECT_ROOT,
+                       env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if "kNN-LM att/L2 vs base" in ln)
+    assert f"{rows.loc['att/L2 τ* vs base', 'relative difference']:.4g}"[:6] in line and rows.loc[
+        "att/L2 τ* vs base", "verdict"] in line

@@ -10,9 +10,10 @@ The package in layers, lowest first (a module imports its own layer and lower on
   lm/            -- the LM interface and its backends (fairseq, hf), sliding windows, training, shipped LMs
   parametric     -- W_ds and the parametric alternatives (Sec. 4)
   report/        -- tables, figures, the report's front page, a run's times (`python -m knnlm.report`)
-  experiments/, cli, api, generate, bundle -- the jobs Snakemake runs, their dispatcher, and the Python API
+  experiments/, cli, api, generate, bundle, score -- the jobs Snakemake runs, their dispatcher, and the Python API
     (`from knnlm import KNNLM`; `python -m knnlm.generate` continues a prompt with a run's kNN-LM;
-    `python -m knnlm.bundle` saves one as a bundle that KNNLM.from_pretrained loads)
+    `python -m knnlm.bundle` saves one as a bundle that KNNLM.from_pretrained loads; `python -m knnlm.score` tunes
+    and compares one on text files)
 """
 __version__ = "0.1.0"
 

@@ -119,6 +119,7 @@ class KNNLM:
         self.threads = threads
         self.index_params = index_params
         self.manifest, self.tuned_on = manifest, tuned_on
+        self.config: dict = {}  # config sections 'knn', 'temperature', 'stats' of a run (from_run): tune()'s grids
         self._index, self.nprobe = None, nprobe
         if index is not None:
             self._set_index(index, nprobe)
@@ -183,9 +184,11 @@ class KNNLM:
         params = resolve_index_params(cfg["index"], man["N"], man["D"], k)
         settings.setdefault("nprobe", params["nprobe"])
         index = lay.path("index", lm=lm, store=store, key=key, metric=metric) if mask == "faiss" else None
-        return cls(base, keys, vals, key=key, metric=metric, k=k, index=index, mask=mask, score=score,
-                   context_window=cfg["eval"]["context_window"], max_tokens=cfg["eval"]["max_tokens"],
-                   threads=cfg.get("threads"), index_params=dict(cfg["index"]), manifest=man, **settings)
+        knn = cls(base, keys, vals, key=key, metric=metric, k=k, index=index, mask=mask, score=score,
+                  context_window=cfg["eval"]["context_window"], max_tokens=cfg["eval"]["max_tokens"],
+                  threads=cfg.get("threads"), index_params=dict(cfg["index"]), manifest=man, **settings)
+        knn.config = {n: cfg[n] for n in ("knn", "temperature", "stats")}
+        return knn
 
     @classmethod
     def from_datastore(cls, lm, folder: str | Path, key: str | None = None, metric: str = "l2", *, k: int = 1024,
@@ -424,6 +427,104 @@ class KNNLM:
         p = (1 - self.lam) * np.exp(lm_log_probs.astype(np.float64)) + self.lam * knn_probs
         with np.errstate(divide="ignore"):
             return np.log(p)
+
+    # ---- tuning and comparing, as the pipeline does ---------------------------------------------------------------
+    def _section(self, name: str, given: dict | None = None) -> dict:
+        """Config section `name` of this kNN-LM's run (from_run), else the schema's defaults, `given` overriding."""
+        from .config import section_defaults
+
+        return {**section_defaults(name), **self.config.get(name, {}), **(given or {})}
+
+    def tune(self, valid_text: str | list[str], tuned: bool = True, grids: dict | None = None) -> dict:
+        """Tune λ and τ on a validation text as the pipeline's Table 1 does (Xu et al. 2023, Sec. 3 and 5.2), from one
+        search of its tokens: λ on the grid of config 'knn.lambda_steps' at this kNN-LM's τ; τ* over the grid of
+        config section 'temperature' (start, stop, step; extended by its own span while τ* is its last value, at most
+        'max_extensions' times), each τ with its best λ of 'temperature.lambda_steps'; then λ* at τ* on the 'knn' grid.
+        The grids are the run's (from_run) or the schema's defaults; `grids` ({'knn': {...}, 'temperature': {...}})
+        overrides them. Sets τ, λ to (τ*, λ*) when `tuned`, else λ at the current τ, and records where they were
+        tuned (saved with a bundle). Returns {'temperature', 'lambda' (at the current τ), 'tuned_temperature',
+        'tuned_lambda', 'tau_grid', 'tau_edge', 'tokens', 'valid_nll_per_token' (interpolated, at each)}. Raises
+        ValueError for an empty text."""
+        import hashlib
+
+        from .config import extend_while_on_edge, tau_edge, temperatures
+        from .scoring.interpolation import (interpolate, knn_log_prob_from_cache, lambda_grid,
+                                            sweep_temperature_from_cache, tune_lambda, tune_temperature)
+
+        lines = text_lines(valid_text)
+        if not lines:
+            raise ValueError("tune: empty text")
+        c = {n: self._section(n, (grids or {}).get(n)) for n in ("knn", "temperature")}
+        run = self.lm_pass(self.lm.encode(lines))
+        ids, dists = self.neighbours(run["keys"])  # the one search the whole tuning reads
+        lp_lm, targets = run["lp_lm"], run["targets"]
+        grid = lambda_grid(c["knn"]["lambda_steps"])
+        lam, _ = tune_lambda(lp_lm, knn_log_prob_from_cache(ids, dists, self.vals, targets, self.metric,
+                                                            self.temperature), grid)
+        taus = temperatures(c)
+        sweep = sweep_temperature_from_cache(ids, dists, self.vals, targets, self.metric, taus)
+
+        def add(more):
+            nonlocal sweep
+            sweep = np.concatenate([sweep, sweep_temperature_from_cache(ids, dists, self.vals, targets, self.metric,
+                                                                        more)])
+
+        taus, i = extend_while_on_edge(c, taus, lambda g: tune_temperature(lp_lm, sweep, g,
+                                                                           c["temperature"]["lambda_steps"]), add)
+        lam_star, _ = tune_lambda(lp_lm, sweep[i], grid)
+        out = {"temperature": self.temperature, "lambda": float(lam), "tuned_temperature": float(taus[i]),
+               "tuned_lambda": float(lam_star), "tau_grid": [float(t) for t in taus], "tau_edge": tau_edge(taus, i, c),
+               "tokens": int(len(targets)),
+               "valid_nll_per_token": {
+                   "at τ": float(-interpolate(lp_lm, knn_log_prob_from_cache(ids, dists, self.vals, targets,
+                                                                             self.metric, self.temperature), lam).mean()),
+                   "at τ*": float(-interpolate(lp_lm, sweep[i], lam_star).mean())}}
+        digest = hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+        if tuned:
+            self.temperature, self.lam = out["tuned_temperature"], out["tuned_lambda"]
+        else:
+            self.lam = out["lambda"]
+        self.tuned_on = (f"KNNLM.tune on a text of {len(targets)} tokens (sha256 {digest}…): "
+                         + ("τ* and λ*" if tuned else f"λ at τ = {self.temperature:g}"))
+        return out
+
+    def compare(self, text: str | list[str], against="lm", stats: dict | None = None) -> dict:
+        """The paired comparison the pipeline's tables make, on a text: this kNN-LM's perplexity per word relative
+        to `against` ('lm': its base LM, as Table 1's 'vs base' rows; or another KNNLM of the same LM), ppl_a / ppl_b
+        − 1, with the 95 % interval over the text's documents (found as the pipeline finds a split's: config
+        'stats.documents', WikiText articles when the text has their headings; knnlm.statistics.documents) and the
+        verdict (knnlm.statistics.intervals.compare, config section 'stats' of the run or its defaults, `stats`
+        overriding). Returns {'comparison', 'relative difference', 'CI low', 'CI high', 'verdict', 'documents',
+        'effective', 'unit', 'ppl': {name: {'value', 'lo', 'hi'}}}. Raises ValueError when `against` is a kNN-LM of
+        another tokenizer (other targets) or the text has fewer than 2 documents."""
+        from .statistics.documents import SCHEME_NAMES, lines_token_documents
+        from .statistics.intervals import compare as paired, per_document
+
+        lines = text_lines(text)
+        st = self._section("stats", stats)
+        enc = self.lm.encode_lines(lines)
+        doc, scheme, _ = lines_token_documents(lines, enc["line"], st["documents"], st["block_tokens"],
+                                               st["target_documents"])
+        doc_words = np.bincount(doc, weights=enc["words"]).astype(np.int64)
+        mine = self.score(lines)
+        name = f"kNN-LM {self.key}/{self.metric.upper()}"
+        if isinstance(against, str):
+            if against != "lm":
+                raise ValueError(f"compare: against must be 'lm' or a KNNLM, found {against!r}")
+            other, other_name = mine.lp_lm, "base"
+        else:
+            theirs = against.score(lines)
+            if not np.array_equal(theirs.targets, mine.targets):
+                raise ValueError("compare: the other kNN-LM's LM tokenizes the text into other targets")
+            other, other_name = theirs.lp, f"kNN-LM {against.key}/{against.metric.upper()}"
+            if other_name == name:
+                other_name += " (other)"
+        nll = per_document(-np.stack([mine.lp, other]), doc, len(doc_words))
+        res = paired(nll, doc_words, [name, other_name], [(name, other_name)], {**st, "scheme": scheme})
+        d = res["diff"][f"{name} vs {other_name}"]
+        return {"comparison": f"{name} vs {other_name}", "relative difference": d["value"], "CI low": d["lo"],
+                "CI high": d["hi"], "verdict": d["verdict"], "documents": d["documents"], "effective": d["effective"],
+                "unit": SCHEME_NAMES[scheme], "ppl": res["ppl"]}
 
     # ---- scoring and generation -------------------------------------------------------------------------------
     def score(self, text: str | list[str]) -> Scored:

@@ -30,8 +30,10 @@ class LanguageModel(Protocol):
     start: the token id fed before a stream's first token; vocab_size: V; tokens_per_sample: L, the window;
     dim: D, the key dimension (att and ffn); identity: what names the weights (recorded with every score);
     forward(x [B, L] int64 tensor) -> (att [B, L, D], ffn [B, L, D], log-probs or logits [B, L, V]);
-    encode(lines) -> [n] int64 ids of lines (each with its end of line); encode_prompt(text) -> ids without a final
-    end of line; decode(ids) -> text.
+    encode(lines) -> [n] int64 ids of lines (each with its end of line); encode_lines(lines) -> {'ids' [n] int64,
+    'line' [n] int32 line of each token, 'words' [n] int16 WikiText words each token starts} (the split's token
+    lines, as the pipeline's documents read them); encode_prompt(text) -> ids without a final end of line;
+    decode(ids) -> text.
     """
 
     start: int
@@ -43,6 +45,8 @@ class LanguageModel(Protocol):
     def forward(self, x: Any) -> tuple[Any, Any, Any]: ...
 
     def encode(self, lines: list[str]) -> Any: ...
+
+    def encode_lines(self, lines: list[str]) -> dict: ...
 
     def encode_prompt(self, text: str) -> Any: ...
 

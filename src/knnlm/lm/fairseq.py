@@ -235,12 +235,20 @@ class FairseqLM:
 
     def encode(self, lines: list[str]) -> np.ndarray:
         """[n] int64 token ids of `lines`: each line's BPE pieces then the end-of-line token."""
-        out = []
-        for line in lines:
-            s = line.strip()
+        return self.encode_lines(lines)["ids"]
+
+    def encode_lines(self, lines: list[str]) -> dict[str, np.ndarray]:
+        """{'ids' [n] int64 (each line's BPE pieces then the end-of-line token), 'line' [n] int32, 'words' [n] int16
+        (1 for a piece that starts a word and for the end of line: knnlm.data.bpe_token_lines)}."""
+        ids, line, words = [], [], []
+        for i, text in enumerate(lines):
+            s = text.strip()
             pieces = (self.sp.encode(s, out_type=str) if self.sp else s.split()) if s else []
-            out += [self.dictionary.index(p) for p in pieces] + [self.dictionary.eos()]
-        return np.asarray(out, dtype=np.int64)
+            ids += [self.dictionary.index(p) for p in pieces] + [self.dictionary.eos()]
+            line += [i] * (len(pieces) + 1)
+            words += [p.startswith("\u2581") if self.sp else True for p in pieces] + [True]
+        return {"ids": np.asarray(ids, dtype=np.int64), "line": np.asarray(line, dtype=np.int32),
+                "words": np.asarray(words, dtype=np.int16)}
 
     def encode_prompt(self, text: str) -> np.ndarray:
         """Token ids of a prompt to continue: its BPE pieces, no end of line after its last line."""

@@ -220,6 +220,10 @@ class HuggingFaceLM:
     def encode(self, lines: list[str]) -> np.ndarray:
         return tokenize_lines(self.tok, lines)["ids"]
 
+    def encode_lines(self, lines: list[str]) -> dict[str, np.ndarray]:
+        """tokenize_lines: {'ids', 'line', 'words'} of the lines (each with its newline)."""
+        return tokenize_lines(self.tok, lines)
+
     def encode_prompt(self, text: str) -> np.ndarray:
         return np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 

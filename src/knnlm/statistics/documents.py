@@ -70,14 +70,23 @@ def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, 
     'blank_lines' or 'blocks'), the block size in tokens (0 unless blocks)). Raises ValueError if a target's line
     is not in the file or the scheme is unknown.
     """
+    lines = None
+    if scheme != "blocks":
+        with open(text_path, encoding="utf-8") as f:
+            lines = f.readlines()
+    return lines_token_documents(lines, line, scheme, block_tokens, target_documents, str(text_path))
+
+
+def lines_token_documents(lines: list[str] | None, line: np.ndarray, scheme: str, block_tokens: int = 2048,
+                          target_documents: int = 40, source: str = "<text>") -> tuple[np.ndarray, str, int]:
+    """split_token_documents of a text given as its lines (each with its newline; None for scheme 'blocks');
+    `source` names the text in errors."""
     line = np.asarray(line)
     if scheme not in SCHEMES:
         raise ValueError(f"config key 'stats.documents': expected one of {', '.join(SCHEMES)}, found {scheme!r}")
     if scheme != "blocks":
-        with open(text_path, encoding="utf-8") as f:
-            lines = f.readlines()
         if len(line) and (line.max() >= len(lines) or line.min() < 0):
-            raise ValueError(f"{text_path} has {len(lines)} lines, its tokens refer to line {line.max()}")
+            raise ValueError(f"{source} has {len(lines)} lines, its tokens refer to line {line.max()}")
         if scheme == "auto" and sum(1 for ln in lines if WIKITEXT_TITLE.match(ln.rstrip("\n"))) >= 2:
             scheme = "wikitext"  # article structure: the article is the unit, however few
         for s in (("blank_lines",) if scheme == "auto" else (scheme,)):
