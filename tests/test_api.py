@@ -327,6 +327,8 @@ def test_bundle_saves_and_loads_the_same_knn_lm(knn_of, tmp_path):
         [BUNDLE_CONFIG, "keys_att.npy", "vals.npy", "manifest.json", "att_l2.faiss"])
     again = KNNLM.from_pretrained(out)
     assert again.settings() == knn.settings()
+    again.save_pretrained(out)  # saved again over itself (its files hard links of the same ones): nothing left over
+    assert not list(out.rglob("*.tmp-*")) and (out / "keys_att.npy").stat().st_size == knn.keys.nbytes + 128
     text = "The tower was built in 1890 and rebuilt after the war .\n"
     a, b = knn.score(text), again.score(text)
     np.testing.assert_array_equal(a.lp, b.lp)

@@ -518,3 +518,46 @@ def test_merge_topk_refuses_mismatched_shards():
             ([(ids, d)], out, 3, "cos", "metric must be")):
         with pytest.raises(ValueError, match=msg):
             merge_topk(parts, k, metric, o, progress=False)
+
+
+def test_checkpoints_load_without_running_code(tmp_path):
+    """knnlm.io.load_checkpoint: tensors, plain types, argparse.Namespace (fairseq's published checkpoints) and numeric
+    numpy arrays load with weights_only=True; any other object is refused naming the file and the object, unless the
+    file's sha256 is the trusted one (a config's pinned lms.<lm>.sha256)."""
+    import argparse
+    import datetime
+
+    import torch
+
+    from knnlm.io import ArtifactError, load_checkpoint, sha256_file
+
+    ok = tmp_path / "ok.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace(arch="transformer_lm", lr=[0.1]),
+                "cache": np.arange(3, dtype=np.float32), "n": 3}, ok)
+    st = load_checkpoint(ok)
+    assert st["args"].arch == "transformer_lm" and st["cache"].tolist() == [0.0, 1.0, 2.0] and st["n"] == 3
+    bad = tmp_path / "bad.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "when": datetime.date(2020, 1, 2)}, bad)
+    with pytest.raises(ArtifactError, match=r"bad.pt: refused to load: .*datetime.date.*pin its sha256"):
+        load_checkpoint(bad)
+    with pytest.raises(ArtifactError, match="refused to load"):
+        load_checkpoint(bad, trusted_sha256="0" * 64)
+    assert load_checkpoint(bad, trusted_sha256=sha256_file(bad))["when"] == datetime.date(2020, 1, 2)
+
+
+def test_fairseq_lm_with_foreign_objects_is_refused(tiny_run, tmp_path):
+    """fairseq's own loader runs under the same allowlist: the tiny LM's checkpoint with one foreign object added is
+    refused with an ArtifactError naming the config key and the file, before any of its objects is built."""
+    import datetime
+
+    import torch
+
+    from knnlm.io import ArtifactError
+    from knnlm.lm.fairseq import load_fairseq_lm
+
+    st = torch.load(tiny_run["root"] / "lms/base/checkpoint.pt", map_location="cpu", weights_only=True)
+    st["extra_state"] = {"saved": datetime.date(2020, 1, 2)}
+    bad = tmp_path / "checkpoint.pt"
+    torch.save(st, bad)
+    with pytest.raises(ArtifactError, match=r"config key 'lms.base': .*checkpoint.pt: refused to load"):
+        load_fairseq_lm(bad, tiny_run["root"] / "data-bin", "lms.base")

@@ -45,6 +45,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(tmp, path)
+        if tmp.is_file() and tmp.samefile(path):  # a hard link of the file already there: rename does nothing
+            tmp.unlink()
     except BaseException:
         _remove(tmp)
         raise
@@ -177,6 +179,51 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
         while b := f.read(chunk):
             h.update(b)
     return h.hexdigest()
+
+
+def _checkpoint_globals() -> list:
+    """What a checkpoint may hold beyond tensors and plain types (torch.load(weights_only=True)'s allowlist): the
+    argparse.Namespace of fairseq checkpoints saved before its dataclass configs (published LMs), and numpy arrays of
+    numeric dtypes (the parametric jobs' caches)."""
+    import argparse
+
+    core = getattr(np, "_core", None) or np.core
+    dtypes = [type(np.dtype(t)) for t in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "bool")]
+    return [argparse.Namespace, core.multiarray._reconstruct, np.ndarray, np.dtype, *dtypes]
+
+
+@contextlib.contextmanager
+def checkpoint_globals():
+    """A context in which torch.load(weights_only=True), also inside fairseq's own loader, accepts _checkpoint_globals
+    and nothing else that could run code while unpickling."""
+    import torch
+
+    with torch.serialization.safe_globals(_checkpoint_globals()):
+        yield
+
+
+def load_checkpoint(path: str | Path, trusted_sha256: str | None = None, mmap: bool = False) -> Any:
+    """torch.load of a checkpoint on the CPU without running code from it: weights_only=True with the allowlist of
+    checkpoint_globals. A checkpoint that needs any other object is refused (ArtifactError naming the file and the
+    object) unless its sha256 equals `trusted_sha256` (config 'lms.<lm>.sha256' pins a downloaded LM): then it is
+    unpickled in full, with a warning. mmap: map the tensors from the file instead of reading them."""
+    import logging
+    import pickle
+
+    import torch
+
+    try:
+        with checkpoint_globals():
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        if trusted_sha256 and sha256_file(path) == trusted_sha256:
+            logging.getLogger(__name__).warning("%s: unpickling in full (its sha256 is pinned): %s", path,
+                                                str(e).splitlines()[0])
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+        first = next((ln for ln in str(e).splitlines() if "GLOBAL" in ln or "Unsupported" in ln), str(e)[:200])
+        raise ArtifactError(f"{path}: refused to load: it holds objects beyond tensors and plain types, whose "
+                            f"unpickling could run code ({first.strip()}). If you trust the file, pin its sha256 in "
+                            f"the config (lms.<lm>.sha256) to load it in full.") from None
 
 
 def check_manifest(manifest: dict, expected: dict, source: str) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .config import VARIANT_RE
-from .io import ArtifactError, atomic_path
+from .io import ArtifactError, atomic_path, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -430,7 +430,7 @@ def train(model: nn.Module, batches: KeyBatches, valid: tuple, ckpt_path: str | 
     if interp is not None:
         settings["interp_loss"] = interp[0]
         log_lam, log_rest = math.log(interp[0]), math.log(1 - interp[0])
-    st = torch.load(ckpt_path, map_location="cpu", weights_only=False) if ckpt_path.exists() else None
+    st = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
     if st is not None and "settings" not in st:
         log.warning("%s has no saved settings (an older checkpoint): resumed as it is", ckpt_path)
     elif st is not None and st["settings"] != settings:
@@ -611,7 +611,7 @@ def cached(path: Path, settings: dict, compute) -> dict:
     """compute() (a dict of tensors/arrays) saved at path with its settings and the seconds it took, or the saved one
     when it was computed under the same settings; a file saved under other settings is recomputed (logged), so a
     changed config never reuses a stale result. A file from before settings were saved is reused as it is."""
-    out = torch.load(path, weights_only=False) if Path(path).exists() else None
+    out = load_checkpoint(path) if Path(path).exists() else None
     if out is not None and out.get("settings", settings) != settings:
         log.warning("%s was computed under other settings (%s, now %s): recomputed", path, out["settings"], settings)
         out = None

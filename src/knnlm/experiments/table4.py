@@ -18,7 +18,7 @@ import numpy as np
 
 from ..job import Job
 from ..config import table4_lms
-from ..io import read_json
+from ..io import load_checkpoint, read_json
 from ..scoring.results import METRIC_NAME
 from ..scoring.interpolation import interpolate
 from ..statistics.captions import ci_caption, fmt_ci
@@ -43,7 +43,7 @@ def lm_summary(path: str | Path) -> dict:
     path = Path(path)
     if path.suffix == ".json":
         return {"parameters": int(read_json(path)["parameters"]), "training": "pretrained"}
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    ckpt = load_checkpoint(path)
     seen, total = set(), 0
     for t in ckpt["model"].values():
         key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..io import ArtifactError, read_json, sha256_file
+from ..io import ArtifactError, checkpoint_globals, load_checkpoint, read_json, sha256_file
 from ..paths import PretrainedLayout
 from . import LMPass, text_lines
 
@@ -30,7 +30,9 @@ def load_lm(checkpoint: str | Path, data_bin: str | Path):
     """Load a fairseq LM checkpoint in eval mode; returns (model, cfg). data_bin holds dict.txt."""
     from fairseq import checkpoint_utils
 
-    models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data_bin)})
+    with checkpoint_globals():  # fairseq's torch.load: tensors, plain types and the allowlist only, no code
+        models, cfg, _ = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)],
+                                                                       arg_overrides={"data": str(data_bin)})
     model = models[0]
     model.prepare_for_inference_(cfg)
     model.eval()
@@ -200,8 +202,13 @@ def load_fairseq_lm(checkpoint: str | Path, data_bin: str | Path, key: str):
     naming config key `key` and the file (never a raw unpickling traceback)."""
     check_checkpoint(checkpoint, key)
     check_dictionary(checkpoint, Path(data_bin) / "dict.txt", key)
+    import pickle
+
     try:
         return load_lm(checkpoint, data_bin)
+    except pickle.UnpicklingError as e:
+        raise ArtifactError(f"config key '{key}': {checkpoint}: refused to load: it holds objects beyond tensors, plain "
+                            f"types and argparse.Namespace, whose unpickling could run code ({str(e)[:200]})") from None
     except Exception as e:  # noqa: BLE001 - whatever fairseq raises, name the file and the config key
         raise ArtifactError(f"config key '{key}': {checkpoint} is not a fairseq LM this run can load "
                             f"({type(e).__name__}: {str(e)[:300]})") from None
@@ -271,7 +278,7 @@ class FairseqLM:
 def checkpoint_output_matrix(checkpoint) -> torch.Tensor:
     """W_sm [V, D] float32 of a fairseq checkpoint (decoder.output_projection.weight, or decoder.embed_out). Raises
     ArtifactError naming the file when it has no plain output projection (adaptive softmax)."""
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)["model"]
+    state = load_checkpoint(checkpoint)["model"]
     for name in ("decoder.output_projection.weight", "decoder.embed_out"):
         if name in state:
             return state[name].float()

@@ -17,7 +17,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..io import ArtifactError, atomic_path, read_json, sha256_file, write_json
+from ..io import ArtifactError, atomic_path, load_checkpoint, read_json, sha256_file, write_json
 from ..paths import Layout, PretrainedLayout
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def strip_checkpoint(src: str | Path, dst: str | Path, fp16: bool) -> None:
     and the data iterator's state)."""
     import torch
 
-    st = torch.load(src, map_location="cpu", weights_only=False)
+    st = load_checkpoint(src)
     done: dict = {}  # tied weights (input and output embeddings) stay one tensor
     model = {}
     for k, v in st["model"].items():
@@ -149,7 +149,7 @@ def export(run: str | Path, lm: str, config: str | Path, out: str | Path, thread
         full.unlink()
     test = evaluate(ckpt, data_bin, "test", ev["context_window"], ev["max_tokens"], counts["test"]["words"])
     valid_slice = slice_perplexity(ckpt, out, config)
-    state = torch.load(ckpt, map_location="cpu", weights_only=False, mmap=True)
+    state = load_checkpoint(ckpt, mmap=True)
     params = sum(v.numel() for v in {(v.untyped_storage().data_ptr(), v.storage_offset()): v
                                      for v in state["model"].values()}.values())
     lm_cfg = lm_section(cfg, lm)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import ArtifactError, atomic_path
+from ..io import ArtifactError, atomic_path, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def trained_updates(checkpoint: str | Path) -> int | None:
 
     if not Path(checkpoint).is_file():
         return None
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    state = load_checkpoint(checkpoint, mmap=True)
     return int(state["optimizer_history"][-1]["num_updates"])
 
 
