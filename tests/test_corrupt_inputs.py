@@ -113,6 +113,13 @@ CASES = {
     "settings on an exact search of another scope": ("settings_base_full_ffn_ip",
                                                      lambda io, t: _edit_json(_copy(io, t, "exact_meta", 1), T=5),
                                                      r"exact search of 5 queries, the scope has \d+"),
+    "settings on an exact search of other tokens of the scope's size": (
+        "settings_base_full_ffn_ip", lambda io, t: _edit_json(_copy(io, t, "exact_meta", 1), token_digest="0" * 16),
+        r"exact search of the tokens with digest 0{16}, the scope's are [0-9a-f]{16}"),
+    "queries of another checkpoint than the datastore": (
+        "exact_search_base_full_ffn_ip_test",
+        lambda io, t: _edit_json(_copy(io, t, "queries_manifest"), checkpoint_sha256="0" * 64),
+        r"does not match what this run expects[\s\S]*checkpoint_sha256: manifest has '0{64}'"),
     "a scope beyond the split": ("exact_search_base_full_ffn_ip_test",
                                  lambda io, t: np.save(_copy(io, t, "scope"), np.array([0, 10 ** 8])),
                                  r"token 100000000 beyond the \d+ tokens of split test"),

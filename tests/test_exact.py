@@ -1,4 +1,6 @@
 """Exact search and exact distances vs faiss IndexFlatL2 / IndexFlatIP on small data."""
+import os
+
 import faiss
 import numpy as np
 import pytest
@@ -433,3 +435,73 @@ def test_running_topk_both_kinds_equal_torch_topk(buffer):
         s, i = torch.as_tensor(np.asarray(s)), torch.as_tensor(np.asarray(i))
         torch.testing.assert_close(s, want_s)
         assert torch.equal(i, ids[want_p]), type(top).__name__
+
+
+def test_merge_job_refuses_shards_of_another_search(tmp_path):
+    """experiments.retrieval.exact_merge merges shards that tile the scan into the one-scan top-k, and refuses, naming
+    the shard files and leaving no output, shards of another 'retrieval.exact_shards' (spans that overlap or leave a
+    gap) and shards that searched other tokens of the same number (token digests differ)."""
+    import json
+
+    from knnlm.experiments.retrieval import exact_merge
+    from knnlm.io import ArtifactError
+    from knnlm.job import Job
+
+    rng = np.random.default_rng(5)
+    n, t, k = 3000, 20, 16
+    keys = rng.standard_normal((n, 8)).astype(np.float16)
+    q = rng.standard_normal((t, 8)).astype(np.float32)
+
+    def shard(name, a, b, shards, digest="d0"):
+        i, d = exact_topk(keys, q, k, "l2", key_chunk=500, query_chunk=8, span=(a, b), progress=False)
+        np.save(tmp_path / f"{name}_ids.npy", i.astype(np.int32))
+        np.save(tmp_path / f"{name}_dists.npy", d)
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"T": t, "k": k, "N": n, "seconds": 1.0, "flop": 1.0, "checkpoint_sha256": "c", "span": [a, b],
+             "shard": 0, "shards": shards, "token_digest": digest}))
+        return name
+
+    def merge(names, out):
+        job = Job(cfg={"knn": {"k": k}}, wildcards={"metric": "l2"}, rule="exact_merge", threads=1,
+                  input={"shard_ids": [str(tmp_path / f"{m}_ids.npy") for m in names],
+                         "shard_dists": [str(tmp_path / f"{m}_dists.npy") for m in names],
+                         "shard_meta": [str(tmp_path / f"{m}.json") for m in names]},
+                  output={"ids": str(tmp_path / f"{out}_ids.npy"), "dists": str(tmp_path / f"{out}_dists.npy"),
+                          "meta": str(tmp_path / f"{out}.json")})
+        exact_merge(job)
+        return np.load(tmp_path / f"{out}_ids.npy"), np.load(tmp_path / f"{out}_dists.npy")
+
+    halves = [shard("h0", 0, 1500, 2), shard("h1", 1500, 3000, 2)]
+    thirds = [shard("t0", 0, 1000, 3), shard("t1", 1000, 2000, 3), shard("t2", 2000, 3000, 3)]
+    want_i, want_d = exact_topk(keys, q, k, "l2", key_chunk=500, query_chunk=8, progress=False)
+    got_i, got_d = merge(halves, "ok")
+    np.testing.assert_array_equal(got_i, want_i)
+    np.testing.assert_array_equal(got_d, want_d)
+    assert json.loads((tmp_path / "ok.json").read_text())["token_digest"] == "d0"
+    for names, what in (([halves[0], thirds[1], thirds[2]], "overlap"), ([thirds[0], halves[1]], "gap"),
+                        ([halves[1], thirds[0]], "no start"), ([thirds[0], thirds[1]], "a shard missing"),
+                        ([shard("x0", 0, 2000, 2), halves[1]], "overlap, one count")):
+        with pytest.raises(ArtifactError, match=r"h\d.json|t\d.json") as e:
+            merge(names, "bad")
+        assert "do not tile the scan" in str(e.value), what
+    other = shard("o1", 1500, 3000, 2, digest="d1")
+    with pytest.raises(ArtifactError, match=r"disagree on \(queries, keys, checkpoint, token digest\)"):
+        merge([halves[0], other], "bad")
+    assert not list(tmp_path.glob("bad*"))
+
+
+def test_key_reader_names_the_file_on_a_short_read(tmp_path):
+    """KeyReader reads a key file with pread; a file cut after it was opened (a copy still being written, a full
+    disk) gives OSError naming the file and the byte where the read stopped, not rows of zeros."""
+    from knnlm.search.exact import KeyReader
+
+    keys = np.arange(4000 * 16, dtype=np.float16).reshape(4000, 16)
+    np.save(tmp_path / "keys.npy", keys)
+    mm = np.load(tmp_path / "keys.npy", mmap_mode="r")
+    reader = KeyReader(mm)
+    np.testing.assert_array_equal(reader.read(3000, 4000), keys[3000:])
+    os.truncate(tmp_path / "keys.npy", mm.offset + 3500 * 16 * 2)
+    np.testing.assert_array_equal(reader.read(0, 3500), keys[:3500])
+    with pytest.raises(OSError, match=r"keys.npy: short read at byte " + str(mm.offset + 3500 * 32)):
+        reader.read(3000, 4000)
+    reader.close()

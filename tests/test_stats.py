@@ -63,6 +63,49 @@ def test_no_difference_is_inconclusive_and_point_estimates_are_exact():
     assert resample_counts(40, 5, 0).sum(1).tolist() == [40] * 5  # each resample draws D documents
 
 
+def test_jackknife_t_interval_recomputed_by_hand():
+    """The jackknife-t interval of compare() for a ratio of perplexities, a perplexity and a share of a gain, each
+    written out from its definition (docs/statistics.md) on 5 documents of unequal length: leave each document out,
+    take the statistic on the log (ratio, perplexity) or linear (share) scale, se² = (D−1)/D Σ (g_i − ḡ)², and
+    point ∓ t_{0.975, n_eff−1} · se, n_eff = (Σw)² / Σw² (Kish)."""
+    import math
+
+    from scipy.stats import t as student_t
+
+    words = [50.0, 120.0, 80.0, 300.0, 30.0]
+    base = [210.0, 560.0, 330.0, 1500.0, 120.0]
+    a = [200.0, 520.0, 335.0, 1410.0, 119.0]
+    b = [190.0, 530.0, 300.0, 1450.0, 100.0]
+    res = compare(np.array([base, a, b]), np.array(words), ["base", "a", "b"], [("a", "b")],
+                  {"interval": "jackknife_t", "min_documents": 2}, shares=[("a", "b")])
+    n_eff = sum(words) ** 2 / sum(w * w for w in words)
+    q = student_t.ppf(0.975, n_eff - 1)
+
+    def ppl(nll, keep):
+        return math.exp(sum(nll[i] for i in keep) / sum(words[i] for i in keep))
+
+    def by_hand(stat, log):
+        every = range(5)
+        g = [stat([j for j in every if j != i]) for i in every]
+        g = [math.log(x) for x in g] if log else g
+        mean = sum(g) / 5
+        se = math.sqrt(4 / 5 * sum((x - mean) ** 2 for x in g))
+        point = stat(list(every))
+        centre = math.log(point) if log else point
+        lo, hi = centre - q * se, centre + q * se
+        return (point, math.exp(lo), math.exp(hi)) if log else (point, lo, hi)
+
+    ratio = by_hand(lambda keep: ppl(a, keep) / ppl(b, keep), True)
+    d = res["diff"]["a vs b"]
+    assert (d["value"], d["lo"], d["hi"]) == pytest.approx((ratio[0] - 1, ratio[1] - 1, ratio[2] - 1), rel=1e-10)
+    p = res["ppl"]["b"]
+    assert (p["value"], p["lo"], p["hi"]) == pytest.approx(by_hand(lambda keep: ppl(b, keep), True), rel=1e-10)
+    share = by_hand(lambda keep: (ppl(base, keep) - ppl(a, keep)) / (ppl(base, keep) - ppl(b, keep)), False)
+    sh = res["share"]["a of b"]
+    assert (sh["value"], sh["lo"], sh["hi"]) == pytest.approx(share, rel=1e-10)
+    assert res["effective"] == pytest.approx(n_eff) and d["effective"] == pytest.approx(n_eff)
+
+
 def test_documents_of_a_wikitext_split(tmp_path):
     text = [" \n", " = A = \n", " \n", " x y \n", " = = Sec = = \n", " z \n", " = B = \n", " w \n"]
     bpe = ["\n", "▁= ▁A ▁=\n", "\n", "▁x ▁y\n", "▁= ▁= ▁Sec ▁= ▁=\n", "▁z\n", "▁= ▁B ▁=\n", "▁w\n"]

@@ -248,7 +248,8 @@ def _exact_into(job: Job, keys, queries, t: int, k: int, rows, span: tuple[int, 
     secs = time.time() - t0
     flop = 2.0 * t * (span[1] - span[0]) * keys.shape[1]
     return _write_exact_meta(job.path("meta"), (t, width), int(keys.shape[0]), secs, flop, man, span=list(span),
-                             machine=machine(job.threads), **extra)
+                             machine=machine(job.threads), token_digest=scope_digest(job, job.wildcards["split"]),
+                             **extra)
 
 
 def exact_search(job: Job) -> dict:
@@ -329,7 +330,8 @@ def exact_search_nested(job: Job) -> dict:
     flop = 2.0 * t * stops[-1] * keys.shape[1]  # one scan of the largest store
     for i, st in enumerate(opened):
         meta = _write_exact_meta(job.paths("meta")[i], (t, k), int(keys.shape[0]), secs, flop, man,
-                                 nested_scan={"stops": stops, "store_size": st.size}, machine=machine(job.threads))
+                                 nested_scan={"stops": stops, "store_size": st.size}, machine=machine(job.threads),
+                                 token_digest=scope_digest(job, job.wildcards["split"]))
     return {"metrics": {"T": len(sc), "seconds": secs, "gflops": meta["gflops"], "stores": len(opened)}}
 
 
@@ -337,16 +339,25 @@ def exact_merge(job: Job) -> dict:
     """The store's exact top-k (the real mask) from the top-k of its shards (inputs 'shard_ids', 'shard_dists',
     'shard_meta': lists, one per shard of config 'retrieval.exact_shards', from exact_search or exact_search_nested) by
     knnlm.search.exact.merge_topk: the same ids and distances as one scan. The meta adds up the shards' scan time and
-    lists each shard's span and seconds. Raises ArtifactError when the shards disagree on queries, keys or checkpoint."""
+    lists each shard's span and seconds. Raises ArtifactError when the shards disagree on queries (their number or
+    their token indices: 'token_digest'), keys or checkpoint, or their spans do not tile the scan from its start
+    without a gap or an overlap (shards of another 'retrieval.exact_shards')."""
     from ..search.exact import merge_topk
 
     metas = [read_json(p) for p in job.paths("shard_meta")]
     k, metric = job.cfg["knn"]["k"], job.wildcards["metric"]
-    shapes = {(m["T"], m["N"], m["checkpoint_sha256"]) for m in metas}
+    names = [str(p) for p in job.paths("shard_meta")]
+    shapes = {(m["T"], m["N"], m["checkpoint_sha256"], m.get("token_digest", "")) for m in metas}
     if len(shapes) != 1:
-        raise ArtifactError(f"shards {[str(p) for p in job.paths('shard_meta')]} disagree on (queries, keys, checkpoint): "
-                            f"{sorted(shapes)}: rerun them")
-    t, n, sha = shapes.pop()
+        raise ArtifactError(f"shards {names} disagree on (queries, keys, checkpoint, token digest): {sorted(shapes)}: "
+                            "rerun them")
+    spans = sorted(tuple(m["span"]) for m in metas)
+    counts = {m.get("shards") for m in metas}
+    tiled = spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    if not tiled or len(counts) != 1 or ("nested_scan" not in metas[0] and counts != {len(metas)}):
+        raise ArtifactError(f"shards {names}: spans {spans} of {sorted(counts, key=str)} shards do not tile the scan "
+                            f"from 0 as the {len(metas)} shards of one search: rerun them")
+    t, n, sha, _ = shapes.pop()
     parts = [(open_npy(i, (t, m["k"]), np.int32), open_npy(d, (t, m["k"]), np.float32))
              for i, d, m in zip(job.paths("shard_ids"), job.paths("shard_dists"), metas)]
     scanned = sum(m["span"][1] - m["span"][0] for m in metas)
@@ -362,6 +373,8 @@ def exact_merge(job: Job) -> dict:
     if "nested_scan" in metas[0]:
         stops = metas[0]["nested_scan"]["stops"]
         extra["nested_scan"] = {"stops": stops, "store_size": stops[max(m["nested_scan"]["segment"] for m in metas)]}
+    if "token_digest" in metas[0]:
+        extra["token_digest"] = metas[0]["token_digest"]
     meta = _write_exact_meta(job.path("meta"), (t, k), n, secs, flop, {"checkpoint_sha256": sha}, merge_seconds=merge_secs,
                              shards=[{"span": m["span"], "seconds": m["seconds"]} for m in metas],
                              machine=metas[0].get("machine") or machine(), **extra)
@@ -394,6 +407,7 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
                                                      "exact_dists", "exact_meta", "documents")}
     lp_lm, words, docs, recall = {}, {}, {}, {}
     lp_knn, sweep, sweep_seconds = {s: {} for s in SETTINGS}, {s: {} for s in SETTINGS}, 0.0
+    digest = {split: scope_digest(job, split) for split in SPLITS}
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
         q = open_split(job, split, checkpoint_sha256=man["checkpoint_sha256"])
@@ -410,6 +424,9 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
         rows = _rows_of(meta, sc, f["nb_meta"])
         if emeta["T"] != t:
             raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: rerun it")
+        if emeta.get("token_digest", digest[split]) != digest[split]:
+            raise ArtifactError(f"{f['exact_meta']}: exact search of the tokens with digest {emeta['token_digest']}, "
+                                f"the scope's are {digest[split]} (another scope of the same size): rerun it")
         k = meta["k"]
         caches = {"nb_ids": open_npy(f["nb_ids"], (meta["T"], k), np.int32),
                   "exact_ids": open_npy(f["exact_ids"], (t, k), np.int32),
