@@ -444,3 +444,34 @@ def test_tune_and_compare_reproduce_table1(tiny_run, tmp_path):
     line = next(ln for ln in r.stdout.splitlines() if "kNN-LM att/L2 vs base" in ln)
     assert f"{rows.loc['att/L2 τ* vs base', 'relative difference']:.4g}"[:6] in line and rows.loc[
         "att/L2 τ* vs base", "verdict"] in line
+
+
+def test_conveniences_loaded_model_peer_names_and_batches(knn_of, tmp_path):
+    """HuggingFaceLM takes an already loaded model and tokenizer (the same keys and scores as from its path); its
+    default window is the model's maximum length capped at DEFAULT_MAX_WINDOW; the peers' names lmbda, knn_temp and
+    knn_keytype=last_ffn_input set λ, τ and att; score_texts scores several texts in one call, each as score does."""
+    import transformers
+
+    from knnlm.api import KNNLM, HuggingFaceLM, peer_settings
+    from knnlm.lm.hf import DEFAULT_MAX_WINDOW
+
+    knn = knn_of(TINY_HF)
+    out = knn.save_pretrained(tmp_path / "bundle")
+    path = knn.lm.identity["model"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    lm = HuggingFaceLM(model, tokenizer=transformers.AutoTokenizer.from_pretrained(path),
+                       tokens_per_sample=knn.lm.tokens_per_sample)
+    assert lm.identity["model"] == path and lm.identity["dtype"] == "float32"
+    peer = KNNLM.from_datastore(lm, out, lmbda=0.3, knn_temp=2.0, knn_keytype="last_ffn_input", k=knn.k,
+                                context_window=knn.context_window, nprobe=knn.nprobe)
+    assert (peer.key, peer.lam, peer.temperature) == ("att", 0.3, 2.0)
+    texts = ["The tower was built in 1890 .\n", "It was rebuilt after the war .\n"]
+    own = KNNLM.from_datastore(knn.lm, out, lam=0.3, temperature=2.0, k=knn.k, context_window=knn.context_window,
+                               nprobe=knn.nprobe)
+    for a, b in zip(peer.score_texts(texts), [own.score(t) for t in texts]):
+        np.testing.assert_allclose(a.lp, b.lp, rtol=1e-6)
+    assert HuggingFaceLM(path).tokens_per_sample == min(model.config.max_position_embeddings, DEFAULT_MAX_WINDOW)
+    with pytest.raises(TypeError, match="unknown setting 'lambda_'"):
+        peer_settings({"lambda_": 0.1})
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        HuggingFaceLM(model)

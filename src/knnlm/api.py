@@ -40,6 +40,21 @@ KEY_HOOKS = {"att": "last_ffn_input: the input of the last layer's FFN, after it
 # verify(): the largest median relative error ‖h − k‖ / ‖k‖ of recomputed keys that still counts as the same states
 # (fp16 storage alone gives ~5e-4; another model of the same shape gives ~1)
 VERIFY_TOLERANCE = 0.02
+# the peers' names of the settings (neulab/knn-transformers: --lmbda, --knn_temp, --knn_keytype), accepted by
+# from_datastore and from_pretrained; their key types by this project's names
+PEER_NAMES = {"lmbda": "lam", "knn_temp": "temperature", "knn_keytype": "key"}
+PEER_KEYTYPES = {"last_ffn_input": "att", "last_ffn_output": "ffn"}
+
+
+def peer_settings(given: dict) -> dict:
+    """The peers' setting names (PEER_NAMES) as this API's: {'lmbda': 0.25, 'knn_keytype': 'last_ffn_input'} ->
+    {'lam': 0.25, 'key': 'att'}. Raises TypeError naming an unknown setting."""
+    out = {}
+    for name, v in given.items():
+        if name not in PEER_NAMES:
+            raise TypeError(f"unknown setting {name!r} (this API's names, or the peers' {sorted(PEER_NAMES)})")
+        out[PEER_NAMES[name]] = PEER_KEYTYPES.get(v, v) if name == "knn_keytype" else v
+    return out
 
 
 def count_words(lines: list[str]) -> int:
@@ -195,7 +210,7 @@ class KNNLM:
                        temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
                        nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
                        max_tokens: int = 4096, threads: int = 2, verify: bool = True,
-                       tuned_on: str | None = None) -> "KNNLM":
+                       tuned_on: str | None = None, **peer) -> "KNNLM":
         """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout
         (knnlm.datastore.dump, build_datastore or knnlm.datastore.importer; knnlm.paths.DatastoreLayout). key: default
         the manifest's first key type. The IVFPQ index of (key, metric) in the folder is built when missing (mask
@@ -203,11 +218,14 @@ class KNNLM:
         'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. verify: check that this LM reproduces the stored
         keys (verify(); a few hundred rows' forward passes). Raises ArtifactError naming a missing or truncated file, a
         key type the datastore lacks, keys of another dimension than the LM's, or keys this LM's states do not
-        reproduce."""
+        reproduce. `peer`: the peers' names lmbda, knn_temp, knn_keytype (last_ffn_input / last_ffn_output) for lam,
+        temperature, key (peer_settings)."""
         from .config import section_defaults
         from .datastore.dump import open_datastore
         from .search.index import build_ivfpq, resolve_index_params
 
+        p = peer_settings(peer)
+        key, temperature, lam = p.get("key", key), p.get("temperature", temperature), p.get("lam", lam)
         ds = DatastoreLayout(folder)
         man_path = ds.path("manifest")
         if not man_path.is_file():
@@ -285,8 +303,8 @@ class KNNLM:
     def from_pretrained(cls, bundle: str | Path, lm=None, *, verify: bool = True, threads: int = 2,
                         **settings) -> "KNNLM":
         """A kNN-LM saved by save_pretrained, with the k, τ, λ, nprobe, mask, score and windows it was saved with
-        (`settings` override them: k=, temperature=, lam=, nprobe=, mask=, score=). lm: the LM (FairseqLM,
-        HuggingFaceLM); default: the Hugging Face LM the bundle names (a fairseq LM must be given). verify: as
+        (`settings` override them: k=, temperature=, lam=, nprobe=, mask=, score=, or the peers' lmbda=,
+        knn_temp=). lm: the LM (FairseqLM, HuggingFaceLM); default: the Hugging Face LM the bundle names (a fairseq LM must be given). verify: as
         from_datastore (the LM must reproduce the stored keys). Raises ArtifactError naming BUNDLE_CONFIG when it is
         missing or of another format, and when the LM does not reproduce the keys (naming both identities)."""
         path = Path(bundle) / BUNDLE_CONFIG
@@ -302,7 +320,11 @@ class KNNLM:
             lm = HuggingFaceLM(c["lm"]["model"], dtype=c["lm"].get("dtype") or "float32",
                                revision=c["lm"].get("revision"))
         opts = {"k": c["k"], "temperature": c["temperature"], "lam": c["lambda"], "nprobe": c["nprobe"],
-                "mask": c["mask"], "score": c["score"], **settings}
+                "mask": c["mask"], "score": c["score"],
+                **peer_settings({n: v for n, v in settings.items() if n in PEER_NAMES}),
+                **{n: v for n, v in settings.items() if n not in PEER_NAMES}}
+        if "key" in opts:
+            raise TypeError("from_pretrained: a bundle's key type is the one it was saved with")
         return cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
                                   context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
                                   verify=verify, tuned_on=c.get("tuned_on"), **opts)
@@ -540,6 +562,10 @@ class KNNLM:
         lp_knn = self.knn_log_prob(run["keys"], run["targets"])
         lp = interpolate(run["lp_lm"], lp_knn, self.lam)
         return Scored(run["targets"], run["lp_lm"], lp_knn, lp, count_words(lines), self.settings())
+
+    def score_texts(self, texts: list[str]) -> list[Scored]:
+        """score() of each of several texts (documents scored apart, each from the start token), in one call."""
+        return [self.score(t) for t in texts]
 
     def settings(self) -> dict:
         """The kNN-LM's settings: key, metric, k, temperature, lambda, mask, score, nprobe."""

@@ -202,16 +202,37 @@ def model_card(path: str, revision: str | None = None, dtype: str = "float32") -
             "checkpoint_sha256": _sha256_files(weights)}
 
 
+# the window of a Hugging Face LM when none is given: its maximum length, at most this (a Llama-3's 8k positions
+# would make every window an 8k-token fp32 pass)
+DEFAULT_MAX_WINDOW = 1024
+
+
 class HuggingFaceLM:
     """A Hugging Face causal LM (knnlm.lm.hf) and its fast tokenizer; tokens are the tokenizer's over the text with its
-    newlines, the stream starts with BOS (else EOS), as the pipeline's dumps."""
+    newlines, the stream starts with BOS (else EOS), as the pipeline's dumps.
 
-    def __init__(self, path: str, dtype: str = "float32", revision: str | None = None,
-                 tokens_per_sample: int | None = None):
-        self.model, self.tok = load_hf(path, dtype, revision)
+    model: a local directory or Hub id, or an already loaded model (then `tokenizer` is its fast tokenizer); dtype:
+    'float32' | 'bfloat16' | 'float16' for a model loaded here; tokens_per_sample: the window (default: the model's
+    maximum length, at most DEFAULT_MAX_WINDOW). Raises ValueError for a loaded model without a tokenizer."""
+
+    def __init__(self, model, dtype: str = "float32", revision: str | None = None,
+                 tokens_per_sample: int | None = None, tokenizer=None):
+        if isinstance(model, (str, Path)):
+            path = str(model)
+            self.model, self.tok = load_hf(path, dtype, revision)
+        else:
+            if tokenizer is None:
+                raise ValueError("HuggingFaceLM: a loaded model needs its tokenizer (tokenizer=)")
+            if not getattr(tokenizer, "is_fast", False):
+                raise ArtifactError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer; character offsets "
+                                    "are needed to count words")
+            self.model, self.tok = model.eval(), tokenizer
+            path = getattr(model, "name_or_path", "") or type(model).__name__
+            dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.start = start_token(self.tok)
         self.vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
-        self.tokens_per_sample = int(tokens_per_sample or self.model.config.max_position_embeddings)
+        self.tokens_per_sample = int(tokens_per_sample or min(self.model.config.max_position_embeddings,
+                                                              DEFAULT_MAX_WINDOW))
         self.dim = int(self.model.get_output_embeddings().weight.shape[1])
         self._capture = key_capture(self.model)
         self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
