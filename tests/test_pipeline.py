@@ -219,6 +219,33 @@ def test_token_gains(tiny_run):
     assert_figure(art(tiny_run, "figure", figure="token_gains", ext="png"))
 
 
+def test_k_sweep_equals_table1_at_the_largest_k_and_by_hand_at_k1(tiny_run):
+    """k_sweep: at the largest k it is Table 1's τ-tuned kNN-LM of the same pair (the same τ*, λ* and test perplexity);
+    at k = 1, p_kNN(target) is 1 when the nearest neighbour's val is the target and 0 otherwise, whatever τ, so its
+    test perplexity is recomputed by hand from the cache with its λ*; every k beats the base LM on the tiny run."""
+    df = pd.read_csv(art(tiny_run, "table", table="k_sweep", ext="csv"))
+    test = df[(df["split"] == "test") & (df["model"] == "kNN-LM")].set_index("k")
+    k = TINY["knn"]["k"]
+    assert list(test.index.astype(int)) == [1, 2, 4, 8, 16, 32, 64] == [2 ** i for i in range(7)] and k == 64
+    pair = {"store": "full", "key": "ffn", "metric": "l2"}  # Table 3's pair on the tiny config
+    sc = read_json(art(tiny_run, "score", **pair))
+    top = test.loc["64"]
+    assert (top["τ*"], top["λ*"]) == (sc["tuned"]["temperature"], pytest.approx(sc["tuned"]["lambda"]))
+    assert top["PPL (word)"] == pytest.approx(sc["tuned"]["test"]["interp"]["ppl_word"], rel=1e-7)  # (CSV: 4 decimals)
+    ids = np.load(art(tiny_run, "nb_ids", split="test", **pair))
+    vals = np.load(art(tiny_run, "vals"))
+    hit = vals[ids[:, 0]] == np.load(art(tiny_run, "targets", split="test"))
+    lp_lm = np.load(art(tiny_run, "lm_logprobs", split="test")).astype(np.float64)
+    lam = float(test.loc["1", "λ*"])
+    nll = -np.log((1 - lam) * np.exp(lp_lm) + lam * hit).sum()
+    base = df[(df["split"] == "test") & (df["model"] == "base LM")].iloc[0]
+    # per-word perplexities share the word count: PPL_k / PPL_base = exp((NLL_k - NLL_base) / words)
+    w = -np.sum(lp_lm) / np.log(base["PPL (word)"])
+    assert test.loc["1", "PPL (word)"] == pytest.approx(np.exp(nll / w), rel=1e-6)
+    assert all(v.startswith("-") for v in test["vs base (95% CI)"])
+    assert_figure(art(tiny_run, "figure", figure="k_sweep", ext="png"))
+
+
 def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):
     """λ per bucket can only fit valid better than one global λ (the global λ is one choice per bucket); on test
     it is compared paired. Adaptive retrieval: nothing skipped at share 0, more skipped at larger shares."""
@@ -690,7 +717,7 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 78 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 81 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
     # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
@@ -698,13 +725,18 @@ def test_findings_report(tiny_run):
     assert len(follow) == 8 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
     assert sum("nats per token" in r for r in follow) == 2
+    # Khandelwal et al. 2020's k (tiny: k = 64): one row per doubling 1 → 2 … 32 → 64, k = 8 vs base, k = 8's share
+    kh = [line for line in text.splitlines() if line.startswith("| Khandelwal et al. 2020")]
+    assert [re.search(r"\| (k=\d+ vs k=\d+|k=8 vs base|share of the gain: k=8 of k=64) ", r).group(1) for r in kh] == \
+        [f"k={2 * k} vs k={k}" for k in (1, 2, 4, 8, 16, 32)] + ["k=8 vs base", "share of the gain: k=8 of k=64"]
+    assert all("reproduced" in r or "inconclusive" in r or "contradicted" in r for r in kh[:-1]) and "reported" in kh[-1]
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs
     # base) and E.2's retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k,
     # two per E.3 effect claim (the base LM's NLL and the kNN-LM's gain) and four for E.3's r (reported), two for
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 8 - 7 + len(family) + len(equal_rows) + 13
+    assert len(rows) == len(CLAIMS) - 11 - 7 + len(family) + len(equal_rows) + 13  # (11 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

@@ -69,6 +69,7 @@ from ..io import atomic_path, read_json
 from ..statistics.captions import ci_caption, comparison_rows
 from .common import lm_training_label
 from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
+from .k_sweep import SMALL_K as K_SMALL
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
 from ..datastore.stores import TRAINING_SUBSET_LABEL
@@ -320,6 +321,15 @@ CLAIMS = [
              size=-0.04, about=SIZE_MARGIN, paper_text="nearly 4 % better test perplexity (WikiText-103)",
              kind="follow-up")
       for what in ("nearest neighbour's distance", "n-gram overlap with the top neighbour (tokens)")],
+    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", "more neighbours help: doubling k (each k with its τ and λ tuned "
+           "on valid) lowers perplexity, at every doubling", "k_sweep", r"k=\d+ vs k=\d+", regex=True, sign=-1,
+           paper_text="perplexity improves monotonically with k up to 1,024 (WikiText-103)", kind="follow-up"),
+    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", f"a small k already helps: the kNN-LM with k = {K_SMALL} beats the "
+           f"base LM", "k_sweep", f"k={K_SMALL} vs base", sign=-1,
+           paper_text=f"even k = {K_SMALL} is enough for a new state of the art (WikiText-103)", kind="follow-up"),
+    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", f"the share of the largest k's gain that k = {K_SMALL} keeps "
+           f"(reported: the paper gives no share)", "k_sweep", rf"share of the gain: k={K_SMALL} of k=\d+", regex=True,
+           reported=True, paper_text="not stated (Figure 4 only)", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -355,7 +365,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
-                 "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval"):  # App. D, E, follow-ups
+                 "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
