@@ -40,7 +40,10 @@ def knn_of(tiny_run):
 
 def test_readme_python_example_runs_as_written(tiny_run, tmp_path):
     """The README's 'Use it from Python' block, run verbatim in a folder where configs/ is the project's and
-    results/ the tiny run's."""
+    results/ the tiny run's: Table 1's numbers, a bundle saved, loaded and verified, then tuned and compared as
+    Table 1."""
+    import pandas as pd
+
     readme = (PROJECT_ROOT / "README.md").read_text()
     sec = readme.split("## Use it from Python", 1)[1]
     code = re.search(r"```python\n(.*?)```", sec, re.S).group(1)
@@ -53,6 +56,9 @@ def test_readme_python_example_runs_as_written(tiny_run, tmp_path):
     ref = json.loads((tiny_run["root"] / "lms/base/stores/full/scores/att_l2.json").read_text())
     assert f"{ref['test']['interp']['ppl_word']:.2f}" in r.stdout
     assert "True {'rows': 256, 'att': " in r.stdout and "'matches': ['att'], 'key': 'att', 'windows': True}" in r.stdout  # bundle
+    cmp = pd.read_csv(tiny_run["root"] / "lms/base/tables/table1_comparisons.csv").set_index(["split", "comparison"])
+    assert f"{ref['tuned']['temperature']} {{'comparison': 'kNN-LM att/L2 vs base', 'relative difference': " in r.stdout
+    assert f"'verdict': '{cmp.loc[('test', 'att/L2 τ* vs base'), 'verdict']}'" in r.stdout  # tune + compare: Table 1's
 
 
 @pytest.mark.parametrize("lm", ["base", TINY_HF])

@@ -256,7 +256,8 @@ class KNNLM:
         keys of self.key, vals, manifest, the IVFPQ index of (key, metric)) and BUNDLE_CONFIG with the LM's identity
         (source, path or checkpoint, revision; the sha256 of the weights and tokenizer that made the keys, from the
         manifest), the hooked state (KEY_HOOKS), metric, k, τ, λ, nprobe, mask, score, the index parameters, the
-        windows, the datastore's size and corpus sha256, and where τ and λ were tuned. Files are hard-linked where
+        windows, the datastore's size and corpus sha256, where τ and λ were tuned, and the run's config sections
+        'knn', 'temperature', 'stats' (tune() and compare() use them). Files are hard-linked where
         the file system allows, else copied; each is written under a temporary name and renamed. Returns out_dir.
         Raises ArtifactError when the keys or the manifest are not there to save."""
         import shutil
@@ -295,6 +296,7 @@ class KNNLM:
             "temperature": self.temperature, "lambda": self.lam, "nprobe": self.nprobe, "mask": self.mask,
             "score": self.score_from, "index": self.index_params, "context_window": self.context_window,
             "max_tokens": self.max_tokens, "tuned_on": self.tuned_on,
+            "config": self.config,  # the run's grids and statistics for tune() and compare()
             "datastore": {n: man.get(n) for n in ("N", "D", "corpus", "data_sha256", "source", "tokens_per_sample",
                                                   "context_window")}})
         return Path(out_dir)
@@ -325,9 +327,11 @@ class KNNLM:
                 **{n: v for n, v in settings.items() if n not in PEER_NAMES}}
         if "key" in opts:
             raise TypeError("from_pretrained: a bundle's key type is the one it was saved with")
-        return cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
-                                  context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
-                                  verify=verify, tuned_on=c.get("tuned_on"), **opts)
+        knn = cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
+                                 context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
+                                 verify=verify, tuned_on=c.get("tuned_on"), **opts)
+        knn.config = c.get("config") or {}
+        return knn
 
     def verify(self, rows: int = 256, seed: int = 0, tolerance: float = VERIFY_TOLERANCE) -> dict:
         """Recompute the keys of a seeded sample of datastore rows with this LM and compare them with the stored ones.
