@@ -203,6 +203,29 @@ def test_pyproject_declares_every_import():
     assert not missing, f"imported but not in pyproject.toml's dependencies: {missing}"
 
 
+def test_the_api_installs_and_imports_without_the_pipeline():
+    """`pip install knnlm` is the API: Snakemake, its SLURM plugin and MLflow are the 'pipeline' extra, and the API's
+    modules import with them absent (imports of them blocked in a fresh interpreter)."""
+    import tomllib
+
+    project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+    core = {re.split(r"[<>=!~ ]", d)[0].lower() for d in project["dependencies"]}
+    pipeline = {re.split(r"[<>=!~ ]", d)[0].lower() for d in project["optional-dependencies"]["pipeline"]}
+    assert pipeline == {"snakemake", "snakemake-executor-plugin-slurm", "mlflow"} and not core & pipeline
+    code = ("import importlib.abc, sys\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('snakemake', 'snakemake_executor_plugin_slurm', 'mlflow'):\n"
+            "            raise ImportError(f'blocked: {name}')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import knnlm, knnlm.api, knnlm.bundle, knnlm.score, knnlm.generate\n"
+            "from knnlm import KNNLM\n"
+            "print('ok', KNNLM.__name__)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")},
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ok KNNLM", r.stderr[-2000:]
+
+
 @pytest.fixture(scope="module")
 def word_level_adaptive_lm(tmp_path_factory, wikitext2_dir):
     """A word-level fairseq LM with an adaptive softmax (the layout of urvashik/knnlm's WikiText-103 checkpoint: its
