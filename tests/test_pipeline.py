@@ -246,6 +246,42 @@ def test_k_sweep_equals_table1_at_the_largest_k_and_by_hand_at_k1(tiny_run):
     assert_figure(art(tiny_run, "figure", figure="k_sweep", ext="png"))
 
 
+def test_leakage_by_chunk_overlap(tiny_run):
+    """leakage: every test chunk's longest run shared with the datastore's stream recomputed by brute force (sets of
+    n-grams of the vals), the chunks counted per α, and the α = 100 % row's perplexities those of all chunked test
+    tokens (base and Table 1's τ-tuned kNN-LM of the pair)."""
+    from knnlm.experiments.leakage import CHUNK
+
+    df = pd.read_csv(art(tiny_run, "table", table="leakage", ext="csv"))
+    targets = np.load(art(tiny_run, "targets", split="test"))
+    vals = np.load(art(tiny_run, "vals")).tolist()
+    chunks = targets[:len(targets) // CHUNK * CHUNK].reshape(-1, CHUNK).tolist()
+    grams, lcs = {}, []
+    for ch in chunks:
+        best = 0
+        for n in range(1, CHUNK + 1):
+            if n not in grams:
+                grams[n] = {tuple(vals[i:i + n]) for i in range(len(vals) - n + 1)}
+            if not any(tuple(ch[i:i + n]) in grams[n] for i in range(CHUNK - n + 1)):
+                break
+            best = n
+        lcs.append(best)
+    lcs = np.array(lcs)
+    for alpha, got in zip((0.125, 0.25, 0.5, 1.0), df["chunks"]):
+        assert got == int((lcs <= alpha * CHUNK).sum()), alpha
+    pair = {"store": "full", "key": "ffn", "metric": "l2"}
+    sc = read_json(art(tiny_run, "score", **pair))
+    lp_lm = np.load(art(tiny_run, "lm_logprobs", split="test")).astype(np.float64)[:len(chunks) * CHUNK]
+    knn = np.load(art(tiny_run, "knn_logprobs_tuned", split="test", **pair)).astype(np.float64)[:len(chunks) * CHUNK]
+    lam = sc["tuned"]["lambda"]
+    lp = np.log((1 - lam) * np.exp(lp_lm) + lam * np.exp(knn))
+    row = df.iloc[-1]
+    assert row["tokens"] == len(chunks) * CHUNK
+    words = -lp_lm.sum() / np.log(row["base PPL (word)"])  # the chunked tokens' word count, from the base LM's PPL
+    assert row["kNN-LM PPL (word)"] == pytest.approx(np.exp(-lp.sum() / words), rel=1e-4)
+    assert_figure(art(tiny_run, "figure", figure="leakage", ext="png"))
+
+
 def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):
     """λ per bucket can only fit valid better than one global λ (the global λ is one choice per bucket); on test
     it is compared paired. Adaptive retrieval: nothing skipped at share 0, more skipped at larger shares."""
@@ -717,7 +753,7 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 81 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 83 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
     # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
@@ -730,13 +766,16 @@ def test_findings_report(tiny_run):
     assert [re.search(r"\| (k=\d+ vs k=\d+|k=8 vs base|share of the gain: k=8 of k=64) ", r).group(1) for r in kh] == \
         [f"k={2 * k} vs k={k}" for k in (1, 2, 4, 8, 16, 32)] + ["k=8 vs base", "share of the gain: k=8 of k=64"]
     assert all("reproduced" in r or "inconclusive" in r or "contradicted" in r for r in kh[:-1]) and "reported" in kh[-1]
+    # Borgeaud et al. 2022's leakage control: the kNN-LM at the lowest leakage level, and the slope of its gain
+    retro = [line for line in text.splitlines() if line.startswith("| Borgeaud et al. 2022")]
+    assert len(retro) == 2 and "overlap ≤ 12.5%" in retro[0] and "nats per token per unit of overlap" in retro[1]
     # App. D and App. E: one row per claim, but two per key type (att, ffn) for E.1 (the paper's claim and our twin vs
     # base) and E.2's retrieved set (x2 with duplicates removed), one per k < V (tiny: 32, 64, 128) for E.2's top k,
     # two per E.3 effect claim (the base LM's NLL and the kNN-LM's gain) and four for E.3's r (reported), two for
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 11 - 7 + len(family) + len(equal_rows) + 13  # (11 follow-up claims)
+    assert len(rows) == len(CLAIMS) - 13 - 7 + len(family) + len(equal_rows) + 13  # (13 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

@@ -128,3 +128,36 @@ def test_lambda_model_learns_where_retrieval_helps():
     assert hist["held_nll"][hist["best_epoch"]] == pytest.approx(adaptive, rel=1e-4) and hist["converged"]
     with pytest.raises(ValueError, match="held-out"):
         fit_lambda_model(x[:0], lp_lm[:0], lp_knn[:0], x[ho], lp_lm[ho], lp_knn[ho])
+
+
+def test_longest_overlap_equals_brute_force():
+    """knnlm.experiments.leakage.longest_overlap (rolled 64-bit n-gram hashes) against a brute-force search of every
+    run of every chunk in the reference, on small alphabets (many partial matches), with planted runs and whole chunks
+    copied from the reference, and a chunk longer than any match."""
+    from knnlm.experiments.leakage import longest_overlap
+
+    rng = np.random.default_rng(0)
+
+    def brute(chunks, ref):
+        ref = list(ref)
+        out = []
+        for ch in chunks.tolist():
+            best = 0
+            for i in range(len(ch)):
+                for j in range(i + 1, len(ch) + 1):
+                    if any(ref[k:k + j - i] == ch[i:j] for k in range(len(ref) - (j - i) + 1)):
+                        best = max(best, j - i)
+                    else:
+                        break
+            out.append(best)
+        return np.array(out)
+
+    for trial in range(6):
+        ref = rng.integers(0, 5, 250)
+        chunks = rng.integers(0, 5, (10, 16))
+        chunks[2, 3:12] = ref[40:49]  # a planted run of 9
+        chunks[4] = ref[100:116]  # a whole chunk
+        chunks[6] = 7  # tokens the reference never has: overlap 0
+        got = longest_overlap(chunks, ref, seed=trial)
+        np.testing.assert_array_equal(got, brute(chunks, ref))
+        assert got[4] == 16 and got[6] == 0 and got[2] >= 9

@@ -70,11 +70,14 @@ from ..statistics.captions import ci_caption, comparison_rows
 from .common import lm_training_label
 from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from .k_sweep import SMALL_K as K_SMALL
+from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
 from ..datastore.stores import TRAINING_SUBSET_LABEL
 from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
 from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
+
+LEAK_LOW = LEAK_ALPHAS[0]  # RETRO's lowest leakage level (12.5 %)
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
@@ -330,6 +333,14 @@ CLAIMS = [
     _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", f"the share of the largest k's gain that k = {K_SMALL} keeps "
            f"(reported: the paper gives no share)", "k_sweep", rf"share of the gain: k={K_SMALL} of k=\d+", regex=True,
            reported=True, paper_text="not stated (Figure 4 only)", kind="follow-up"),
+    _claim("Borgeaud et al. 2022, Sec. 4.4, Fig. 6", f"retrieval still helps where the test text does not overlap the "
+           f"datastore: the kNN-LM beats the base LM on the chunks whose longest run shared with the datastore is at "
+           f"most {LEAK_LOW:.1%} of the chunk", "leakage", f"kNN-LM (overlap ≤ {LEAK_LOW:.1%}) vs base (overlap ≤ "
+           f"{LEAK_LOW:.1%})", sign=-1, paper_text="RETRO gains at every leakage level (C4, Wikipedia)", kind="follow-up"),
+    _claim("Borgeaud et al. 2022, Sec. 4.4, Fig. 6", "the kNN-LM gains more the more a test chunk overlaps the "
+           "datastore: slope of the per-token gain on the chunk's overlap", "leakage", LEAK_SLOPE, sign=+1,
+           unit=(1, "nats per token per unit of overlap"), paper_text="the gain grows with the chunk overlap",
+           kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -365,7 +376,8 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
-                 "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep"):  # App. D, E, follow-ups
+                 "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep",
+                 "leakage"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
