@@ -129,13 +129,13 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   (2 trainings, each LM's valid and test dumps), Table 9 and the soft-label table
     # + 13 for the probe sweep: stores full-np1 and r0.2-np1 (store, 2 searches with their store's index, 2 real
     #   scores, settings; the exact search is their store's), table and figure
-    # + 5 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
-    #   retrieval
+    # + 7 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
+    #   retrieval, perplexity by k, leakage control
     # + 1 for the speed table (reads the timings the jobs above recorded)
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    assert jobs == 175
+    assert jobs == 177
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
