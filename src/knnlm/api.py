@@ -485,8 +485,8 @@ class KNNLM:
         ids, dists = self.neighbours(run["keys"])  # the one search the whole tuning reads
         lp_lm, targets = run["lp_lm"], run["targets"]
         grid = lambda_grid(c["knn"]["lambda_steps"])
-        lam, _ = tune_lambda(lp_lm, knn_log_prob_from_cache(ids, dists, self.vals, targets, self.metric,
-                                                            self.temperature), grid)
+        lp_knn = knn_log_prob_from_cache(ids, dists, self.vals, targets, self.metric, self.temperature)
+        lam, _ = tune_lambda(lp_lm, lp_knn, grid)
         taus = temperatures(c)
         sweep = sweep_temperature_from_cache(ids, dists, self.vals, targets, self.metric, taus)
 
@@ -502,8 +502,7 @@ class KNNLM:
                "tuned_lambda": float(lam_star), "tau_grid": [float(t) for t in taus], "tau_edge": tau_edge(taus, i, c),
                "tokens": int(len(targets)),
                "valid_nll_per_token": {
-                   "at τ": float(-interpolate(lp_lm, knn_log_prob_from_cache(ids, dists, self.vals, targets,
-                                                                             self.metric, self.temperature), lam).mean()),
+                   "at τ": float(-interpolate(lp_lm, lp_knn, lam).mean()),
                    "at τ*": float(-interpolate(lp_lm, sweep[i], lam_star).mean())}}
         digest = hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
         if tuned:

@@ -11,21 +11,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .generate import run_arguments, run_knnlm
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.bundle", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", action="append", required=True, help="config file(s), merged in order")
-    ap.add_argument("--lm", default="base", help="base LM of the config (default: base)")
-    ap.add_argument("--key", default="att", choices=["att", "ffn"])
-    ap.add_argument("--metric", default="l2", choices=["l2", "ip"])
-    ap.add_argument("--tuned", action="store_true", help="τ* and λ tuned on valid (Table 1's 'τ tuned' row)")
+    run_arguments(ap)
     ap.add_argument("--out", required=True, help="the bundle folder to write")
     a = ap.parse_args(argv)
-    from .api import KNNLM
-    from .generate import merged_config
-
-    first, over = merged_config(a.config)
-    knn = KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, tuned=a.tuned, overrides=over)
+    knn = run_knnlm(a)
     out = knn.save_pretrained(a.out)
     v = knn.verify()
     s = knn.settings()

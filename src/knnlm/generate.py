@@ -26,14 +26,30 @@ def merged_config(paths: list[str]) -> tuple[str, dict]:
     return paths[0], over
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m knnlm.generate", description=__doc__.split("\n")[0])
+def run_arguments(ap: argparse.ArgumentParser, tuned: bool = True) -> None:
+    """The arguments naming a run's kNN-LM (--config ..., --lm, --key, --metric, and --tuned unless `tuned` is False),
+    shared by python -m knnlm.generate, knnlm.bundle and knnlm.score (run_knnlm reads them)."""
     ap.add_argument("--config", action="append", required=True, help="config file(s), merged in order")
     ap.add_argument("--lm", default="base", help="base LM of the config (default: base)")
     ap.add_argument("--key", default="att", choices=["att", "ffn"])
     ap.add_argument("--metric", default="l2", choices=["l2", "ip"])
+    if tuned:
+        ap.add_argument("--tuned", action="store_true", help="τ* and λ tuned on valid (Table 1's 'τ tuned' row)")
+
+
+def run_knnlm(a: argparse.Namespace, **settings):
+    """KNNLM.from_run of the run_arguments in `a` (its config files merged in order), with `settings`."""
+    from .api import KNNLM
+
+    first, over = merged_config(a.config)
+    return KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, tuned=getattr(a, "tuned", False),
+                          overrides=over, **settings)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m knnlm.generate", description=__doc__.split("\n")[0])
+    run_arguments(ap)
     ap.add_argument("--mask", default="faiss", choices=["faiss", "exact"])
-    ap.add_argument("--tuned", action="store_true", help="τ* and λ tuned on valid (Table 1's 'τ tuned' row)")
     ap.add_argument("--temperature", type=float, help="τ (default: Table 1's)")
     ap.add_argument("--lam", type=float, help="λ (default: Table 1's, tuned on valid)")
     ap.add_argument("--k", type=int, help="neighbours (default: config 'knn.k')")
@@ -43,12 +59,8 @@ def main(argv=None) -> None:
     ap.add_argument("--top-k", type=int, default=0, help="sample among the top k tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    from .api import KNNLM
-
-    first, over = merged_config(a.config)
     settings = {n: v for n, v in (("temperature", a.temperature), ("lam", a.lam), ("k", a.k)) if v is not None}
-    knn = KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, mask=a.mask, tuned=a.tuned, overrides=over,
-                         **settings)
+    knn = run_knnlm(a, mask=a.mask, **settings)
     s = knn.settings()
     print(f"kNN-LM {a.lm} {s['key']}/{s['metric']}: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} "
           f"mask={s['mask']} nprobe={s['nprobe']}", file=sys.stderr)

@@ -12,24 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .generate import run_arguments, run_knnlm
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.score", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", action="append", required=True, help="config file(s), merged in order")
-    ap.add_argument("--lm", default="base")
-    ap.add_argument("--key", default="att", choices=["att", "ffn"])
-    ap.add_argument("--metric", default="l2", choices=["l2", "ip"])
+    run_arguments(ap, tuned=False)
     ap.add_argument("--tune", help="a text file to tune τ and λ on (τ* and λ*)")
     ap.add_argument("--text", required=True, help="the text file to score and compare on")
     ap.add_argument("--against", default="lm", help="'lm' (the base LM) or key/metric of another kNN-LM, e.g. ffn/l2")
     a = ap.parse_args(argv)
     import pandas as pd
 
-    from .api import KNNLM
-    from .generate import merged_config
-
-    first, over = merged_config(a.config)
-    knn = KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, overrides=over)
+    knn = run_knnlm(a)
     if a.tune:
         t = knn.tune(open(a.tune, encoding="utf-8").read())
         print(f"tuned on {a.tune}: τ* = {t['tuned_temperature']:g}, λ* = {t['tuned_lambda']:.2f} ({t['tokens']} "
@@ -37,7 +32,7 @@ def main(argv=None) -> None:
     against = "lm"
     if a.against != "lm":
         key, metric = a.against.split("/")
-        against = KNNLM.from_run(first, lm=a.lm, key=key, metric=metric.lower(), overrides=over)
+        against = run_knnlm(argparse.Namespace(**{**vars(a), "key": key, "metric": metric.lower()}))
         if a.tune:
             against.tune(open(a.tune, encoding="utf-8").read())
     c = knn.compare(open(a.text, encoding="utf-8").read(), against)

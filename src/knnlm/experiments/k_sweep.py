@@ -123,13 +123,13 @@ def table(job: Job) -> dict:
     write_table(df, job.path("csv"), job.path("md"), "Perplexity by the number of neighbours k", cap,
                 note=lm_training_label(job))
     write_csv(pd.DataFrame(cmp).assign(on=on), job.path("cmp_csv"))
-    _figure(job, df, ci["test"], ks, on)
+    _figure(job, ci["test"], ks, on)
     test = df[(df["split"] == "test") & (df["model"] == "kNN-LM")]
     return {"metrics": {f"test_ppl_word_k{int(r['k'])}": r["PPL (word)"] for _, r in test.iterrows()},
             "artifacts": [job.path(n) for n in ("csv", "md", "cmp_csv")]}
 
 
-def _figure(job: Job, df: pd.DataFrame, ci: dict, ks: list[int], on: str) -> None:
+def _figure(job: Job, ci: dict, ks: list[int], on: str) -> None:
     """Test perplexity per word against k (log scale) with its 95 % CI (`ci`: compare()'s result on test), the base
     LM's as a line (Figure 4 of Khandelwal et al. 2020)."""
     import matplotlib.pyplot as plt

@@ -79,7 +79,7 @@ def table(job: Job) -> dict:
     lcs = longest_overlap(chunks, np.asarray(vals), seed=cfg["stats"]["seed"])
     r_tok = np.full(len(targets), np.nan)
     r_tok[:n_chunks * CHUNK] = np.repeat(lcs / CHUNK, CHUNK)
-    doc, doc_words_all = split_documents(job, "test")
+    doc, _ = split_documents(job, "test")
     words = np.load(by_split(job, "documents")["test"])["words"].astype(np.float64)
     rows, cmp = [], []
     for alpha in ALPHAS:
