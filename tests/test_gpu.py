@@ -1,5 +1,5 @@
-"""GPU code paths, run where CUDA is present and skipped elsewhere: exact search on CUDA equals the CPU
-kernel, faiss-gpu IVFPQ training/search agree with the CPU index, and a Hugging Face dump on CUDA equals the CPU one."""
+"""GPU code paths, run where CUDA is present and skipped elsewhere: exact search and real score on CUDA equal the CPU
+kernels, faiss-gpu IVFPQ training/search agree with the CPU index, and a Hugging Face dump on CUDA equals the CPU one."""
 import numpy as np
 import pytest
 import torch
@@ -41,6 +41,29 @@ def test_sharded_exact_search_on_cuda_equals_one_cuda_scan(metric):
         np.testing.assert_array_equal(got_d, want_d)
         inside = want_d != want_d[:, -1:]
         np.testing.assert_array_equal(got_i[inside], want_i[inside])
+
+
+@cuda
+@pytest.mark.parametrize("metric", ["l2", "ip"])
+def test_real_score_on_cuda_equals_cpu(tmp_path, metric):
+    """recompute_distances ("real score") on CUDA (rows gathered to the GPU) equals the CPU's numba kernel on a memmap of
+    fp16 keys, missing neighbours (id −1) included, and refuses an id beyond the datastore as the CPU does."""
+    from knnlm.search.exact import recompute_distances
+
+    rng = np.random.default_rng(2)
+    np.save(tmp_path / "keys.npy", rng.normal(size=(5000, 64)).astype(np.float16))
+    keys = np.load(tmp_path / "keys.npy", mmap_mode="r")
+    queries = rng.normal(size=(700, 64)).astype(np.float32)
+    ids = rng.integers(0, len(keys), size=(700, 32))
+    ids[::7, -3:] = -1
+    want = recompute_distances(keys, queries, ids, metric, device="cpu")
+    got = recompute_distances(keys, queries, ids, metric, device="cuda")
+    missing = ids < 0
+    assert np.all(got[missing] == want[missing]) and np.isinf(got[missing]).all()
+    np.testing.assert_allclose(got[~missing], want[~missing], rtol=1e-5, atol=1e-4)
+    ids[3, 0] = len(keys)
+    with pytest.raises(IndexError):
+        recompute_distances(keys, queries, ids, metric, device="cuda")
 
 
 @cuda

@@ -70,14 +70,16 @@ def test_keys_and_log_probs_equal_an_ordinary_forward(tiny_hf, tmp_path, train_l
     assert len(got) == 1  # one window holds it all: the dump is one ordinary forward
     cap, mods = {}, dict(model.named_modules())
     hooks = [mods[n].register_forward_hook(lambda m, i, o, k=k: cap.__setitem__(k, o)) for k, n in zip(("att", "ffn"), NAMED[arch])]
-    x = torch.as_tensor(stream[None, :-1])
+    dev = model.device  # the ordinary forward on the model's device (load_hf puts it on CUDA when there is one)
+    x = torch.as_tensor(stream[None, :-1], device=dev)
     with torch.no_grad():
-        loss = model(input_ids=torch.as_tensor(stream[None]), labels=torch.as_tensor(stream[None])).loss
+        whole = torch.as_tensor(stream[None], device=dev)
+        loss = model(input_ids=whole, labels=whole).loss
         model(input_ids=x)
     for h in hooks:
         h.remove()
     for k in ("att", "ffn"):
-        np.testing.assert_allclose(got[0][k].numpy(), cap[k].reshape(len(ids), -1).numpy(), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got[0][k].numpy(), cap[k].reshape(len(ids), -1).cpu().numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(got[0]["target"].numpy(), ids)
     assert -got[0]["lp"].mean().item() == pytest.approx(loss.item(), rel=1e-5)
 
@@ -92,7 +94,7 @@ def test_sliding_windows_score_with_their_context(tiny_hf, tmp_path, train_lines
     want = []
     for a, s, e in windows(len(ids), L, C):
         with torch.no_grad():
-            lp = model(input_ids=torch.as_tensor(stream[None, a:e])).logits[0].log_softmax(-1)
+            lp = model(input_ids=torch.as_tensor(stream[None, a:e], device=model.device)).logits[0].log_softmax(-1)
         want += [lp[t - a, stream[t + 1]].item() for t in range(s, e)]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 

@@ -145,15 +145,16 @@ def iter_states(model, stream: np.ndarray, tokens_per_sample: int, context: int,
 
 @contextlib.contextmanager
 def key_capture(model):
-    """Context manager giving forward(x [B, L] int64 tensor) -> (att [B, L, D], ffn [B, L, D], logits [B, L, V])
-    of `model`, the keys captured by forward pre-hooks (find_key_modules) that are removed on exit. Raises
-    ArtifactError when att and ffn differ in dimension."""
+    """Context manager giving forward(x [B, L] int64 tensor, on any device) -> (att [B, L, D], ffn [B, L, D], logits
+    [B, L, V]) of `model` on its device, the keys captured by forward pre-hooks (find_key_modules) that are removed
+    on exit. Raises ArtifactError when att and ffn differ in dimension."""
     att_mod, out_mod = find_key_modules(model)
     cap: dict[str, torch.Tensor] = {}
     hooks = [att_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("att", a[0])),
              out_mod.register_forward_pre_hook(lambda m, a: cap.__setitem__("ffn", a[0]))]
 
     def forward(x: torch.Tensor):
+        x = x.to(model.device)  # windows come from the host; load_hf puts the model on CUDA when there is one
         logits = model(input_ids=x, use_cache=False).logits
         b, length = x.shape
         att, ffn = cap["att"].reshape(b, length, -1), cap["ffn"].reshape(b, length, -1)
