@@ -832,6 +832,10 @@ def test_report_stage_shares_and_results_page(tiny_run, tmp_path):
     rows = [line for line in findings.splitlines() if line.startswith("| Sec.")]
     assert text.startswith("# Results of the `tiny` run")
     assert rows and all(r in text for r in rows) and "LM training" in text and MAIN_BUDGET in text
+    # the stages on the other CPU kind: the tiny run's exact searches record their flops, so that stage has GEMM work
+    other = text.split("## The same stages on the other CPU kind (estimate)")[1]
+    est = [line for line in other.splitlines() if line.startswith("| exact search and real score")]
+    assert len(est) == 1 and float(est[0].split("|")[3]) > 0, other[:2000]
 
 
 def test_headingless_corpus_gets_documents_and_intervals_without_configuration(tiny_run):

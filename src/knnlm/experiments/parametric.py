@@ -82,7 +82,7 @@ def train_parametric(job: Job) -> dict:
     out_dir = Path(job.extra["work_dir"])
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"variant": variant, "key_type": key, "spec": spec, "train_rows": len(batches.rows), "training": tr,
-              "datastore_rows": int(man["N"]), "stages": {}}
+              "datastore_rows": int(man["N"]), "valid_tokens": len(valid[1]), "stages": {}}
 
     def score(model, stage):
         t0 = time.time()

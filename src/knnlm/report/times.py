@@ -1,5 +1,5 @@
 """Summarise a finished run: per-job and per-stage wall time, each stage's share, peak memory (Snakemake
-benchmark files), artifact sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
+benchmark files), the stages' estimate on the other CPU kind (knnlm.report.cost), artifact sizes, MLflow run count.  Usage: python -m knnlm.report results/<config name>
 [--results docs/results.md] (then: write that page from the run's findings report, tables and stages)
 """
 from __future__ import annotations
@@ -148,15 +148,42 @@ def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None) -> str:
+    """Markdown: the run's stages on the other CPU kind by knnlm.report.cost (measured minutes here, GEMM work, the
+    estimate there), with the GEMM rates used; rate: this machine's fp32 GEMM GFLOP/s (None: measured now,
+    knnlm.report.cost.gemm_rate). A sentence instead where this machine is not of the kind that ran the run's
+    exact searches, or of neither kind."""
+    from . import cost
+
+    flops, cpus = cost.stage_flops(root)
+    here = cost.kind_of_this_machine()
+    run_kinds = {cost.cpu_kind(c) for c in cpus}
+    if here is None or (run_kinds and run_kinds != {here}):
+        return (f"No estimate for the other CPU kind: the run's exact searches ran on {', '.join(sorted(cpus)) or '?'}, "
+                f"this machine is {here or 'of neither kind'}; run the report where the run ran.")
+    cores = len(os.sched_getaffinity(0))
+    rate = rate if rate is not None else cost.gemm_rate(threads=cores)
+    other = next(k for k in cost.REFERENCE_RATES if k != here)
+    ref = cost.REFERENCE_RATES[other]
+    table = cost.other_kind_table(stage_shares(jobs), flops, rate, here).to_markdown(index=False, floatfmt=".1f")
+    return (f"This run's CPU: {', '.join(sorted(cpus)) or here}; fp32 GEMM (numpy's BLAS, {cores} threads, "
+            f"{' × '.join(map(str, cost.SHAPE))}) measured here when the report was written: {rate:.0f} GFLOP/s; "
+            f"reference for {other}: {ref['gflops']:.0f} GFLOP/s ({ref['cpu']}). A stage's estimate there is its "
+            f"measured time less its GEMM work at this rate plus the same work at the reference rate "
+            f"(knnlm.report.cost; the GEMM work: the exact searches' recorded flops and the parametric trainings' row "
+            f"scores; the rest of each stage is taken as CPU-independent).\n\n{table}")
+
+
 def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def results_page(root: Path, lm: str = "base") -> str:
+def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -> str:
     """The results page of run `root` (docs/results.md for the wikitext2 run): its findings report (headings
     demoted), the PCA and Table 4 tables, and the wall time per stage and per budget, quoted from the files the
-    run wrote, so that no number in it is typed by hand. Raises FileNotFoundError when the run has neither a
-    findings report nor Table 1."""
+    run wrote, so that no number in it is typed by hand, and the stages' estimate on the other CPU kind
+    (other_kind_section; gemm_rate as there). Raises FileNotFoundError when the run has neither a findings report
+    nor Table 1."""
     import platform
 
     layout = Layout(root.parent, root.name)
@@ -186,7 +213,8 @@ def results_page(root: Path, lm: str = "base") -> str:
             f"{platform.processor() or platform.machine()}, {cores} cores.\n\n" + "\n\n".join(parts) + "\n\n"
             f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
             f"\n\n{stages}\n\n"
-            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n")
+            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n\n"
+            f"## The same stages on the other CPU kind (estimate)\n\n{other_kind_section(root, jobs, gemm_rate)}\n")
 
 
 def write_results_page(out: Path, root: Path) -> None:
@@ -216,6 +244,8 @@ def main(argv=None) -> None:
     print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
     print("\nBudgets (the paper's main tables on the primary LM; the extras budgeted separately):\n")
     print(budget_shares(df).to_markdown(index=False, floatfmt=".1f"))
+    print("\nThe same stages on the other CPU kind (estimate):\n")
+    print(other_kind_section(root, df))
     for lm_dir in sorted((layout.root / "lms").glob("*")):
         for sub in sorted(p for p in lm_dir.iterdir() if p.is_dir()):
             print(f"{sub.relative_to(layout.root)}: {dir_size(sub) / 2**20:.1f} MiB on disk")

@@ -1,0 +1,104 @@
+"""The report's cost model for the other CPU kind (knnlm.report.cost): GEMM work counted from a run's artifacts, and
+each stage's estimate, against numbers worked by hand."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from knnlm.report import cost
+
+
+def test_cpu_kind_from_model_names():
+    assert cost.cpu_kind("Intel(R) Xeon(R) Processor") == "intel"
+    assert cost.cpu_kind("AMD EPYC 7B13 64-Core Processor") == "amd"
+    assert cost.cpu_kind("Apple M2") is None
+
+
+def test_reference_rates_are_measured_for_both_kinds():
+    assert set(cost.REFERENCE_RATES) == {"intel", "amd"}
+    assert all(r["gflops"] > 50 for r in cost.REFERENCE_RATES.values())
+
+
+def test_parametric_flops_by_hand():
+    # W_ds (nv1): R = V rows of D; 1,000 trained tokens fwd + bwd, 3 evaluations of 10 valid tokens, 1 scored stage
+    # of 20 tokens: 1,000 · 4RD + (30 + 20) · 2RD
+    nv1 = {"spec": {"kind": "nv", "n": 1}, "info": {"rows": 8}, "history": {"train_tokens": 1000, "evals": 3},
+           "stages": {"trained": {}}}
+    assert cost.parametric_flops(nv1, dim=4, vocab=8, valid_tokens=10, scored_tokens=20) == 1000 * 4 * 8 * 4 + 50 * 2 * 8 * 4
+    # MoS R = 2: per token 2 · 2 · (V + D) · D forward; W_sm trained too doubles the backward
+    mos = {"spec": {"kind": "mos", "mixtures": 2, "train_embed": True}, "info": {"mixtures": 2},
+           "history": {"train_tokens": 10, "evals": 0}, "stages": {"trained": {}}}
+    fwd = 2 * 2 * (8 + 4) * 4
+    assert cost.parametric_flops(mos, dim=4, vocab=8, valid_tokens=10, scored_tokens=5) == 10 * 3 * fwd + 5 * fwd
+    mos["spec"]["train_embed"] = False
+    assert cost.parametric_flops(mos, dim=4, vocab=8, valid_tokens=10, scored_tokens=5) == 10 * 2 * fwd + 5 * fwd
+    # a clustered datastore scored before and after fine-tuning, never trained
+    cl = {"spec": {"kind": "cluster", "m": 1}, "info": {"rows": 8}, "stages": {"before": {}, "after": {}}}
+    assert cost.parametric_flops(cl, dim=4, vocab=8, valid_tokens=10, scored_tokens=20) == 2 * 20 * 2 * 8 * 4
+
+
+def _meta(path, flop, seconds, cpu, **extra):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"flop": flop, "seconds": seconds, "machine": {"cpu": cpu}, **extra}))
+
+
+def test_exact_flops_count_each_scan_once(tmp_path):
+    cpu = "Intel(R) Xeon(R) Processor"
+    lm = tmp_path / "lms" / "base" / "stores"
+    _meta(lm / "full" / "exact" / "att_l2_test.json", 100.0, 5.0, cpu)
+    _meta(lm / "trainsubset" / "exact" / "att_l2_test.json", 100.0, 4.0, cpu)  # another search of the same size
+    for store in ("r0.05", "r0.2", "r1.0"):  # one nested scan: every size's meta carries its flops and seconds
+        _meta(lm / store / "exact" / "att_l2_valid.json", 40.0, 2.0, cpu)
+    _meta(lm / "r0.05" / "exact" / "att_l2_test.json", 40.0, 2.0, cpu)
+    (lm / "full" / "exact" / "notes.json").write_text("{}")
+    total, cpus = cost.exact_flops(tmp_path)
+    assert total == 100 + 100 + 40 + 40 and cpus == {cpu}
+
+
+def test_other_kind_estimate_by_hand():
+    stages = pd.DataFrame([{"stage": "exact search and real score", "wall (min)": 10.0},
+                           {"stage": "parametric alternatives", "wall (min)": 2.0},
+                           {"stage": "IVFPQ (stores, indexes, FAISS search)", "wall (min)": 5.0},
+                           {"stage": "total", "wall (min)": 17.0}])
+    rates = {"intel": {"gflops": 200.0, "cpu": "x"}, "amd": {"gflops": 100.0, "cpu": "y"}}
+    # exact: 60 TFLOP = 300 s of its 600 s at 200 GFLOP/s, 600 s at 100: 900 s; parametric: 60 TFLOP would take 300 s
+    # of its 120 s (the GEMM time is capped at the stage's), so 0 + 600 s; IVFPQ: no GEMM work, the same 5 min
+    flops = {"exact search and real score": 60e12, "parametric alternatives": 60e12}
+    t = cost.other_kind_table(stages, flops, 200.0, "intel", rates).set_index("stage")
+    est = t["estimate on amd (min)"]
+    assert est["exact search and real score"] == pytest.approx(15.0)
+    assert est["parametric alternatives"] == pytest.approx(10.0)
+    assert est["IVFPQ (stores, indexes, FAISS search)"] == pytest.approx(5.0)
+    assert est["total"] == pytest.approx(30.0) and t.loc["total", "measured here (min)"] == pytest.approx(17.0)
+    assert t.loc["exact search and real score", "GEMM share here"] == "50 %"
+    back = cost.other_kind_table(stages, flops, 100.0, "amd", rates).set_index("stage")["estimate on intel (min)"]
+    assert back["exact search and real score"] == pytest.approx(10.0 - 10.0 + 5.0)  # 600 s of GEMM at 100 -> 300 s
+    with pytest.raises(ValueError, match="CPU kind"):
+        cost.other_kind_table(stages, flops, 200.0, "arm", rates)
+    with pytest.raises(ValueError, match="rates must be > 0"):
+        cost.other_kind_table(stages, flops, 0.0, "intel", rates)
+
+
+def test_run_parametric_flops_reads_the_run(tmp_path):
+    lm = tmp_path / "lms" / "base"
+    (lm / "datastore").mkdir(parents=True)
+    (lm / "datastore" / "manifest.json").write_text(json.dumps({"D": 4, "N": 100}))
+    (lm / "parametric" / "nv1_att").mkdir(parents=True)
+    np.savez(lm / "parametric" / "word_stats.npz", freq=np.zeros(8), loss=np.zeros(8))
+    for split, t in (("valid", 30), ("test", 20)):
+        (lm / "queries" / split).mkdir(parents=True)
+        (lm / "queries" / split / "manifest.json").write_text(json.dumps({"T": t}))
+    result = {"spec": {"kind": "nv", "n": 1}, "info": {"rows": 8}, "history": {"train_tokens": 1000, "evals": 3},
+              "stages": {"trained": {}}, "valid_tokens": 10}
+    (lm / "parametric" / "nv1_att" / "result.json").write_text(json.dumps(result))
+    assert cost.run_parametric_flops(tmp_path) == cost.parametric_flops(result, 4, 8, 10, 50)
+    del result["valid_tokens"]  # a result without its evaluation size: the given one, else all of valid
+    (lm / "parametric" / "nv1_att" / "result.json").write_text(json.dumps(result))
+    assert cost.run_parametric_flops(tmp_path, 7) == cost.parametric_flops(result, 4, 8, 7, 50)
+    assert cost.run_parametric_flops(tmp_path) == cost.parametric_flops(result, 4, 8, 30, 50)
+
+
+def test_gemm_rate_times_a_real_product():
+    rate = cost.gemm_rate(threads=1, repeats=2, shape=(64, 33, 512))
+    assert np.isfinite(rate) and rate > 0.1
