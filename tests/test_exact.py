@@ -505,3 +505,23 @@ def test_key_reader_names_the_file_on_a_short_read(tmp_path):
     with pytest.raises(OSError, match=r"keys.npy: short read at byte " + str(mm.offset + 3500 * 32)):
         reader.read(3000, 4000)
     reader.close()
+
+
+def test_exact_search_under_inference_mode_in_worker_threads():
+    """Called under torch.inference_mode (KNNLM.next_token_log_probs and generation with mask 'exact'), the CPU scan's
+    worker threads still write their tile buffers: the same neighbours as outside it, with two worker threads."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    keys = rng.normal(size=(6000, 16)).astype(np.float16)
+    q = rng.normal(size=(40, 16)).astype(np.float32)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = exact_topk(keys, q, 8, "l2", key_chunk=1024, device="cpu", progress=False)
+        with torch.inference_mode():
+            got = exact_topk(keys, q, 8, "l2", key_chunk=1024, device="cpu", progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])

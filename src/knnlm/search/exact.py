@@ -325,7 +325,15 @@ def _scan_tiles(rows: list[list[tuple]], xa: torch.Tensor, col_ids: np.ndarray, 
     if _CPU_GEMM == "numpy":
         keys = [(x.numpy(), c) for x, c in keys]
 
+    # worker threads do not inherit the caller's torch.inference_mode; buffers made under it are inference tensors,
+    # which may be written in place only inside it
+    inference = torch.is_inference_mode_enabled()
+
     def work(w: int) -> None:
+        with torch.inference_mode(inference):
+            _work(w)
+
+    def _work(w: int) -> None:
         flat, views = tiles[w], {}
         for q, *state in rows[w]:
             if _CPU_GEMM == "numpy":
