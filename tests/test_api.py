@@ -188,9 +188,10 @@ def test_pyproject_declares_every_import():
 
     project = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
     deps = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
-    declared = {re.split(r"[<>=!~ ]", d)[0].lower() for d in deps}
+    declared = {re.split(r"[<>=!~ []", d)[0].lower() for d in deps}
     dist_of = {"yaml": "pyyaml", "sklearn": "scikit-learn", "faiss": "faiss-cpu", "huggingface_hub": "huggingface-hub",
-               "snakemake_executor_plugin_slurm": "snakemake-executor-plugin-slurm", "hydra": "hydra-core"}
+               "snakemake_executor_plugin_slurm": "snakemake-executor-plugin-slurm", "hydra": "hydra-core",
+               "lm_eval": "lm-eval"}
     imported = set()
     for f in (PROJECT_ROOT / "src/knnlm").rglob("*.py"):
         for node in ast.walk(ast.parse(f.read_text())):
