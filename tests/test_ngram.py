@@ -71,6 +71,22 @@ def test_kneser_ney_equals_the_brute_force_reference(n, seed):
     assert all(0 < d < 1 for d in lm.discounts)
 
 
+def test_every_order_in_one_pass_equals_its_own_model():
+    """log_probs_by_order of one order-6 model gives each order k's model (raw counts at k over the continuation
+    counts below), as a model built with n = k gives it, and as the reference does."""
+    rng = np.random.default_rng(4)
+    vocab = 6
+    phrases = [rng.integers(0, vocab, size=4) for _ in range(8)]
+    train = np.concatenate([phrases[i] for i in rng.integers(0, 8, size=60)])
+    test = np.concatenate([phrases[i] for i in rng.integers(0, 8, size=10)] + [rng.integers(0, vocab, 10)])
+    by_order = KneserNeyLM(train, 6, vocab).log_probs_by_order([1], test)
+    assert sorted(by_order) == [1, 2, 3, 4, 5, 6]
+    for k, lp in by_order.items():
+        np.testing.assert_allclose(lp, KneserNeyLM(train, k, vocab).log_probs([1], test), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(lp, reference_log_probs(train.tolist(), k, vocab, [1], test.tolist()), rtol=1e-12,
+                                   atol=1e-12)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_each_distribution_sums_to_one(n):
     rng = np.random.default_rng(5)

@@ -64,18 +64,37 @@ class _Order:
     """One order k's statistics: the k-grams' (continuation) counts, and per history (the k-grams' first k − 1
     tokens) the denominator and the number of distinct continuations."""
     grams: np.ndarray       # sorted k-gram hashes
-    counts: np.ndarray      # c(h w) (highest order) or N1+(· h w)
+    counts: np.ndarray      # c(h w) (as the highest order) or N1+(· h w) (below it)
     hists: np.ndarray       # sorted (k − 1)-gram hashes of histories
     denom: np.ndarray       # c(h ·) or N1+(· h ·)
     types: np.ndarray       # N1+(h ·): distinct w after h
     discount: float
 
+    @classmethod
+    def of(cls, grams: np.ndarray, counts: np.ndarray, hist_of: np.ndarray) -> "_Order":
+        hists, denom = _count(hist_of, counts.astype(np.float64))
+        _, types = _count(hist_of)
+        return cls(grams, counts, hists, denom, types, _discount(counts))
+
+    def interpolate(self, g: np.ndarray, h: np.ndarray, ok: np.ndarray, lower: np.ndarray) -> np.ndarray:
+        """p_k of the k-grams g with histories h (ok: where the k-gram exists), from p_{k−1} `lower`; lower where
+        the history was never seen."""
+        num = _lookup(self.grams, self.counts, g).astype(np.float64)
+        den = _lookup(self.hists, self.denom, h)
+        typ = _lookup(self.hists, self.types, h).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.maximum(num - self.discount, 0.0) / den + self.discount * typ / den * lower
+        return np.where(ok & (den > 0), q, lower)
+
 
 class KneserNeyLM:
-    """An interpolated Kneser–Ney LM of order n (module doc) over the token stream `stream` ([T] integer ids in
-    [0, vocab_size)). Raises ValueError for n < 1, an empty stream or ids outside the vocabulary.
+    """The interpolated Kneser–Ney LMs of every order 1..n (module doc) over the token stream `stream` ([T] integer
+    ids in [0, vocab_size)), built in one pass: order k's raw counts (its statistics as the highest order) and its
+    continuation counts (below a higher one). Raises ValueError for n < 1, an empty stream or ids outside the
+    vocabulary.
 
-    log_probs(context, targets) scores a stream; orders[k − 1] holds order k's statistics and discounts[k − 1] its D.
+    log_probs(context, targets) scores a stream with the order-n model, log_probs_by_order with each order's;
+    discounts: the order-n model's D_1 .. D_n.
     """
 
     def __init__(self, stream: np.ndarray, n: int, vocab_size: int):
@@ -86,69 +105,62 @@ class KneserNeyLM:
             raise ValueError("n-gram LM: empty training stream")
         if stream.min() < 0 or stream.max() >= vocab_size:
             raise ValueError(f"n-gram LM: token ids must lie in [0, {vocab_size}), found [{stream.min()}, {stream.max()}]")
-        self.n, self.vocab_size = n, int(vocab_size)
-        hashes = [None]  # hashes[k]: the k-grams at each position
-        for k in range(1, n + 1):
-            if len(stream) < k:
-                break
-            hashes.append(_hashes(stream, k, hashes[-1]))
-        self.orders: list[_Order] = []
-        for k in range(1, len(hashes)):
-            if k == len(hashes) - 1:  # the highest order: counts, c(h ·) = occurrences of h followed by a token
-                grams, counts = _count(hashes[k])
-                hist_of = np.zeros(len(grams), dtype=np.uint64) if k == 1 else \
-                    _hist_of_grams(grams, hashes[k], hashes[k - 1])
-            else:  # a lower order: continuation counts N1+(· g), from the distinct (k + 1)-grams whose suffix is g
-                left = hashes[k + 1]  # (k + 1)-gram at i − 1 ends with the k-gram at i
-                _, first = np.unique(left, return_index=True)
-                suffix = hashes[k][first + 1]
-                grams, counts = _count(suffix)
-                hist_of = np.zeros(len(grams), dtype=np.uint64) if k == 1 else \
-                    _hist_of_grams(grams, hashes[k], hashes[k - 1])
-            hists, denom = _count(hist_of, counts.astype(np.float64))
-            _, types = _count(hist_of)
-            self.orders.append(_Order(grams, counts, hists, denom, types, _discount(counts)))
-        self.discounts = [o.discount for o in self.orders]
+        self.n, self.vocab_size = min(n, len(stream)), int(vocab_size)
+        self.raw: list[_Order] = []   # raw[k − 1]: order k as the highest order
+        self.cont: list[_Order] = []  # cont[k − 1]: order k below a higher one (k < n)
+        prev = cur = None
+        for k in range(1, self.n + 1):
+            cur = _hashes(stream, k, prev) if cur is None else cur  # the k-grams at each position
+            nxt = _hashes(stream, k + 1, cur) if k < self.n else None
+            hist = (lambda grams: np.zeros(len(grams), dtype=np.uint64)) if k == 1 else \
+                (lambda grams, cur=cur, prev=prev: _hist_of_grams(grams, cur, prev))
+            grams, counts = _count(cur)
+            self.raw.append(_Order.of(grams, counts, hist(grams)))
+            if nxt is not None:  # continuation counts N1+(· g): the distinct (k + 1)-grams whose suffix is g
+                _, first = np.unique(nxt, return_index=True)  # the (k + 1)-gram at i ends with the k-gram at i + 1
+                grams, counts = _count(cur[first + 1])
+                self.cont.append(_Order.of(grams, counts, hist(grams)))
+            prev, cur = cur, nxt
+        self.discounts = [o.discount for o in self.cont[:self.n - 1]] + [self.raw[self.n - 1].discount]
 
-    def log_probs(self, context: np.ndarray, targets: np.ndarray) -> np.ndarray:
-        """[m] float64 natural-log p(targets[i] | its history) for a stream: the history of targets[i] is the
-        n − 1 tokens before it in concat(context, targets) (fewer at the start). context: the tokens before the
-        first target (e.g. the start token)."""
-        context = np.asarray(context, dtype=np.int64)
-        targets = np.asarray(targets, dtype=np.int64)
-        full = np.concatenate([context, targets])
-        off = len(context)
-        m = len(targets)
-        p = np.full(m, 1.0 / self.vocab_size)
-        pos = np.arange(off, off + m)  # position of each target in full
-        gram_h = []  # gram_h[k-1]: hash of the k-gram ending at each target's position (history k − 1 + target)
-        hist_h = []
-        for k in range(1, len(self.orders) + 1):
-            # the k-gram ending at the target: tokens pos − k + 1 .. pos; defined where pos − k + 1 >= 0
+    def _target_grams(self, full: np.ndarray, pos: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per order k: (hash of the k-gram ending at each position of `pos` in `full`, hash of its first k − 1
+        tokens, whether the k-gram lies inside `full`), hashed as _hashes does."""
+        out = []
+        m = len(pos)
+        for k in range(1, self.n + 1):
             start = pos - k + 1
             ok = start >= 0
-            g = np.zeros(m, dtype=np.uint64)
-            h = np.zeros(m, dtype=np.uint64)
+            g, h = np.zeros(m, dtype=np.uint64), np.zeros(m, dtype=np.uint64)
             with np.errstate(over="ignore"):
-                for j in range(k):  # small k: the hash built token by token, as _hashes does
+                for j in range(k):
                     tok = full[np.where(ok, start + j, 0)].astype(np.uint64) + np.uint64(1)
+                    if j == k - 1:
+                        h = g.copy() if k > 1 else h
                     g = tok if j == 0 else g * _BASE + tok
-                    if j == k - 2:
-                        h = g.copy()
-            if k == 1:
-                h = np.zeros(m, dtype=np.uint64)
-            gram_h.append((g, h, ok))
-        for k, (g, h, ok) in enumerate(gram_h, start=1):
-            o = self.orders[k - 1]
-            num = _lookup(o.grams, o.counts, g).astype(np.float64)
-            den = _lookup(o.hists, o.denom, h)
-            typ = _lookup(o.hists, o.types, h).astype(np.float64)
-            seen = ok & (den > 0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                q = np.maximum(num - o.discount, 0.0) / den + o.discount * typ / den * p
-            p = np.where(seen, q, p)
-        with np.errstate(divide="ignore"):
-            return np.log(p)
+            out.append((g, h, ok))
+        return out
+
+    def log_probs_by_order(self, context: np.ndarray, targets: np.ndarray) -> dict[int, np.ndarray]:
+        """{k: [m] float64 natural-log p_k(targets[i] | its history)} for k = 1..n, the order-k model's (its raw
+        counts at order k over the continuation counts below), in one pass. The history of targets[i] is the tokens
+        before it in concat(context, targets), the last k − 1 of them (fewer at the start); context: the tokens
+        before the first target."""
+        targets = np.asarray(targets, dtype=np.int64)
+        full = np.concatenate([np.asarray(context, dtype=np.int64), targets])
+        grams = self._target_grams(full, np.arange(len(full) - len(targets), len(full)))
+        lower = np.full(len(targets), 1.0 / self.vocab_size)
+        out = {}
+        for k, (g, h, ok) in enumerate(grams, start=1):
+            with np.errstate(divide="ignore"):
+                out[k] = np.log(self.raw[k - 1].interpolate(g, h, ok, lower))
+            if k < self.n:
+                lower = self.cont[k - 1].interpolate(g, h, ok, lower)
+        return out
+
+    def log_probs(self, context: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """[m] float64 natural-log p_n(targets[i] | its history), the order-n model (log_probs_by_order)."""
+        return self.log_probs_by_order(context, targets)[self.n]
 
 
 def _hist_of_grams(grams: np.ndarray, grams_at: np.ndarray, hist_at: np.ndarray) -> np.ndarray:
