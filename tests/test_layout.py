@@ -169,3 +169,21 @@ def test_a_stale_index_is_refused_not_searched():
     with pytest.raises(ArtifactError, match=r"att_l2.faiss is stale \(code_size: built with 32, config resolves to 16\)"):
         check_index_matches({"ncentroids": 2048, "code_size": 32, "seed": 1}, params, "att_l2.faiss")
     assert resolve_index_params({**cfg, "dims_per_code_byte": 8}, 2_642_889, 256)["code_size"] == 32
+
+
+def test_find_lists_the_files_of_an_artifact_with_their_wildcards(tmp_path):
+    L = Layout(tmp_path, "run")
+    made = [L.path("exact_meta", lm="base", store="r0.05", key="att", metric="l2", split="test"),
+            L.path("exact_meta", lm="gpt2-tiny", store="full", key="ffn", metric="ip", split="valid")]
+    for p in made:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("{}")
+    (made[0].parent / "att_l2_test_ids.npy").write_text("")  # another artifact beside them
+    (made[0].parent / "att_cosine_test.json").write_text("")  # not a metric
+    got = L.find("exact_meta")
+    assert [p for _, p in got] == sorted(made)
+    assert {tuple(sorted(w.items())) for w, _ in got} == {
+        (("key", "att"), ("lm", "base"), ("metric", "l2"), ("split", "test"), ("store", "r0.05")),
+        (("key", "ffn"), ("lm", "gpt2-tiny"), ("metric", "ip"), ("split", "valid"), ("store", "full"))}
+    assert [w for w, _ in L.find("exact_meta", lm="base")] == [{"store": "r0.05", "key": "att", "metric": "l2",
+                                                                "split": "test"}]

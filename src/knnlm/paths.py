@@ -21,6 +21,7 @@ metric = l2 | ip, split = valid | test (queries; the datastore is train), shard 
 """
 from __future__ import annotations
 
+import re
 import string
 from pathlib import Path
 
@@ -169,6 +170,27 @@ class Layout:
         if missing:
             raise ValueError(f"artifact {name!r} ({rel}) needs wildcard(s) {missing}")
         return self.root / rel.format(**wildcards)
+
+    def find(self, name: str, **fixed) -> list[tuple[dict, Path]]:
+        """Every existing file of artifact `name` with the wildcards of `fixed` given: [(its wildcards, path)],
+        sorted by path; each free wildcard matches its WILDCARDS constraint (a path component part elsewhere)."""
+        rel = self._rel(name).format_map(_Keep(fixed))
+        parts = re.split(r"\{([^}]*)\}", rel)  # literal, wildcard, literal, ...
+        seen: set[str] = set()
+        rx = ""
+        for i, part in enumerate(parts):
+            if i % 2 == 0:
+                rx += re.escape(part)
+            else:
+                rx += f"(?P={part})" if part in seen else f"(?P<{part}>{WILDCARDS.get(part, '[^/]+?')})"
+                seen.add(part)
+        match = re.compile(rx + "$")
+        out = []
+        for p in sorted(self.root.glob(re.sub(r"\{[^}]*\}", "*", rel))):
+            m = match.match(p.relative_to(self.root).as_posix())
+            if m:
+                out.append((m.groupdict(), p))
+        return out
 
 
 class PretrainedLayout(Layout):

@@ -61,25 +61,26 @@ def gemm_rate(threads: int = 2, repeats: int = 7, shape: tuple[int, int, int] = 
 
 
 def exact_flops(root: Path) -> tuple[float, set[str]]:
-    """(GEMM flops of the run's exact searches, the CPU models that ran them), from their metas
-    (lms/*/stores/*/exact/*.json and the shards'; knnlm.experiments.retrieval). A nested scan writes one meta per
-    datastore size with the flops of its one scan: metas of one (LM, key, metric, split) with the same flops and
-    seconds count once."""
-    import json
+    """(GEMM flops of the run's exact searches, the CPU models that ran them), from their metas (artifacts
+    'exact_meta' and 'exact_shard_meta'; knnlm.experiments.retrieval). A nested scan writes one meta per datastore
+    size with the flops of its one scan: metas of one (LM, key, metric, split) with the same flops and seconds count
+    once."""
+    from ..io import read_json
+    from ..paths import Layout
 
+    layout = Layout(Path(root).parent, Path(root).name)
     seen, total, cpus = set(), 0.0, set()
-    for p in sorted(Path(root, "lms").glob("*/stores/*/exact/**/*.json")):
-        meta = json.loads(p.read_text())
-        if "flop" not in meta:
-            continue
-        lm = p.relative_to(root).parts[1]
-        key = (lm, p.stem.rsplit("_", 1)[0] if "shards" in p.parts else p.stem, meta["flop"], meta.get("seconds"),
-               meta.get("shard"))
-        if key in seen:
-            continue
-        seen.add(key)
-        total += float(meta["flop"])
-        cpus.add((meta.get("machine") or {}).get("cpu", ""))
+    for name in ("exact_meta", "exact_shard_meta"):
+        for w, p in layout.find(name):
+            meta = read_json(p)
+            if "flop" not in meta:
+                continue
+            key = (w["lm"], w["key"], w["metric"], w["split"], w.get("shard"), meta["flop"], meta.get("seconds"))
+            if key in seen:
+                continue
+            seen.add(key)
+            total += float(meta["flop"])
+            cpus.add((meta.get("machine") or {}).get("cpu", ""))
     return total, cpus - {""}
 
 
@@ -103,20 +104,21 @@ def parametric_flops(result: dict, dim: int, vocab: int, valid_tokens: int, scor
 
 
 def run_parametric_flops(root: Path, valid_tokens: int | None = None) -> float:
-    """GEMM flops of every parametric training of the run at root (lms/*/parametric/*/result.json): D from the LM's
+    """GEMM flops of every parametric training of the run at root (artifact 'parametric_result'): D from the LM's
     datastore manifest, V from its word statistics, the scored valid and test tokens from its query manifests, the
     valid tokens of each evaluation from the result ('valid_tokens'), else `valid_tokens`, else all of valid's."""
-    import json
+    from ..io import read_json
+    from ..paths import Layout
 
+    layout = Layout(Path(root).parent, Path(root).name)
     total = 0.0
-    for p in sorted(Path(root, "lms").glob("*/parametric/*/result.json")):
-        lm_dir = p.parents[2]
-        dim = int(json.loads((lm_dir / "datastore" / "manifest.json").read_text())["D"])
-        stats = lm_dir / "parametric" / "word_stats.npz"
+    for w, p in layout.find("parametric_result"):
+        lm = w["lm"]
+        dim = int(read_json(layout.path("datastore_manifest", lm=lm))["D"])
+        stats = layout.path("word_stats", lm=lm)
         vocab = int(np.load(stats)["freq"].shape[0]) if stats.exists() else 0
-        t = {s: int(json.loads(q.read_text())["T"]) for s in ("valid", "test")
-             if (q := lm_dir / "queries" / s / "manifest.json").exists()}
-        result = json.loads(p.read_text())
+        t = {v["split"]: int(read_json(q)["T"]) for v, q in layout.find("queries_manifest", lm=lm)}
+        result = read_json(p)
         valid = int(result.get("valid_tokens") or valid_tokens or t.get("valid", 0))
         total += parametric_flops(result, dim, vocab, valid, sum(t.values()))
     return total
