@@ -77,18 +77,25 @@ def test_rolling_log_likelihood_is_the_knn_lm_score(bundle):
 
 
 def test_generate_until_is_greedy_and_stops(bundle):
+    """Every generated token is the argmax of the interpolated distribution after the tokens before it (up to float
+    noise between one forward per step and one over the whole sequence), and generation stops at 'until'."""
     from knnlm.harness import HarnessKNNLM
 
     path, _ = bundle
     ours = HarnessKNNLM(bundle=str(path))
-    ctx = "The tower was built in"
-    out = ours.generate_until(_requests("generate_until", [(ctx, {"until": ["\n"], "max_gen_toks": 4})]))[0]
-    assert "\n" not in out and len(ours.tok_encode(out)) <= 4
-    new = ours.tok_encode(ctx + out)[len(ours.tok_encode(ctx)):]
-    if out and ours.tok_encode(ctx) + new == ours.tok_encode(ctx + out):  # no merge across the boundary
-        assert ours._continuation(ours.tok_encode(ctx), new)[1]  # each generated token was the argmax
+    ctx = ours.tok_encode("The tower was built in")
+    new, text = ours.greedy(ctx, 6, [])
+    assert len(new) == 6 and text == ours.knn.lm.decode(new)
+    lp = ours.log_probs(ctx + new[:-1], len(new))
+    assert (lp[np.arange(len(new)), new] >= lp.max(1) - 1e-6).all()
+    cut = ours.knn.lm.decode(new[:2])
+    stop = text[len(cut):len(cut) + 1] or text[-1:]
+    _, upto = ours.greedy(ctx, 6, [stop])
+    assert stop not in upto and text.startswith(upto)
+    req = _requests("generate_until", [("The tower was built in", {"until": [stop], "max_gen_toks": 6})])
+    assert ours.generate_until(req) == [upto]
     with pytest.raises(ValueError, match="greedy"):
-        ours.generate_until(_requests("generate_until", [(ctx, {"do_sample": True})]))
+        ours.generate_until(_requests("generate_until", [("x", {"do_sample": True})]))
     with pytest.raises(ValueError, match="unknown"):
         HarnessKNNLM(bundle=str(path), lamda=0.1)
 

@@ -114,10 +114,27 @@ class HarnessKNNLM(TemplateLM):
             self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
         return out
 
+    def greedy(self, context: list[int], max_tokens: int, until: list[str]) -> tuple[list[int], str]:
+        """(token ids, text) of the greedy continuation of token ids `context` from the interpolated distribution:
+        at most max_tokens tokens, stopped at the LM's end token or once the text holds one of `until` (the text is
+        cut before it)."""
+        new: list[int] = []
+        text = ""
+        for _ in range(max_tokens):
+            t = int(self.log_probs(list(context) + new, 1)[0].argmax())
+            if t == self.eot_token_id:
+                break
+            new.append(t)
+            text = self.knn.lm.decode(new)
+            if any(u in text for u in until):
+                break
+        for u in until:
+            text = text.split(u)[0]
+        return new, text
+
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Greedy continuations from the interpolated distribution, cut at the first of gen_kwargs 'until' (and at the
-        LM's end token), at most gen_kwargs 'max_gen_toks' tokens (default max_gen_toks). Sampling is not offered:
-        ValueError for do_sample."""
+        """The greedy continuation (greedy) of each request's context, until gen_kwargs 'until', at most gen_kwargs
+        'max_gen_toks' tokens (default max_gen_toks). Sampling is not offered: ValueError for do_sample."""
         out = []
         for req in requests:
             context, gen = req.args
@@ -125,19 +142,8 @@ class HarnessKNNLM(TemplateLM):
                 raise ValueError("knnlm: generate_until is greedy; do_sample is not supported")
             until = gen.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            ids = self.tok_encode(context) or [self.prefix_token_id]
-            new: list[int] = []
-            text = ""
-            for _ in range(int(gen.get("max_gen_toks", self.max_gen_toks))):
-                t = int(self.log_probs(ids + new, 1)[0].argmax())
-                if t == self.eot_token_id:
-                    break
-                new.append(t)
-                text = self.knn.lm.decode(new)
-                if any(u in text for u in until):
-                    break
-            for u in until:
-                text = text.split(u)[0]
+            _, text = self.greedy(self.tok_encode(context) or [self.prefix_token_id],
+                                  int(gen.get("max_gen_toks", self.max_gen_toks)), until)
             out.append(text)
             self.cache_hook.add_partial("generate_until", (context, gen), text)
         return out
