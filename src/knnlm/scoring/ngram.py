@@ -112,14 +112,14 @@ class KneserNeyLM:
         for k in range(1, self.n + 1):
             cur = _hashes(stream, k, prev) if cur is None else cur  # the k-grams at each position
             nxt = _hashes(stream, k + 1, cur) if k < self.n else None
-            hist = (lambda grams: np.zeros(len(grams), dtype=np.uint64)) if k == 1 else \
-                (lambda grams, cur=cur, prev=prev: _hist_of_grams(grams, cur, prev))
-            grams, counts = _count(cur)
-            self.raw.append(_Order.of(grams, counts, hist(grams)))
+            # one sort of this order's k-grams serves its raw counts and the history of every k-gram
+            grams, first, counts = np.unique(cur, return_index=True, return_counts=True)
+            hist_at = np.zeros(len(grams), dtype=np.uint64) if k == 1 else prev[first]
+            self.raw.append(_Order.of(grams, counts, hist_at))
             if nxt is not None:  # continuation counts N1+(· g): the distinct (k + 1)-grams whose suffix is g
-                _, first = np.unique(nxt, return_index=True)  # the (k + 1)-gram at i ends with the k-gram at i + 1
-                grams, counts = _count(cur[first + 1])
-                self.cont.append(_Order.of(grams, counts, hist(grams)))
+                _, left = np.unique(nxt, return_index=True)  # the (k + 1)-gram at i ends with the k-gram at i + 1
+                suffixes, n_left = _count(cur[left + 1])
+                self.cont.append(_Order.of(suffixes, n_left, _lookup(grams, hist_at, suffixes)))
             prev, cur = cur, nxt
         self.discounts = [o.discount for o in self.cont[:self.n - 1]] + [self.raw[self.n - 1].discount]
 
@@ -162,9 +162,3 @@ class KneserNeyLM:
         """[m] float64 natural-log p_n(targets[i] | its history), the order-n model (log_probs_by_order)."""
         return self.log_probs_by_order(context, targets)[self.n]
 
-
-def _hist_of_grams(grams: np.ndarray, grams_at: np.ndarray, hist_at: np.ndarray) -> np.ndarray:
-    """The history hash of each of the sorted k-grams `grams` (a subset of those at the positions), from the k-grams
-    and their (k − 1)-gram prefixes at each position."""
-    u, first = np.unique(grams_at, return_index=True)
-    return _lookup(u, hist_at[:len(grams_at)][first], grams)
