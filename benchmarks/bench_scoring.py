@@ -5,8 +5,8 @@
 1. "Real score" (exact distances of given neighbours, knnlm.search.exact.recompute_distances: a numba kernel reading
    each neighbour's fp16 row from the memmap) vs numpy (gather the rows, then einsum) and vs faiss
    (IndexFlatL2.compute_distance_subset, fp32 keys already in RAM). Goal: faster than both; same distances.
-2. recall@k of approximate vs exact neighbours (knnlm.experiments.retrieval.recall_at_k: per-row sort and binary
-   search in numba) vs numpy's isin over row-offset ids. Goal: faster; same value.
+2. recall@k of approximate vs exact neighbours (knnlm.experiments.retrieval.recall_at_k: a marker array per block of
+   rows in numba, O(k) per row) vs numpy's isin over row-offset ids. Goal: faster; same value.
 Random normal keys (a memmap in a temp dir) and queries; ids drawn uniformly (the worst case for locality).
 """
 from __future__ import annotations

@@ -5,7 +5,8 @@ GEMMs it cannot avoid, timed side by side in one run. Prints the ratios.
 
 A step's unavoidable work is two GEMMs, the scores h · W_dsᵀ (2·B·D·V flops) and the gradient of W_ds (2·B·D·V; the
 keys need none): 'step GEMM share' = (numpy's time for those two GEMMs) / (the step's time), the fraction of the
-step the GEMMs take (goal: most of it; the rest is the softmax over V and Adam). Also the step with torch's own
+step the GEMMs take (goal: most of it; the rest is the softmax over V and Adam). Also the step with a fresh scores
+array each step instead of the model's reused one (knnlm.parametric.ScoresBuffer), and the step with torch's own
 matmul (the autograd path knnlm.parametric.row_scores replaces on the CPU), so the ratio of the two shows what the
 BLAS path buys on this machine.
 """
@@ -53,8 +54,10 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     h, y = torch.randn(a.batch, a.d, generator=g), torch.randint(0, a.v, (a.batch,), generator=g)
 
-    def step_fn():
+    def step_fn(reuse: bool = True):
         model = AggregatedSoftmax(Aggregation.from_counts(np.ones(a.v, dtype=np.int64)), a.d)
+        if not reuse:
+            model._scores_buffer = None  # a fresh [B, V] scores array every step
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step():
@@ -69,8 +72,9 @@ def main() -> None:
     hn = h.numpy()
     gemms = timed(lambda: (np.matmul(hn, w.T), np.matmul(gr.T, hn)), a.repeat)
     blas = timed(step_fn(), a.repeat)
+    fresh = timed(step_fn(reuse=False), a.repeat)
     original = parametric.row_scores
-    parametric.row_scores = lambda x, m: x @ m.to(x.dtype).T  # torch's own matmul, the path before row_scores
+    parametric.row_scores = lambda x, m, buffer=None: x @ m.to(x.dtype).T  # torch's own matmul
     try:
         torch_mm = timed(step_fn(), a.repeat)
     finally:
@@ -79,6 +83,8 @@ def main() -> None:
     print(f"W_ds step, B = {a.batch}, D = {a.d}, V = {a.v}, {a.threads} threads ({torch.get_num_threads()} torch)")
     print(f"  numpy GEMMs of a step : {gemms * 1e3:8.1f} ms  ({flop / gemms / 1e9:6.1f} GFLOP/s)")
     print(f"  step, BLAS scores     : {blas * 1e3:8.1f} ms  step GEMM share {gemms / blas:.2f}")
+    print(f"  step, fresh scores    : {fresh * 1e3:8.1f} ms  step GEMM share {gemms / fresh:.2f}  "
+          f"(a new [B, V] array each step: {fresh / blas:.2f}x the step)")
     print(f"  step, torch matmul    : {torch_mm * 1e3:8.1f} ms  step GEMM share {gemms / torch_mm:.2f}")
     print(f"  speed-up of the BLAS path: {torch_mm / blas:.2f}x")
 

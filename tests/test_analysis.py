@@ -137,9 +137,13 @@ def test_subset_grid_equals_one_temperature_at_a_time(dedup):
     ids[1, 3:] = -1
     temps = [0.5, 1.0, 3.0]
     tokens = an.unique_tokens(ids) if dedup else ids
-    grid = an.subset_log_prob_grid(logits, targets, tokens, temps)
-    for j, temp in enumerate(temps):
-        np.testing.assert_allclose(grid[j], an.subset_log_prob(logits, targets, ids, temp, dedup), rtol=1e-12)
+    for lg in (logits, logits.astype(np.float32)):  # the float32 logits of the job, the float64 reference
+        grid = an.subset_log_prob_grid(lg, targets, tokens, temps)
+        for j, temp in enumerate(temps):
+            ref = an.subset_log_prob(lg, targets, ids, temp, dedup)
+            assert np.array_equal(np.isneginf(grid[j]), np.isneginf(ref))
+            # float32 denominators (the τ sweep's kernel) against the float64 reference
+            np.testing.assert_allclose(grid[j], ref, rtol=2e-6, atol=2e-6)
 
 
 def test_topk_grid_equals_one_topk_at_a_time():
@@ -150,6 +154,10 @@ def test_topk_grid_equals_one_topk_at_a_time():
     for i, k in enumerate(ks):
         for j, temp in enumerate(temps):
             np.testing.assert_allclose(grid[i, j], an.topk_log_prob(logits, targets, k, temp), rtol=1e-10)
+    # float32 logits: selected in float32, the same as the float64 path on the same (float32-exact) values
+    l32 = logits.astype(np.float32)
+    np.testing.assert_array_equal(an.topk_log_prob_grid(l32, targets, ks, temps),
+                                  an.topk_log_prob_grid(l32.astype(np.float64), targets, ks, temps))
     # k = V keeps every token: the LM's own distribution at temperature 1
     full = logits - np.log(np.exp(logits).sum(1, keepdims=True))
     np.testing.assert_allclose(grid[3, 1], full[np.arange(25), targets], rtol=1e-10)
@@ -256,19 +264,23 @@ def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
         np.float32)}, "ids": {"att": (ids, np.arange(t))}} for split in ("valid", "test")}
     monkeypatch.setattr(hy, "_split_inputs", lambda job, split, keys: inputs[split])
     cfg = {"hypotheses": {"topk": [4, 16, 64], "sparsify_temperatures": [0.5, 1.0, 2.0]}}
-    runs = []
-    for chunk, threads in ((t, 1), (7, 2)):
-        monkeypatch.setattr(hy, "CHUNK", chunk)
-        runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0],
-                                     cfg["hypotheses"]["sparsify_temperatures"]))
-    (one, drift1), (many, drift2) = runs
-    assert drift1 == drift2 and drift1["ks"] == [4, 16] and drift1["valid"] < 1e-12
     for split in ("valid", "test"):
-        np.testing.assert_array_equal(one[split]["e1"]["att"], many[split]["e1"]["att"])
-        np.testing.assert_array_equal(one[split]["topk"], many[split]["topk"])
+        runs = []
+        for chunk, threads in ((t, 1), (7, 2)):
+            monkeypatch.setattr(hy, "CHUNK", chunk)
+            runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0],
+                                      cfg["hypotheses"]["sparsify_temperatures"], split))
+        (one, drift1), (many, drift2) = runs
+        assert drift1 == drift2 and drift1 < 1e-5  # a float32 log-softmax against the float64 one
+        assert one["topk"].shape[0] == 2  # k = 64 is above V
+        np.testing.assert_array_equal(one["e1"]["att"], many["e1"]["att"])
+        np.testing.assert_array_equal(one["topk"], many["topk"])
         for dd in (False, True):
-            np.testing.assert_array_equal(one[split]["subset"][("att", dd)], many[split]["subset"][("att", dd)])
-        assert np.isfinite(one[split]["topk"]).any() and np.isfinite(one[split]["e1"]["att"]).any()  # not all −inf
+            np.testing.assert_array_equal(one["subset"][("att", dd)], many["subset"][("att", dd)])
+        assert np.isfinite(one["topk"]).any() and np.isfinite(one["e1"]["att"]).any()  # not all −inf
+    # the drift check sees a log p_LM that is not the LM's
+    inputs["valid"] = dict(inputs["valid"], lm=lm - 0.1)
+    assert hy._per_token(SimpleNamespace(cfg=cfg, threads=1), w_sm, vals, ["att"], [1.0], [1.0], "valid")[1] > 0.09
 
 
 def test_soft_label_lm_is_compared_with_its_one_hot_twin_only():
@@ -284,35 +296,61 @@ def test_soft_label_lm_is_compared_with_its_one_hot_twin_only():
 
 
 def test_e2_temperature_grid_is_extended_at_its_edges(monkeypatch):
-    """E.1's τ and E.2's T grids grow where a twin's tuned value sits on an edge (as the kNN-LM's τ grid does): the
-    extra pass computes only the new values, which land in the grid's order and equal one pass over the whole grid."""
+    """E.1's τ and E.2's T grids grow where a twin's tuned value sits on an edge of valid's (as the kNN-LM's τ grid
+    does): the extra passes over valid compute only the new values, which land in the grid's order and equal one pass
+    over the whole grid; test is computed at the values tuned on valid only, equal there to a pass over the whole
+    final grids (nan at every other value)."""
     from types import SimpleNamespace
 
     from knnlm.experiments import hypotheses as hy
+    from knnlm.scoring.interpolation import tune_temperature
 
     rng = np.random.default_rng(5)
     t, d, v, k, n = 200, 8, 30, 8, 300
     w_sm = (3 * rng.standard_normal((v, d))).astype(np.float32)  # peaked logits: the best T is below the grid
     vals = rng.integers(0, v, n)
-    ffn = rng.standard_normal((t, d)).astype(np.float32)
-    lg = (ffn @ w_sm.T).astype(np.float64)
-    targets = lg.argmax(1)  # the LM's own argmax: a sharper distribution (lower T) always fits better
-    lm = lg[np.arange(t), targets] - np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) - lg.max(1)
-    ids = rng.integers(0, n, (t, k)).astype(np.int32)
-    inputs = {split: {"targets": targets, "lm": lm, "ffn": ffn, "queries": {"att": rng.standard_normal((t, d)).astype(
-        np.float32)}, "ids": {"att": (ids, np.arange(t))}} for split in ("valid", "test")}
+    inputs = {}
+    for split in ("valid", "test"):
+        ffn = rng.standard_normal((t, d)).astype(np.float32)
+        lg = (ffn @ w_sm.T).astype(np.float64)
+        targets = lg.argmax(1)  # the LM's own argmax: a sharper distribution (lower T) always fits better
+        lm = lg[np.arange(t), targets] - np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) - lg.max(1)
+        inputs[split] = {"targets": targets, "lm": lm, "ffn": ffn, "queries": {"att": rng.standard_normal(
+            (t, d)).astype(np.float32)}, "ids": {"att": (rng.integers(0, n, (t, k)).astype(np.int32), np.arange(t))}}
     monkeypatch.setattr(hy, "_split_inputs", lambda job, split, keys: inputs[split])
     cfg = {"hypotheses": {"topk": [4]}, "temperature": {"max_extensions": 2, "start": 0.0, "step": 0.5, "stop": 1.0}}
     job = SimpleNamespace(cfg=cfg, threads=1)
-    taus, temps = [0.5, 1.0], [1.0, 2.0]
-    per, drift = hy._per_token(job, w_sm, vals, ["att"], taus, temps)
-    lp_lm = {s: np.asarray(lm, dtype=np.float64) for s in ("valid", "test")}
-    words = {s: t for s in ("valid", "test")}
-    taus2, temps2 = hy._extend_grids(job, w_sm, vals, ["att"], per, lp_lm, words, 11, taus, temps, drift["ks"])
-    assert temps2[:2] == [0.25, 0.5] and temps2 == sorted(temps2) and len(temps2) > len(temps)
-    whole, _ = hy._per_token(job, w_sm, vals, ["att"], taus2, temps2)
+    lp_lm = {s: inputs[s]["lm"] for s in ("valid", "test")}
+    per, drift, taus, temps, ks = hy._grids(job, w_sm, vals, ["att"], lp_lm, 11, [0.5, 1.0], [1.0, 2.0])
+    assert temps[:2] == [0.25, 0.5] and temps == sorted(temps) and ks == [4] and max(drift.values()) < 1e-5
+    best = lambda a: tune_temperature(lp_lm["valid"], a, None, 11)  # noqa: E731
     for s in ("valid", "test"):
-        np.testing.assert_allclose(per[s]["topk"], whole[s]["topk"], rtol=1e-12)
-        np.testing.assert_allclose(per[s]["e1"]["att"], whole[s]["e1"]["att"], rtol=1e-6)
-        for c in whole[s]["subset"]:
-            np.testing.assert_allclose(per[s]["subset"][c], whole[s]["subset"][c], rtol=1e-12)
+        whole, _ = hy._per_token(job, w_sm, vals, ["att"], taus, temps, s)
+        pairs = [(per[s]["topk"][0], whole["topk"][0], best(per["valid"]["topk"][0])),
+                 (per[s]["e1"]["att"], whole["e1"]["att"], best(per["valid"]["e1"]["att"]))]
+        pairs += [(per[s]["subset"][c], whole["subset"][c], best(per["valid"]["subset"][c])) for c in whole["subset"]]
+        chosen_t = {j for _, _, j in pairs[:1] + pairs[2:]}  # the T values some E.2 twin chose on valid
+        for n, (got, ref, j) in enumerate(pairs):
+            if s == "valid":
+                np.testing.assert_array_equal(got, ref)
+                continue
+            np.testing.assert_array_equal(got[j], ref[j])
+            others = [i for i in range(len(got)) if i not in (chosen_t if n != 1 else {j})]
+            assert np.isnan(got[others]).all()  # no grid value that no twin chose was computed on test
+
+
+def test_mixture_weights_equal_em_in_log_space():
+    """The scaled-probability EM step equals the log-space one (a loop written here) step for step, on log-probs far
+    below float64's smallest exponent where the scaling is what keeps them finite; an all −inf token is left out."""
+    rng = np.random.default_rng(11)
+    lps = np.stack([rng.normal(-900, 30, 400), rng.normal(-905, 30, 400), rng.normal(-3, 1, 400)])
+    lps[:, 7] = -np.inf
+    w = np.full(3, 1 / 3)
+    ok = np.isfinite(lps).any(0)
+    for _ in range(1000):
+        lw = np.log(w)[:, None] + lps[:, ok]
+        new = np.exp(lw - np.logaddexp.reduce(lw, axis=0)).mean(1)
+        if np.abs(new - w).max() < 1e-10:
+            break
+        w = new
+    np.testing.assert_allclose(an.mixture_weights(list(lps)), new, rtol=1e-8, atol=1e-12)

@@ -76,6 +76,11 @@ def main(argv=None) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     os.environ.setdefault("MKL_DYNAMIC", "FALSE")  # a busy machine must not change MKL's thread count (and sums)
+    if args.job.startswith("parametric."):
+        # a W_ds step alternates torch's log-softmax (OpenMP) with numpy's GEMMs (OpenBLAS): idle OpenMP threads that
+        # sleep at once leave the cores to the GEMMs (a step of benchmarks/bench_wds.py's shape on the run's keys,
+        # 2 Intel Xeon cores: 110 ms with OpenMP's default wait policy, 101 ms passive); a user's setting wins
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     io = json.loads(args.io)
     job = Job(cfg=json.loads(args.cfg), input=io.get("input", {}), output=io.get("output", {}),
               wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.job)

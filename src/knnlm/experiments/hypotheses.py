@@ -63,98 +63,117 @@ def _split_inputs(job: Job, split: str, keys: list[str]) -> dict:
     return out
 
 
-def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float],
-               temps: list[float]) -> tuple[dict, dict]:
-    """One pass over every valid and test token: {split: {name: [n, T] or [T] log p(target)}} for E.1 (per τ of
-    `taus`; none when empty), E.2a (per (k, temperature of `temps`)) and E.2b (per temperature), and {split: max |log
-    p_LM recomputed − dumped|}.
-    Every quantity is per token, so chunks of CHUNK tokens run on job.threads threads at once (numpy releases the
-    GIL; the numba kernels, themselves parallel, run one at a time), with the same numbers as one chunk at a time."""
+def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[float], temps: list[float],
+               split: str, check: bool = True) -> tuple[dict, float]:
+    """One pass over every token of `split`: ({name: [n, T] or [T] log p(target)} for E.1 (per τ of `taus`; none when
+    empty), E.2a (per (k, temperature of `temps`)) and E.2b (per temperature), the largest |log p_LM recomputed −
+    dumped| (0.0 unless `check`)).
+    Every quantity is per token and per grid value, so a pass for some grid values gives the same numbers as a pass
+    for a larger grid. Chunks of CHUNK tokens run on job.threads threads at once (numpy and torch release the GIL;
+    the numba kernels, themselves parallel, run one at a time)."""
     from ..scoring.analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
-    from ..scoring.interpolation import neighbour_hits, sweep_temperature
+    from ..scoring.interpolation import sweep_temperature
 
     hyp = job.cfg["hypotheses"]
     v = w_sm.shape[0]
     ks = sorted({k for k in hyp["topk"] if k < v})
     kernels = threading.Lock()  # numba's parallel kernels, one call at a time
-    out, drift = {}, {}
-    for split in SPLITS:
-        s = _split_inputs(job, split, keys)
-        t = len(s["targets"])
-        r = {"e1": {key: np.empty((len(taus), t)) for key in keys},
-             "topk": np.empty((len(ks), len(temps), t)),
-             "subset": {(key, dd): np.empty((len(temps), t)) for key in keys for dd in (False, True)}}
+    s = _split_inputs(job, split, keys)
+    t = len(s["targets"])
+    r = {"e1": {key: np.empty((len(taus), t)) for key in keys},
+         "topk": np.empty((len(ks), len(temps), t)),
+         "subset": {(key, dd): np.empty((len(temps), t)) for key in keys for dd in (False, True)}}
 
-        def chunk(a: int, b: int) -> float:
-            """Fill tokens a..b of r; returns their largest |log p_LM recomputed − dumped|."""
-            tg = s["targets"][a:b]
-            logits = np.asarray(s["ffn"][a:b], dtype=np.float32) @ w_sm.T  # [c, V]: h_sm · W_sm
-            lg = logits.astype(np.float64)
-            m = lg.max(1, keepdims=True)
-            lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
-            worst = float(np.abs(lg[np.arange(b - a), tg] - lse - s["lm"][a:b]).max(initial=0))
-            if ks and temps:  # E.2a: the LM's top k tokens, every (k, temperature) from one sort
-                r["topk"][:, :, a:b] = topk_log_prob_grid(lg, tg, ks, temps)
-            for key in keys:
-                ids_mm, rows = s["ids"][key]
-                ids = np.asarray(ids_mm[rows[a:b]])
-                valid = ids >= 0
-                nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
-                for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))) if temps else ():  # E.2b
-                    r["subset"][(key, dd)][:, a:b] = subset_log_prob_grid(lg, tg, tokens, temps)
-                if not taus:
-                    continue
-                # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
-                scores = output_embedding_scores(s["queries"][key][a:b], w_sm, nb_vals)
+    def chunk(a: int, b: int) -> float:
+        """Fill tokens a..b of r; returns their largest |log p_LM recomputed − dumped| (0.0 unless check)."""
+        tg = s["targets"][a:b]
+        logits = np.asarray(s["ffn"][a:b], dtype=np.float32) @ w_sm.T  # [c, V]: h_sm · W_sm
+        if ks and temps:  # E.2a: the LM's top k tokens, every (k, temperature) from one selection
+            r["topk"][:, :, a:b] = topk_log_prob_grid(logits, tg, ks, temps)
+        for key in keys:
+            ids_mm, rows = s["ids"][key]
+            ids = np.asarray(ids_mm[rows[a:b]])
+            valid = ids >= 0
+            nb_vals = np.where(valid, np.asarray(vals)[np.where(valid, ids, 0)], -1).astype(np.int64)
+            for dd, tokens in ((False, nb_vals), (True, unique_tokens(nb_vals))) if temps else ():  # E.2b
                 with kernels:
-                    hit, ok = neighbour_hits(ids, vals, tg.astype(np.int32))
-                    r["e1"][key][:, a:b] = sweep_temperature(np.where(ok, scores, 0).astype(np.float32), hit, ok,
-                                                             taus)
-            return worst
+                    r["subset"][(key, dd)][:, a:b] = subset_log_prob_grid(logits, tg, tokens, temps)
+            if not taus:
+                continue
+            # E.1: −‖W_sm[v_i] − h_ds‖² of each neighbour's token v_i
+            scores = output_embedding_scores(s["queries"][key][a:b], w_sm, nb_vals)
+            hit = (nb_vals == tg[:, None]) & valid
+            with kernels:
+                r["e1"][key][:, a:b] = sweep_temperature(np.where(valid, scores, 0).astype(np.float32), hit, valid,
+                                                         taus)
+        if not check:
+            return 0.0
+        # a float32 log-softmax (~1e-5 nats, against a 0.05-nat tolerance), in place over the logits, read no more
+        target = logits[np.arange(b - a), tg]
+        m = logits.max(1)
+        np.subtract(logits, m[:, None], out=logits)
+        lse = m + np.log(np.exp(logits, out=logits).sum(1))
+        return float(np.abs(target - lse - s["lm"][a:b]).max(initial=0))
 
-        spans = list(iter_chunks(t, CHUNK))
-        with ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="hypotheses") as pool:
-            done = tqdm(pool.map(lambda ab: chunk(*ab), spans), total=len(spans), desc=f"E.1, E.2 {split}",
-                        unit=" chunk", mininterval=10)
-            drift[split] = max(done, default=0.0)  # a chunk's error is raised here
-        out[split] = r
-    return out, drift | {"ks": ks}
+    spans = list(iter_chunks(t, CHUNK))
+    with ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="hypotheses") as pool:
+        done = tqdm(pool.map(lambda ab: chunk(*ab), spans), total=len(spans), desc=f"E.1, E.2 {split}",
+                    unit=" chunk", mininterval=10)
+        drift = max(done, default=0.0)  # a chunk's error is raised here
+    return r, drift
 
 
-def _extend_grids(job: Job, w_sm: np.ndarray, vals, keys: list[str], per: dict, lp_lm: dict, words: dict, steps: int,
-                  taus: list[float], temps: list[float], ks: list[int]) -> tuple[list[float], list[float]]:
-    """E.1's τ grid and E.2's T grid extended where a twin's tuned value sits on an edge, as τ's is for the kNN-LM
-    (both sides tuned alike): while some twin's τ* is the grid's last value, the τ grid grows by its own span
-    (knnlm.config.extended_temperatures); while some T* is the last (first) T, the T grid gains 1.5 and 2 times its
-    last value (half its first); at most config 'temperature.max_extensions' times, one pass over the tokens per
-    extension for the new values only. Updates `per` (_per_token's arrays, the grids' values in ascending order) in
-    place; returns (taus, temps)."""
+def _grids(job: Job, w_sm: np.ndarray, vals, keys: list[str], lp_lm: dict, steps: int, taus: list[float],
+           temps: list[float]) -> tuple[dict, dict, list[float], list[float], list[int]]:
+    """_per_token on both splits, with E.1's τ grid and E.2's T grid extended where a twin's tuned value sits on an
+    edge, as τ's is for the kNN-LM (both sides tuned alike): while some twin's τ* is the grid's last value, the τ
+    grid grows by its own span (knnlm.config.extended_temperatures); while some T* is the last (first) T, the T grid
+    gains 1.5 and 2 times its last value (half its first); at most config 'temperature.max_extensions' times.
+    Tuning reads valid only, so valid gets a pass per extension (for the new values only) and test one pass at the
+    values tuned on valid (nan at every other value of the grids). Returns ({split: _per_token's arrays, the grids'
+    values in ascending order}, {split: drift}, taus, temps, ks)."""
     from ..config import extended_temperatures
+    from ..scoring.interpolation import tune_temperature
 
-    def at(values: dict) -> int:
-        return _tune(lp_lm, values, words, steps)[0]
+    def at(values: np.ndarray) -> int:
+        return tune_temperature(lp_lm["valid"], values, None, steps)
 
+    ks = sorted({k for k in job.cfg["hypotheses"]["topk"] if k < w_sm.shape[0]})
+    r, drift = {}, {}
+    r["valid"], drift["valid"] = _per_token(job, w_sm, vals, keys, taus, temps, "valid")
     for _ in range(job.cfg["temperature"]["max_extensions"]):
-        e1 = [at({s: per[s]["e1"][key] for s in SPLITS}) for key in keys]
-        e2 = [at({s: per[s]["topk"][i] for s in SPLITS}) for i in range(len(ks))]
-        e2 += [at({s: per[s]["subset"][c] for s in SPLITS}) for c in per["valid"]["subset"]]
+        v = r["valid"]
+        e1 = [at(v["e1"][key]) for key in keys]
+        e2 = [at(v["topk"][i]) for i in range(len(ks))] + [at(v["subset"][c]) for c in v["subset"]]
         more_taus = extended_temperatures(job.cfg, taus) if len(taus) - 1 in e1 else []
         more_temps = ([temps[0] / 2] if 0 in e2 else []) + ([temps[-1] * 1.5, temps[-1] * 2]
                                                             if len(temps) - 1 in e2 else [])
         if not (more_taus or more_temps):
             break
         log.info("E.1/E.2: a tuned value on its grid's edge: τ += %s, T += %s", more_taus, more_temps)
-        extra, _ = _per_token(job, w_sm, vals, keys, more_taus, more_temps)
+        x, _ = _per_token(job, w_sm, vals, keys, more_taus, more_temps, "valid", check=False)
         order = np.argsort(temps + more_temps, kind="stable")
-        for s in SPLITS:
-            r, x = per[s], extra[s]
-            for key in keys:
-                r["e1"][key] = np.concatenate([r["e1"][key], x["e1"][key]])
-            r["topk"] = np.concatenate([r["topk"], x["topk"]], axis=1)[:, order]
-            for c in r["subset"]:
-                r["subset"][c] = np.concatenate([r["subset"][c], x["subset"][c]])[order]
+        for key in keys:
+            v["e1"][key] = np.concatenate([v["e1"][key], x["e1"][key]])
+        v["topk"] = np.concatenate([v["topk"], x["topk"]], axis=1)[:, order]
+        for c in v["subset"]:
+            v["subset"][c] = np.concatenate([v["subset"][c], x["subset"][c]])[order]
         taus, temps = taus + more_taus, [(temps + more_temps)[i] for i in order]
-    return taus, temps
+    # test measures only: each twin at its value tuned on valid (the other grid values stay nan)
+    v = r["valid"]
+    ti = sorted({at(v["e1"][key]) for key in keys})
+    tj = sorted({at(v["topk"][i]) for i in range(len(ks))} | {at(v["subset"][c]) for c in v["subset"]})
+    x, drift["test"] = _per_token(job, w_sm, vals, keys, [taus[i] for i in ti], [temps[j] for j in tj], "test")
+    t = x["topk"].shape[-1]
+    r["test"] = {"e1": {key: np.full((len(taus), t), np.nan) for key in keys},
+                 "topk": np.full((len(ks), len(temps), t), np.nan),
+                 "subset": {c: np.full((len(temps), t), np.nan) for c in v["subset"]}}
+    for key in keys:
+        r["test"]["e1"][key][ti] = x["e1"][key]
+    r["test"]["topk"][:, tj] = x["topk"]
+    for c in v["subset"]:
+        r["test"]["subset"][c][tj] = x["subset"][c]
+    return r, drift, taus, temps, ks
 
 
 def _base_lm(job: Job) -> tuple[dict, dict, dict]:
@@ -194,12 +213,11 @@ def hypotheses(job: Job) -> dict:
     vals = np.load(job.path("vals"), mmap_mode="r")
     taus = [t for t in temperatures(cfg) if t > 0] or [1.0]
     temps = sorted(hyp["sparsify_temperatures"])
-    per, drift = _per_token(job, w_sm, vals, keys, taus, temps)
+    lp_lm, docs, words = _base_lm(job)
+    per, drift, taus, temps, ks = _grids(job, w_sm, vals, keys, lp_lm, steps, taus, temps)
     if max(drift["valid"], drift["test"]) > 0.05:
         raise ArtifactError(f"log softmax(W_sm h_ffn) differs from the dumped log p_LM by up to "
                             f"{max(drift['valid'], drift['test']):.3f} nats: W_sm or the ffn queries are not the LM's")
-    lp_lm, docs, words = _base_lm(job)
-    taus, temps = _extend_grids(job, w_sm, vals, keys, per, lp_lm, words, steps, taus, temps, drift["ks"])
     variants = {}  # name -> (labels, {split: log p interpolated}, evaluate result)
 
     def add(name, labels, lp_alt):
@@ -229,7 +247,7 @@ def hypotheses(job: Job) -> dict:
         add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
                                      "τ / T": f"{taus[i]:g}" + (" (grid edge)" if edges[f"W_sm distance {key}"] else "")},
             {s: per[s]["e1"][key][i] for s in SPLITS})
-    for i, k in enumerate(drift["ks"]):
+    for i, k in enumerate(ks):
         j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
         edges[f"LM top-{k}"] = edge_of(j, temps, "T*")
         add(f"LM top-{k}", {"section": "E.2", "variant": f"LM's top {k} tokens, renormalised",

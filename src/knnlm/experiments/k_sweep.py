@@ -38,19 +38,20 @@ def k_label(k: int) -> str:
     return f"k={k}"
 
 
-def prefix_sweeps(ids, dists, vals: np.ndarray, targets: np.ndarray, metric: str, ks: list[int], taus: list[float],
-                  chunk: int = 16384) -> dict[int, np.ndarray]:
-    """{k: [len(taus), T] float64 log p_kNN(target) from the first k neighbours of each query} for every k of `ks`,
-    reading the neighbour cache (ids [T, K] int, dists [T, K] float32, sorted closest first) one chunk of queries at
-    a time: the hits are found once per chunk for the largest k and sliced for the others (knnlm.scoring.interpolation
-    .sweep_temperature on each prefix)."""
-    out = {k: np.empty((len(taus), ids.shape[0])) for k in ks}
+def prefix_sweeps(ids, dists, vals: np.ndarray, targets: np.ndarray, metric: str, ks: list[int],
+                  taus: list[float] | dict[int, list[float]], chunk: int = 16384) -> dict[int, np.ndarray]:
+    """{k: [len(taus of k), T] float64 log p_kNN(target) from the first k neighbours of each query} for every k of
+    `ks`, at the τ values `taus` (one list for every k, or {k: list}), reading the neighbour cache (ids [T, K] int,
+    dists [T, K] float32, sorted closest first) one chunk of queries at a time: the hits are found once per chunk for
+    the largest k and sliced for the others (knnlm.scoring.interpolation.sweep_temperature on each prefix)."""
+    per_k = taus if isinstance(taus, dict) else {k: taus for k in ks}
+    out = {k: np.empty((len(per_k[k]), ids.shape[0])) for k in ks}
     for s, e in iter_chunks(ids.shape[0], chunk, ids, dists):
         hit, valid = neighbour_hits(ids[s:e], vals, np.asarray(targets[s:e]))
         scores = scores_from_distances(np.asarray(dists[s:e]), metric)
         for k in ks:
             out[k][:, s:e] = sweep_temperature(np.ascontiguousarray(scores[:, :k]), np.ascontiguousarray(hit[:, :k]),
-                                               np.ascontiguousarray(valid[:, :k]), taus)
+                                               np.ascontiguousarray(valid[:, :k]), per_k[k])
     return out
 
 
@@ -72,22 +73,26 @@ def table(job: Job) -> dict:
                          np.load(by_split(job, "targets")[split]))
     ks = k_values(min(cfg["knn"]["k"], caches["valid"][0].shape[1]))
     base_taus = temperatures(cfg)
-    sweeps = {split: prefix_sweeps(*caches[split][:2], vals, caches[split][2], metric, ks, base_taus) for split in SPLITS}
+    # valid: every τ of the grid for every k; test: each k at its τ* only (test measures; nothing is chosen on it)
+    ids, dists, targets = caches["valid"]
+    sweeps = prefix_sweeps(ids, dists, vals, targets, metric, ks, base_taus)
     grid = lambda_grid(cfg["knn"]["lambda_steps"])
     lps, tuned = {}, {}
     for k in ks:
         def add(more, k=k):
-            for split in SPLITS:
-                ids, dists, targets = caches[split]
-                extra = prefix_sweeps(ids, dists, vals, targets, metric, [k], more)[k]
-                sweeps[split][k] = np.concatenate([sweeps[split][k], extra])
+            sweeps[k] = np.concatenate([sweeps[k], prefix_sweeps(ids, dists, vals, targets, metric, [k], more)[k]])
 
         taus, i = extend_while_on_edge(cfg, list(base_taus), lambda g, k=k: tune_temperature(
-            lp_lm["valid"], sweeps["valid"][k][:len(g)], g, cfg["temperature"]["lambda_steps"]), add)
-        lam, _ = tune_lambda(lp_lm["valid"], sweeps["valid"][k][i], grid)
-        tuned[k] = {"temperature": taus[i], "lambda": float(lam), "tau_edge": tau_edge(taus, i, cfg)}
-        lps[k_label(k)] = {s: interpolate(lp_lm[s], sweeps[s][k][i], lam) for s in SPLITS}
-        log.info("k=%d: τ* %g, λ* %.2f, valid interp NLL/token %.4f", k, taus[i], lam, -lps[k_label(k)]["valid"].mean())
+            lp_lm["valid"], sweeps[k][:len(g)], g, cfg["temperature"]["lambda_steps"]), add)
+        lam, _ = tune_lambda(lp_lm["valid"], sweeps[k][i], grid)
+        tuned[k] = {"temperature": taus[i], "lambda": float(lam), "tau_edge": tau_edge(taus, i, cfg),
+                    "valid": sweeps[k][i]}
+        log.info("k=%d: τ* %g, λ* %.2f", k, taus[i], lam)
+    at_test = prefix_sweeps(*caches["test"][:2], vals, caches["test"][2], metric, ks,
+                            {k: [tuned[k]["temperature"]] for k in ks})
+    for k in ks:
+        lp_knn = {"valid": tuned[k].pop("valid"), "test": at_test[k][0]}
+        lps[k_label(k)] = {s: interpolate(lp_lm[s], lp_knn[s], tuned[k]["lambda"]) for s in SPLITS}
     top = k_label(ks[-1])
     names = ["base"] + list(lps)
     pairs = [(n, "base") for n in lps] + [(k_label(b), k_label(a)) for a, b in zip(ks, ks[1:])]  # each doubling

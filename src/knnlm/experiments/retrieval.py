@@ -393,16 +393,19 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     `chunk` scoped queries at a time (the neighbour caches, [t, k] each, are never whole in RAM).
 
     taus: the τ grid of the sweep (Figure 5; knnlm.config.temperatures). Returns (lp_lm {split: [t] float64},
-    words {split: int}, lp_knn {setting: {split: [t] float64 log p_kNN(target) at the config τ 'knn.temperature'}},
+    words {split: int}, lp_knn {setting: {split: [t] float64 log p_kNN(target) at the config τ 'knn.temperature', read
+    off the sweep}},
     sweep {setting: {split: [len(taus), t] float64 log p_kNN(target) per τ
     (knnlm.scoring.interpolation.sweep_temperature)}}, docs {split: (doc [t] int document index 0..D-1 of each scoped
     token, doc_words [D], doc_ids [D] ids in the split)}, recall {split: recall@k of the FAISS neighbours against the
     exact ones}, sweep_seconds: time in sweep_temperature). Raises ArtifactError when a cache does not cover the scope.
     """
-    from ..scoring.interpolation import knn_log_prob_from_hits, neighbour_hits, scores_from_distances, sweep_temperature
+    from ..scoring.interpolation import neighbour_hits, scores_from_distances, sweep_temperature
 
     _, vals, man = open_datastore(job, with_keys=False)
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
+    grid = list(taus) if tau in taus else list(taus) + [tau]  # the config τ read off the sweep
+    at_tau = grid.index(tau)
     files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
                                                      "exact_dists", "exact_meta", "documents")}
     lp_lm, words, docs, recall = {}, {}, {}, {}
@@ -445,10 +448,11 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
             for setting in SETTINGS:
                 d = caches[setting][r] if setting in BY_FAISS_ROW else caches[setting][a:b]
                 c = (scores_from_distances(np.asarray(d), metric), *hits[SETTING_LABEL[setting][0].lower()])
-                lp_knn[setting][split][a:b] = knn_log_prob_from_hits(*c, tau)
                 t0 = time.perf_counter()
-                sweep[setting][split][:, a:b] = sweep_temperature(*c, taus)
+                sw = sweep_temperature(*c, grid)
                 sweep_seconds += time.perf_counter() - t0
+                lp_knn[setting][split][a:b] = sw[at_tau]
+                sweep[setting][split][:, a:b] = sw[:len(taus)]
             for name in BY_FAISS_ROW & caches.keys():
                 release_rows(caches[name], int(r.min()), int(r.max()) + 1)
         recall[split] = found / t if t else float("nan")

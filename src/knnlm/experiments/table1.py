@@ -21,51 +21,64 @@ log = logging.getLogger(__name__)
 
 
 def score(job: Job) -> dict:
-    """One kNN-LM (key, metric): log p_kNN per token at the config τ, λ tuned on valid, perplexities per split.
+    """One kNN-LM (key, metric): log p_kNN per token at the config τ, λ tuned on valid, perplexities per split; the
+    τ sweep (knnlm.scoring.interpolation.sweep_temperature: float32 denominators, ~1e-6 relative to the float64
+    knn_log_prob) gives every τ of valid, the config τ included, from one pass over its neighbour cache, and test's
+    at the config τ and τ* only.
 
     Writes the score JSON (an evaluate() result with 'lm' and 'target_absent_frac' per split) and the
     per-token log p_kNN of valid and test (float32). Raises ArtifactError if the neighbours were searched in
     another datastore.
     """
     from ..config import extend_while_on_edge, tau_edge, temperatures
-    from ..scoring.interpolation import (knn_log_prob_from_cache, lambda_grid, summarize, sweep_temperature_from_cache,
-                                         tune_temperature)
+    from ..scoring.interpolation import lambda_grid, summarize, sweep_temperature_from_cache, tune_temperature
 
     _, vals, dman = open_datastore(job, with_keys=False)
     key, metric, tau = job.wildcards["key"], job.wildcards["metric"], job.cfg["knn"]["temperature"]
     taus = temperatures(job.cfg)
-    lp_lm, lp_knn, sweep, caches = {}, {}, {}, {}
+    lp_lm, lp_knn, caches = {}, {}, {}
     nb = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta")}
-    for split, out in zip(SPLITS, job.paths("knn")):
+    for split in SPLITS:
         meta = read_json(nb["nb_meta"][split])
         if meta["N"] != dman["N"] or meta["checkpoint_sha256"] != dman["checkpoint_sha256"]:
             raise ArtifactError(f"{nb['nb_meta'][split]}: neighbours were searched in another datastore than "
                                 f"{job.path('manifest')}")
         q = open_split(job, split, checkpoint_sha256=dman["checkpoint_sha256"])
         t, k = q["manifest"]["T"], meta["k"]
-        ids = open_npy(nb["nb_ids"][split], (t, k), np.int32)
-        dists = open_npy(nb["nb_dists"][split], (t, k), np.float32)
-        lp_knn[split] = knn_log_prob_from_cache(ids, dists, vals, q["targets"], metric, tau)
-        save_npy(out, lp_knn[split].astype(np.float32))
+        caches[split] = (open_npy(nb["nb_ids"][split], (t, k), np.int32),
+                         open_npy(nb["nb_dists"][split], (t, k), np.float32), q["targets"])
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)
-        sweep[split] = sweep_temperature_from_cache(ids, dists, vals, q["targets"], metric, taus)
-        caches[split] = (ids, dists, q["targets"])
-    words = words_per_split(job)
-    ev = evaluate(lp_lm, lp_knn, words, job.cfg["knn"]["lambda_steps"])
+
+    def sweep_of(split, grid):
+        ids, dists, targets = caches[split]
+        return sweep_temperature_from_cache(ids, dists, vals, targets, metric, grid)
+
+    # valid: every τ of the grid and the config τ in one pass over the cache (the config τ read off the sweep when
+    # the grid holds it)
+    sweep = sweep_of("valid", taus if tau in taus else taus + [tau])
+    lp_knn["valid"] = sweep[taus.index(tau) if tau in taus else -1]
+    sweep = sweep[:len(taus)]
+
     # τ tuned on valid (Xu et al. 2023, Sec. 5: tuning τ matters), λ re-tuned at that τ; a τ* on the grid's last
     # value extends the grid (temperature.max_extensions)
     def add(more):
+        nonlocal sweep
         log.info("%s/%s: τ* is the grid's last value; extending the grid to %g", key, metric, more[-1])
-        for split, (ids, dists, targets) in caches.items():
-            sweep[split] = np.concatenate([sweep[split], sweep_temperature_from_cache(ids, dists, vals, targets,
-                                                                                      metric, more)])
+        sweep = np.concatenate([sweep, sweep_of("valid", more)])
 
     taus, i = extend_while_on_edge(job.cfg, taus, lambda grid: tune_temperature(
-        lp_lm["valid"], sweep["valid"], grid, job.cfg["temperature"]["lambda_steps"]), add)
-    tuned = evaluate(lp_lm, {s: sweep[s][i] for s in SPLITS}, words, job.cfg["knn"]["lambda_steps"])
+        lp_lm["valid"], sweep, grid, job.cfg["temperature"]["lambda_steps"]), add)
+    # test: the config τ and τ* only (test measures; nothing is chosen on it)
+    at_test = sweep_of("test", [tau, taus[i]])
+    lp_knn["test"], lp_tuned = at_test[0], {"valid": sweep[i], "test": at_test[1]}
+    for split, out in zip(SPLITS, job.paths("knn")):
+        save_npy(out, lp_knn[split].astype(np.float32))
+    words = words_per_split(job)
+    ev = evaluate(lp_lm, lp_knn, words, job.cfg["knn"]["lambda_steps"])
+    tuned = evaluate(lp_lm, lp_tuned, words, job.cfg["knn"]["lambda_steps"])
     tuned.update(temperature=taus[i], tau_grid_stop=taus[-1], tau_edge=tau_edge(taus, i, job.cfg))
     for split, out in zip(SPLITS, job.paths("knn_tuned")):
-        save_npy(out, sweep[split][i].astype(np.float32))
+        save_npy(out, lp_tuned[split].astype(np.float32))
     metrics = {"lambda": ev["lambda"], "tuned_temperature": taus[i], "tuned_lambda": tuned["lambda"],
                **{f"{s}_tuned_interp_ppl_word": tuned[s]["interp"]["ppl_word"] for s in SPLITS}}
     for split in SPLITS:

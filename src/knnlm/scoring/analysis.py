@@ -189,18 +189,23 @@ def topk_log_prob(logits: np.ndarray, targets: np.ndarray, k: int, temperature: 
 
 
 def topk_log_prob_grid(logits: np.ndarray, targets: np.ndarray, ks: list[int], temperatures: list[float]) -> np.ndarray:
-    """topk_log_prob for every (k, temperature) at once: [len(ks), len(temperatures), t] float64, from one sort of the
-    top max(ks) logits per row (the log-sum-exp of each top-k prefix from a cumulative sum). logits [t, V], targets
-    [t] int; every k ≤ V."""
-    lg = np.asarray(logits, dtype=np.float64)
+    """topk_log_prob for every (k, temperature) at once: [len(ks), len(temperatures), t] float64, from one selection
+    of the top max(ks) logits per row (np.partition of the values, then a sort of those; the log-sum-exp of each
+    top-k prefix from a cumulative sum in float64). logits [t, V] float32 or float64 (float32 logits are selected in
+    float32: the same values and ranks), targets [t] int; every k ≤ V."""
+    lg = np.asarray(logits)
+    if lg.dtype not in (np.float32, np.float64):
+        lg = lg.astype(np.float64)
     t, kmax = len(lg), max(ks)
-    part = np.argpartition(-lg, kmax - 1, axis=1)[:, :kmax]
-    top = -np.sort(-np.take_along_axis(lg, part, 1), axis=1)  # [t, kmax] descending
+    v = lg.shape[1]
+    top = np.sort(np.partition(lg, v - kmax, axis=1)[:, v - kmax:], axis=1)[:, ::-1].astype(np.float64)  # descending
     tl = lg[np.arange(t), targets]
     rank = (lg > tl[:, None]).sum(1)  # the target's rank (0 = the best); ties share the best rank
+    tl = tl.astype(np.float64)
+    shifted = top - top[:, :1]  # ≤ 0
     out = np.empty((len(ks), len(temperatures), t))
     for j, temp in enumerate(temperatures):
-        lse = np.log(np.cumsum(np.exp((top - top[:, :1]) / temp), 1)) + top[:, :1] / temp
+        lse = np.log(np.cumsum(np.exp(shifted / temp), 1)) + top[:, :1] / temp
         for i, k in enumerate(ks):
             out[i, j] = np.where(rank < k, tl / temp - lse[:, k - 1], -np.inf)
     return out
@@ -232,33 +237,44 @@ def subset_log_prob(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarr
                     dedup: bool) -> np.ndarray:
     """log p(target) under the LM's distribution restricted to the tokens retrieved by the kNN search (Xu et al.
     2023, App. E.2: the kNN's choice of tokens, not its distances): p(v) ∝ c_v · exp(logit_v / T) with c_v the
-    number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True, the same as dedup=False on
-    unique_tokens(token_ids), which callers sweeping T compute once); −inf for a target not retrieved.
-    logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour)."""
-    return subset_log_prob_grid(logits, targets, unique_tokens(token_ids) if dedup else token_ids, [temperature])[0]
+    number of neighbours whose value is v (dedup=False) or 1[v retrieved] (dedup=True); −inf for a target not
+    retrieved. logits [t, V], targets [t], token_ids [t, k] the retrieved neighbours' values (−1 = no neighbour).
+    The float64 reference of subset_log_prob_grid (a sum of exponentials per row, nothing shared between
+    temperatures); [t] float64."""
+    logits = np.asarray(logits, dtype=np.float64)
+    tokens = unique_tokens(token_ids) if dedup else np.asarray(token_ids)
+    t = len(tokens)
+    valid = tokens >= 0
+    ids = np.where(valid, tokens, 0)
+    s0 = np.where(valid, np.take_along_axis(logits, ids, 1) / temperature, -np.inf)
+    m0 = s0.max(1, keepdims=True)
+    m0 = np.where(np.isfinite(m0), m0, 0.0)
+    hit = ((ids == targets[:, None]) & valid).sum(1)
+    tl = logits[np.arange(t), targets] / temperature
+    with np.errstate(divide="ignore"):
+        lse = m0[:, 0] + np.log(np.exp(s0 - m0).sum(1))
+        return np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl - lse, -np.inf)
 
 
 def subset_log_prob_grid(logits: np.ndarray, targets: np.ndarray, token_ids: np.ndarray,
                          temperatures: list[float]) -> np.ndarray:
-    """subset_log_prob (dedup=False) at every temperature of `temperatures`: [len(temperatures), t] float64, from one
-    gather of the retrieved tokens' logits (App. E.2b's sweep: the gather, the hits and the target's logit do not
-    depend on T). Callers pass unique_tokens(token_ids) for the deduplicated variant."""
-    logits = np.asarray(logits, dtype=np.float64)
-    t = len(token_ids)
-    valid = token_ids >= 0
-    ids = np.where(valid, token_ids, 0)
-    s0 = np.where(valid, np.take_along_axis(logits, ids, 1), -np.inf)
-    m0 = s0.max(1, keepdims=True)
-    m0 = np.where(np.isfinite(m0), m0, 0.0)
-    d0 = s0 - m0  # ≤ 0, −inf where no neighbour: the shifted logits once, divided by each T below
-    hit = ((ids == targets[:, None]) & valid).sum(1)
-    tl = logits[np.arange(t), targets]
-    out = np.empty((len(temperatures), t))
-    for j, temp in enumerate(temperatures):
-        with np.errstate(divide="ignore"):
-            lse = m0[:, 0] / temp + np.log(np.exp(d0 / temp).sum(1))
-            out[j] = np.where(hit > 0, np.log(np.maximum(hit, 1)) + tl / temp - lse, -np.inf)
-    return out
+    """subset_log_prob (dedup=False) at every temperature of `temperatures`: [len(temperatures), t] float64. The
+    restricted distribution is a softmax over the retrieved entries whose mass on the target is that of the entries
+    holding it, i.e. p_kNN with the gathered logits as scores: one gather, then the τ sweep's kernel
+    (knnlm.scoring.interpolation.sweep_temperature: every temperature per row while it is in cache, float32
+    denominators, ~1e-6 relative to subset_log_prob). Callers pass unique_tokens(token_ids) for the deduplicated
+    variant. Temperatures > 0."""
+    from .interpolation import sweep_temperature
+
+    lg = np.asarray(logits)
+    tokens = np.asarray(token_ids)
+    valid = tokens >= 0
+    ids = np.where(valid, tokens, 0)
+    scores = np.take_along_axis(lg, ids, 1)
+    hit = (ids == np.asarray(targets)[:, None]) & valid
+    if any(not float(x) > 0 for x in temperatures):
+        raise ValueError(f"temperatures must be > 0, found {list(temperatures)}")
+    return sweep_temperature(np.where(valid, scores, 0), hit, valid, temperatures)
 
 
 # --- ensembles (E.5) -----------------------------------------------------------------------------------------------
@@ -268,16 +284,17 @@ def mixture_weights(log_probs, iters: int = 1000, tol: float = 1e-10) -> np.ndar
     """Weights w [M] (w ≥ 0, Σ w = 1) of the mixture Σ_m w_m p_m(target) that maximise the likelihood of M models'
     log p(target) [M][T] (Xu et al. 2023, App. E.5: ensembles with weights tuned on valid), by EM for mixture
     weights of fixed components (each step raises the likelihood). Stops when no weight moves by more than tol.
-    A token where every component has p = 0 is left out."""
+    A token where every component has p = 0 is left out. The probabilities are scaled per token by the best
+    component's once (p_m / max_m p_m, in (0, 1], no overflow; a scale common to a token's components cancels in its
+    posterior), so an EM step is products and sums, no exp or log."""
     lp = np.asarray(np.stack([np.asarray(x, dtype=np.float64) for x in log_probs]))
     lp = lp[:, np.isfinite(lp).any(0)]
     m = len(lp)
+    p = np.exp(lp - lp.max(0))  # [M, T], the best component of each token at 1
     w = np.full(m, 1.0 / m)
     for _ in range(iters):
-        with np.errstate(divide="ignore"):
-            lw = np.log(w)[:, None] + lp
-        post = np.exp(lw - np.logaddexp.reduce(lw, axis=0))
-        new = post.mean(1)
+        mix = w @ p  # [T] Σ_m w_m p_m (scaled), ≥ min(w) > 0
+        new = w * (p @ (1.0 / mix)) / p.shape[1]  # the mean posterior of each component
         if np.abs(new - w).max() < tol:
             return new
         w = new
