@@ -129,13 +129,13 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   (2 trainings, each LM's valid and test dumps), Table 9 and the soft-label table
     # + 13 for the probe sweep: stores full-np1 and r0.2-np1 (store, 2 searches with their store's index, 2 real
     #   scores, settings; the exact search is their store's), table and figure
-    # + 7 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
-    #   retrieval, perplexity by k, leakage control
+    # + 8 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
+    #   retrieval, perplexity by k, leakage control, n-gram LMs
     # + 1 for the speed table (reads the timings the jobs above recorded)
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    assert jobs == 177
+    assert jobs == 178
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -280,6 +280,50 @@ def test_leakage_by_chunk_overlap(tiny_run):
     words = -lp_lm.sum() / np.log(row["base PPL (word)"])  # the chunked tokens' word count, from the base LM's PPL
     assert row["kNN-LM PPL (word)"] == pytest.approx(np.exp(-lp.sum() / words), rel=1e-4)
     assert_figure(art(tiny_run, "figure", figure="leakage", ext="png"))
+
+
+def test_ngram_interpolation(tiny_run):
+    """ngram: each order's row is the base LM interpolated with the Kneser–Ney LM of that order built on the datastore's
+    vals (scored over each split's stream) at the row's λ, on valid and test; the order chosen on valid is the one
+    with the lowest valid perplexity; the kNN-LM row is Table 1's τ-tuned kNN-LM of the pair at its λ*."""
+    from knnlm.scoring.ngram import KneserNeyLM
+
+    df = pd.read_csv(art(tiny_run, "table", table="ngram", ext="csv"))
+    md = Path(art(tiny_run, "table", table="ngram", ext="md")).read_text()
+    vocab = int(re.search(r"vocabulary ([\d,]+)", md).group(1).replace(",", ""))
+    vals = np.load(art(tiny_run, "vals"))
+    orders = df[df["n"] != "-"]["n"].astype(int).unique()
+    kn = KneserNeyLM(vals, int(orders.max()), vocab)
+    pair = {"store": "full", "key": "ffn", "metric": "l2"}
+    sc = read_json(art(tiny_run, "score", **pair))
+    for split in ("valid", "test"):
+        lp_lm = np.load(art(tiny_run, "lm_logprobs", split=split)).astype(np.float64)
+        targets = np.load(art(tiny_run, "targets", split=split))
+        by_n = kn.log_probs_by_order(np.empty(0, dtype=np.int64), targets)
+        rows = df[df["split"] == split]
+        for _, r in rows[rows["n"] != "-"].iterrows():
+            lam = float(r["λ*"])
+            lp = np.log((1 - lam) * np.exp(lp_lm) + lam * np.exp(by_n[int(r["n"])]))
+            assert r["PPL (token)"] == pytest.approx(np.exp(-lp.mean()), rel=1e-6), (split, r["n"])
+        knn = np.load(art(tiny_run, "knn_logprobs_tuned", split=split, **pair)).astype(np.float64)
+        lam = sc["tuned"]["lambda"]
+        lp = np.log((1 - lam) * np.exp(lp_lm) + lam * np.exp(knn))
+        assert rows[rows["model"] == "kNN-LM"]["PPL (token)"].iloc[0] == pytest.approx(np.exp(-lp.mean()), rel=1e-6)
+    valid = df[(df["split"] == "valid") & (df["n"] != "-")]
+    assert valid.loc[valid["PPL (token)"].idxmin(), "chosen on valid"] == "yes"
+    assert (df["chosen on valid"] == "yes").sum() == 2  # one order, on both splits
+    cmp = pd.read_csv(art(tiny_run, "table", table="ngram_comparisons", ext="csv"), keep_default_na=False)
+    assert {"kNN-LM vs LM + n-gram (n tuned on valid)",
+            "share of the gain: LM + n-gram (n tuned on valid) of kNN-LM"} <= set(cmp["comparison"])
+    # the paper's regime (a base LM far stronger than the n-gram LM alone) decides whether the row is tested
+    from knnlm.experiments.ngram import PREMISE_RATIO
+
+    chosen = valid.loc[valid["PPL (token)"].idxmin()]
+    base = df[(df["split"] == "valid") & (df["model"] == "base")]["PPL (token)"].iloc[0]
+    absent = chosen["n-gram alone PPL (token)"] / base < PREMISE_RATIO
+    for _, r in cmp.iterrows():
+        assert bool(r["premise"]) == (absent and r["comparison"] == "kNN-LM vs LM + n-gram (n tuned on valid)")
+    assert_figure(art(tiny_run, "figure", figure="ngram", ext="png"))
 
 
 def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):

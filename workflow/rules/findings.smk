@@ -37,6 +37,7 @@ knnlm_rule(
         adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv") if PLAIN_W_SM else [],  # He et al. 2021
         k_sweep=artifact("table", table="k_sweep_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 4
         leakage=artifact("table", table="leakage_comparisons", ext="csv"),  # Borgeaud et al. 2022, Figure 6
+        ngram=artifact("table", table="ngram_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 7
         **SMALL_SETTINGS,
     ),
     output=files(

@@ -71,6 +71,7 @@ from .common import lm_training_label
 from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from .k_sweep import SMALL_K as K_SMALL
 from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
+from .ngram import BEST as NGRAM_BEST, KNN as NGRAM_KNN
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
 from ..datastore.stores import TRAINING_SUBSET_LABEL
@@ -341,6 +342,18 @@ CLAIMS = [
            "datastore: slope of the per-token gain on the chunk's overlap", "leakage", LEAK_SLOPE, sign=+1,
            unit=(1, "nats per token per unit of overlap"), paper_text="the gain grows with the chunk overlap",
            kind="follow-up"),
+    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "an n-gram LM of the datastore's tokens (Kneser–Ney, the order "
+           "chosen on valid) interpolated with the base LM improves on the base LM", "ngram", f"{NGRAM_BEST} vs base",
+           sign=-1, paper_text="n-gram LMs interpolated with the Transformer LM improve it only slightly "
+           "(WikiText-103, a strong LM)", kind="follow-up"),
+    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "the kNN-LM is not just an n-gram LM: it beats the base LM "
+           "interpolated with the n-gram LM of the same tokens (the difference of their gains)", "ngram",
+           f"{NGRAM_KNN} vs {NGRAM_BEST}", sign=-1, paper_text="the kNN-LM gains far more than the n-gram "
+           "interpolation (WikiText-103, a strong LM)", kind="follow-up"),
+    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "the share of the kNN-LM's gain over the base LM that the n-gram "
+           "interpolation gets (reported: the paper states the two gains only for a strong LM)", "ngram",
+           f"share of the gain: {NGRAM_BEST} of {NGRAM_KNN}", reported=True,
+           paper_text="a small share (WikiText-103, a strong LM)", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -377,7 +390,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
                  "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep",
-                 "leakage"):  # App. D, E, follow-ups
+                 "leakage", "ngram"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting

@@ -69,10 +69,9 @@ STAGES = {
     "App. D, App. E (which words, rejected hypotheses)": ["write_which_words", "write_hypotheses",
                                                          "write_interpolated_loss", "write_ensembling",
                                                          "write_overfitting", "write_soft_labels"],
-    "beyond the paper (token gains, λ by quality, adaptive retrieval, k, leakage)": ["token_features", "write_token_gains",
-                                                                            "write_lambda_by_quality",
-                                                                            "write_adaptive_retrieval",
-                                                                            "write_k_sweep", "write_leakage"],
+    "beyond the paper (token gains, λ by quality, adaptive retrieval, k, leakage, n-grams)": [
+        "token_features", "write_token_gains", "write_lambda_by_quality", "write_adaptive_retrieval", "write_k_sweep",
+        "write_leakage", "write_ngram"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 
