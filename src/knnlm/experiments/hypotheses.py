@@ -625,7 +625,7 @@ def ensembling(job: Job) -> dict:
     at τ*), 'score' (τ*), 'documents'. Raises ArtifactError when an LM's targets differ from the base LM's (another
     tokenisation)."""
     from ..scoring.analysis import mixture_log_prob, mixture_weights
-    from ..report.figures import pyplot, save_figure
+    from ..report.figures import interval_bars, pyplot, save_figure
     from ..scoring.interpolation import oracle_log_prob, summarize
 
     cfg, st = job.cfg, stats_options(job)
@@ -684,9 +684,8 @@ def ensembling(job: Job) -> dict:
     fig, ax = plt.subplots(figsize=(5, 3.6), layout="constrained")
     for label, pts in series.items():
         xs = [k for k, _ in pts]
-        v = [ci["test"]["ppl"][n] for _, n in pts]
-        ax.errorbar(xs, [x["value"] for x in v], yerr=[[x["value"] - x["lo"] for x in v], [x["hi"] - x["value"] for x in v]],
-                    marker="o", capsize=3, label=label)
+        v, err = interval_bars([ci["test"]["ppl"][n] for _, n in pts])
+        ax.errorbar(xs, v, yerr=err, marker="o", capsize=3, label=label)
     ax.set_xlabel("ensemble components (K)")
     ax.set_ylabel("test perplexity (per word)")
     ax.set_xticks(range(1, len(lms) + 1))

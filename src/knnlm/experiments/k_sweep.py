@@ -16,7 +16,7 @@ import pandas as pd
 from ..config import extend_while_on_edge, tau_edge, temperatures
 from ..io import iter_chunks, open_npy, read_json
 from ..job import Job
-from ..report.figures import save_figure
+from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
 from ..scoring.interpolation import (interpolate, lambda_grid, neighbour_hits, scores_from_distances, summarize,
                                      sweep_temperature, tune_lambda, tune_temperature)
@@ -139,9 +139,7 @@ def _figure(job: Job, ci: dict, ks: list[int], on: str) -> None:
     LM's as a line (Figure 4 of Khandelwal et al. 2020)."""
     import matplotlib.pyplot as plt
 
-    p = [ci["ppl"][k_label(k)] for k in ks]
-    ppl = np.array([v["value"] for v in p])
-    err = [ppl - np.array([v["lo"] for v in p]), np.array([v["hi"] for v in p]) - ppl]
+    ppl, err = interval_bars([ci["ppl"][k_label(k)] for k in ks])
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(ks, ppl, yerr=err, marker="o", capsize=3, label="kNN-LM")
     ax.axhline(ci["ppl"]["base"]["value"], color="grey", ls="--", label="base LM")

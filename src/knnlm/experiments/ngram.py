@@ -19,7 +19,7 @@ import pandas as pd
 
 from ..io import read_json
 from ..job import Job
-from ..report.figures import save_figure
+from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
 from ..scoring.interpolation import interpolate, summarize
 from ..scoring.results import evaluate
@@ -136,9 +136,7 @@ def _figure(job: Job, ci: dict, orders: list[int], best: int) -> None:
     the base LM and the kNN-LM as lines (Figure 7 of Khandelwal et al. 2020)."""
     import matplotlib.pyplot as plt
 
-    p = [ci["ppl"][order_label(n)] for n in orders]
-    ppl = np.array([v["value"] for v in p])
-    err = [ppl - np.array([v["lo"] for v in p]), np.array([v["hi"] for v in p]) - ppl]
+    ppl, err = interval_bars([ci["ppl"][order_label(n)] for n in orders])
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.errorbar(orders, ppl, yerr=err, marker="o", capsize=3, label="base LM + n-gram LM")
     ax.axhline(ci["ppl"]["base"]["value"], color="grey", ls="--", label="base LM")

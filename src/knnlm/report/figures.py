@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from ..io import atomic_path
 
 STYLE = {"faiss_mask_faiss_score": "-o", "faiss_mask_real_score": "--s", "real_mask_real_score": ":^"}
@@ -35,3 +37,10 @@ def save_figure(fig, paths: list[str | Path]) -> list[str]:
             fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight")
         out.append(str(path))
     return out
+
+
+def interval_bars(cis: list[dict]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(values [n], [below [n], above [n]]) of intervals {'value', 'lo', 'hi'} (compare()'s 'ppl' entries): the points
+    and the asymmetric error bars of matplotlib's errorbar(yerr=...)."""
+    v = np.array([c["value"] for c in cis], dtype=np.float64)
+    return v, [v - np.array([c["lo"] for c in cis]), np.array([c["hi"] for c in cis]) - v]
