@@ -130,16 +130,20 @@ def test_killed_in_every_long_job_the_dag_resumes_to_the_same_tables(tiny_run, t
     report = []
 
     def kill(targets, rule, what, n):
-        # a job that ends before its kill (a short one on a fast machine) is forced again, killed twice as early
+        # a job that ends before its kill (the machine runs it faster now than in the uninterrupted run) is forced
+        # again, killed at half the share of the time it has just taken (its own benchmark file), so the kill follows
+        # this machine's speed at the moment, not the reference run's
+        times = _KillTimes(t_kill)
         for tries in range(4):
-            scale = 0.5 ** tries
             # (--nolock: a killed DAG leaves its lock behind; a user runs --unlock once, as before the final run)
-            victim, out = _attempt(base + [*targets, "--nolock", "--forcerun", rule],
-                                   _KillTimes({k: v * scale for k, v in t_kill.items()}), rule,
+            victim, out = _attempt(base + [*targets, "--nolock", "--forcerun", rule], times, rule,
                                    tmp_path / f"kill{n}_{tries}.log")
             assert victim is not None, f"the DAG ended before {what} ({rule}) started:\n{out[-3000:]}"
             if not [o for o in victim["outputs"] if Path(o).exists()]:
                 break
+            bench = results / "tiny" / "benchmarks" / f"{victim['log']}.tsv"
+            took = float(bench.read_text().splitlines()[1].split()[0]) if bench.exists() else times[victim["log"]]
+            times = _KillTimes({**times, victim["log"]: min(times[victim["log"]], took) * rng.uniform(0.1, 0.3)})
         left = [o for o in victim["outputs"] if Path(o).exists()]
         assert not left, f"kill during {what}: {victim['log']} ended before each of {tries + 1} kills ({left})"
         tmp = [p for o in victim["outputs"] for p in Path(o).parent.glob(Path(o).name + ".tmp-*")]
