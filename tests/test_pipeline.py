@@ -129,13 +129,13 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   (2 trainings, each LM's valid and test dumps), Table 9 and the soft-label table
     # + 13 for the probe sweep: stores full-np1 and r0.2-np1 (store, 2 searches with their store's index, 2 real
     #   scores, settings; the exact search is their store's), table and figure
-    # + 8 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
-    #   retrieval, perplexity by k, leakage control, n-gram LMs
+    # + 9 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
+    #   retrieval, perplexity by k, leakage control, n-gram LMs, RetoMaton
     # + 1 for the speed table (reads the timings the jobs above recorded)
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    assert jobs == 178
+    assert jobs == 179
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -324,6 +324,45 @@ def test_ngram_interpolation(tiny_run):
     for _, r in cmp.iterrows():
         assert bool(r["premise"]) == (absent and r["comparison"] == "kNN-LM vs LM + n-gram (n tuned on valid)")
     assert_figure(art(tiny_run, "figure", figure="ngram", ext="png"))
+
+
+def test_retomaton_table(tiny_run):
+    """retomaton: the kNN-LM row is the real-score kNN-LM of the cache (FAISS neighbours, distances recomputed from the
+    keys) at its τ*, λ*, recomputed by hand on test; a search at every token saves none, fewer searches with lower
+    thresholds; the threshold chosen on valid saves the most searches at a valid perplexity no higher than the
+    kNN-LM's; the comparisons the findings read are there."""
+    from knnlm.experiments.retomaton import BEST, EVERY, KNN, RANDOM, threshold_label
+
+    df = pd.read_csv(art(tiny_run, "table", table="retomaton", ext="csv"))
+    pair = {"store": "full-alltokens", "key": "ffn", "metric": "l2"}
+    meta = read_json(art(tiny_run, "nb_meta", split="test", store="full", key="ffn", metric="l2"))
+    ids = np.load(art(tiny_run, "nb_ids", split="test", store="full", key="ffn", metric="l2"))
+    dists = np.load(art(tiny_run, "real_dists", split="test", **pair))
+    assert ids.shape == dists.shape == (meta["T"], meta["k"])  # every test token
+    vals = np.load(art(tiny_run, "vals"))
+    targets = np.load(art(tiny_run, "targets", split="test")).astype(np.int64)
+    lp_lm = np.load(art(tiny_run, "lm_logprobs", split="test")).astype(np.float64)
+    test = df[df["split"] == "test"].set_index("model")
+    tau, lam = float(test.loc[KNN, "τ*"]), float(test.loc[KNN, "λ*"])
+    s = -dists.astype(np.float64) / tau
+    s -= s.max(1, keepdims=True)
+    w = np.where(ids >= 0, np.exp(s), 0.0)
+    p_knn = (w * (vals[np.maximum(ids, 0)] == targets[:, None])).sum(1) / w.sum(1)
+    lp = np.log((1 - lam) * np.exp(lp_lm) + lam * p_knn)
+    assert test.loc[KNN, "PPL (token)"] == pytest.approx(np.exp(-lp.mean()), rel=1e-4)
+    ms = sorted(TINY["retomaton"]["min_pointers"])
+    foss = [test.loc[threshold_label(m), "searches saved (FoSS)"] for m in ms]
+    assert test.loc[EVERY, "searches saved (FoSS)"] == 0 and foss[0] > 0.2
+    assert all(a >= b - 1e-12 for a, b in zip(foss, foss[1:]))  # a higher threshold searches at least as often
+    valid = df[df["split"] == "valid"].set_index("model")
+    ok = [m for m in ms if valid.loc[threshold_label(m), "searches saved (FoSS)"] > 0
+          and valid.loc[threshold_label(m), "PPL (token)"] <= valid.loc[KNN, "PPL (token)"] * (1 + 1e-9)]
+    chosen = [m for m in ms if valid.loc[threshold_label(m), "chosen on valid"] == "yes"]
+    assert chosen == [max(ok, key=lambda m: valid.loc[threshold_label(m), "searches saved (FoSS)"])] if ok else chosen
+    cmp = pd.read_csv(art(tiny_run, "table", table="retomaton_comparisons", ext="csv"))
+    assert {f"{KNN} vs {BEST}", f"{BEST} vs {RANDOM}", f"{EVERY} vs {KNN}"} <= set(cmp["comparison"])
+    assert cmp["on"].str.contains("valid 5-grams seen in the datastore's text").all()
+    assert_figure(art(tiny_run, "figure", figure="retomaton", ext="png"))
 
 
 def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):
@@ -797,7 +836,7 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 86 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 89 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
     # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
@@ -816,6 +855,11 @@ def test_findings_report(tiny_run):
     assert len(ng) == 3 and "LM + n-gram (n tuned on valid) vs base" in ng[0] and "reported" in ng[2]
     assert "kNN-LM vs LM + n-gram (n tuned on valid)" in ng[1] and any(
         v in ng[1] for v in ("reproduced", "contradicted", "inconclusive", "not tested (premise absent"))
+    # Alon et al. 2022's RetoMaton: the kNN-LM within 1 % of it at the threshold chosen on valid, it vs random
+    # skipping, a search at every token vs the kNN-LM
+    reto = [line for line in text.splitlines() if line.startswith("| Alon et al. 2022")]
+    assert len(reto) == 3 and "within 1 %" in reto[0] and all("FoSS" in r and "5-grams" in r for r in reto)
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in reto)
     # Borgeaud et al. 2022's leakage control: the kNN-LM at the lowest leakage level, and the slope of its gain
     retro = [line for line in text.splitlines() if line.startswith("| Borgeaud et al. 2022")]
     assert len(retro) == 2 and "overlap ≤ 12.5%" in retro[0] and "nats per token per unit of overlap" in retro[1]
@@ -825,7 +869,7 @@ def test_findings_report(tiny_run):
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 16 - 7 + len(family) + len(equal_rows) + 13  # (16 follow-up claims)
+    assert len(rows) == len(CLAIMS) - 19 - 7 + len(family) + len(equal_rows) + 13  # (19 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

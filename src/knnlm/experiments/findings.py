@@ -72,6 +72,7 @@ from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from .k_sweep import SMALL_K as K_SMALL
 from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
 from .ngram import BEST as NGRAM_BEST, KNN as NGRAM_KNN
+from .retomaton import BEST as RETO_BEST, EVERY as RETO_EVERY, KNN as RETO_KNN, RANDOM as RETO_RANDOM
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
 from ..datastore.stores import TRAINING_SUBSET_LABEL
@@ -354,6 +355,16 @@ CLAIMS = [
            "interpolation gets (reported: the paper states the two gains only for a strong LM)", "ngram",
            f"share of the gain: {NGRAM_BEST} of {NGRAM_KNN}", reported=True,
            paper_text="a small share (WikiText-103, a strong LM)", kind="follow-up"),
+    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "RetoMaton saves searches without hurting perplexity: the kNN-LM "
+           "with a search at every token gains less than 1 % over RetoMaton at the threshold chosen on valid (the most "
+           "searches saved at a valid perplexity no higher than the kNN-LM's)", "retomaton", f"{RETO_KNN} vs {RETO_BEST}",
+           within=MARGIN, paper_text="saves up to 83 % of the searches without hurting perplexity", kind="follow-up"),
+    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "RetoMaton beats the kNN-LM skipping as many searches at random (the "
+           "base LM alone where it skips), at the threshold chosen on valid", "retomaton", f"{RETO_BEST} vs {RETO_RANDOM}",
+           sign=-1, paper_text="below random skipping at every fraction of saved searches", kind="follow-up"),
+    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "with a search at every token, the pointed-to entries joining the "
+           "searched ones lower the kNN-LM's perplexity", "retomaton", f"{RETO_EVERY} vs {RETO_KNN}", sign=-1,
+           paper_text="lowers perplexity by up to 1.85 points with no search saved", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -390,7 +401,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
                  "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep",
-                 "leakage", "ngram"):  # App. D, E, follow-ups
+                 "leakage", "ngram", "retomaton"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting

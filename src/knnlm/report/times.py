@@ -72,6 +72,7 @@ STAGES = {
     "beyond the paper (token gains, λ by quality, adaptive retrieval, k, leakage, n-grams)": [
         "token_features", "write_token_gains", "write_lambda_by_quality", "write_adaptive_retrieval", "write_k_sweep",
         "write_leakage", "write_ngram"],
+    "beyond the paper: RetoMaton (fewer searches)": ["write_retomaton"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 
