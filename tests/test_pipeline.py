@@ -131,11 +131,12 @@ def test_every_job_logged_to_mlflow(tiny_run):
     #   scores, settings; the exact search is their store's), table and figure
     # + 9 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
     #   retrieval, perplexity by k, leakage control, n-gram LMs, RetoMaton
+    # + 2 for greedy merging: every datastore entry's own FAISS neighbours, the pruning table
     # + 1 for the speed table (reads the timings the jobs above recorded)
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    assert jobs == 179
+    assert jobs == 181
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -363,6 +364,38 @@ def test_retomaton_table(tiny_run):
     assert {f"{KNN} vs {BEST}", f"{BEST} vs {RANDOM}", f"{EVERY} vs {KNN}"} <= set(cmp["comparison"])
     assert cmp["on"].str.contains("valid 5-grams seen in the datastore's text").all()
     assert_figure(art(tiny_run, "figure", figure="retomaton", ext="png"))
+
+
+def test_pruning_table(tiny_run):
+    """pruning: each greedy-merging row keeps the entries that greedy_merge leaves from the job's own neighbour file
+    (and its random subset as many); the full datastore's row is Table 1's τ-tuned kNN-LM of the pair; a share the
+    merging cannot reach has its comparisons not tested."""
+    from knnlm.experiments.pruning import FULL, greedy_label, random_label
+    from knnlm.scoring.pruning import greedy_merge
+
+    df = pd.read_csv(art(tiny_run, "table", table="pruning", ext="csv"))
+    test = df[df["split"] == "test"].set_index("model")
+    pair = {"store": "full", "key": "ffn", "metric": "l2"}
+    meta = read_json(art(tiny_run, "dstore_nb_meta", **pair))
+    nb = np.load(art(tiny_run, "dstore_nb_ids", **pair))
+    vals = np.load(art(tiny_run, "vals"))
+    assert nb.shape == (len(vals), TINY["pruning"]["neighbours"] + 1) and meta["nprobe"] == TINY["pruning"]["nprobe"]
+    cmp = pd.read_csv(art(tiny_run, "table", table="pruning_comparisons", ext="csv"), keep_default_na=False)
+    for r in TINY["pruning"]["ratios"]:
+        kept = int((greedy_merge(nb, vals, int(round(r * len(vals))), TINY["pruning"]["seed"]) > 0).sum())
+        assert test.loc[greedy_label(r), "entries"] == test.loc[random_label(r), "entries"] == kept
+        reached = 1 - kept / len(vals) >= r - 0.005
+        row = cmp[(cmp["split"] == "test") & (cmp["comparison"] == f"{greedy_label(r)} vs {random_label(r)}")]
+        assert len(row) == 1 and bool(row["premise"].iloc[0]) == (not reached)
+    sc = read_json(art(tiny_run, "score", **pair))
+    assert test.loc[FULL, "τ*"] == pytest.approx(sc["tuned"]["temperature"])
+    assert test.loc[FULL, "λ*"] == pytest.approx(sc["tuned"]["lambda"])
+    lp_lm = np.load(art(tiny_run, "lm_logprobs", split="test")).astype(np.float64)
+    knn = np.load(art(tiny_run, "knn_logprobs_tuned", split="test", **pair)).astype(np.float64)
+    lam = sc["tuned"]["lambda"]
+    lp = np.log((1 - lam) * np.exp(lp_lm) + lam * np.exp(knn))
+    assert test.loc[FULL, "PPL (token)"] == pytest.approx(np.exp(-lp.mean()), rel=1e-4)
+    assert_figure(art(tiny_run, "figure", figure="pruning", ext="png"))
 
 
 def test_lambda_by_quality_and_adaptive_retrieval(tiny_run):
@@ -836,11 +869,11 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 89 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 91 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
     # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
-    follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021"))]
+    follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021, Sec. 3"))]
     assert len(follow) == 8 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
     assert sum("nats per token" in r for r in follow) == 2
@@ -860,6 +893,12 @@ def test_findings_report(tiny_run):
     reto = [line for line in text.splitlines() if line.startswith("| Alon et al. 2022")]
     assert len(reto) == 3 and "within 1 %" in reto[0] and all("FoSS" in r and "5-grams" in r for r in reto)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in reto)
+    # He et al. 2021's greedy merging: one row per pruned share (greedy vs random), 40 % pruned vs the full datastore;
+    # a share the merging cannot reach is not tested
+    prune = [line for line in text.splitlines() if line.startswith("| He et al. 2021, Sec. 4.2")]
+    assert len(prune) == len(TINY["pruning"]["ratios"]) + 1 and "within 2 %" in prune[-1]
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "not tested (premise absent: greedy "))
+               for r in prune)
     # Borgeaud et al. 2022's leakage control: the kNN-LM at the lowest leakage level, and the slope of its gain
     retro = [line for line in text.splitlines() if line.startswith("| Borgeaud et al. 2022")]
     assert len(retro) == 2 and "overlap ≤ 12.5%" in retro[0] and "nats per token per unit of overlap" in retro[1]
@@ -869,7 +908,7 @@ def test_findings_report(tiny_run):
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 19 - 7 + len(family) + len(equal_rows) + 13  # (19 follow-up claims)
+    assert len(rows) == len(CLAIMS) - 21 - 7 + len(family) + len(equal_rows) + 13  # (21 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

@@ -68,6 +68,10 @@ PATTERNS: dict[str, str] = {
     "nb_ids": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}_ids.npy",
     "nb_dists": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}_dists.npy",
     "nb_meta": "lms/{lm}/stores/{store}/neighbours/{key}_{metric}_{split}.json",
+    # each datastore entry's own FAISS neighbours (greedy merging, knnlm.scoring.pruning)
+    "dstore_nb_ids": "lms/{lm}/stores/{store}/dstore_neighbours/{key}_{metric}_ids.npy",
+    "dstore_nb_dists": "lms/{lm}/stores/{store}/dstore_neighbours/{key}_{metric}_dists.npy",
+    "dstore_nb_meta": "lms/{lm}/stores/{store}/dstore_neighbours/{key}_{metric}.json",
     "real_dists": "lms/{lm}/stores/{store}/real_score/{key}_{metric}_{split}_dists.npy",
     "real_meta": "lms/{lm}/stores/{store}/real_score/{key}_{metric}_{split}.json",
     "exact_ids": "lms/{lm}/stores/{store}/exact/{key}_{metric}_{split}_ids.npy",

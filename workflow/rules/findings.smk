@@ -39,6 +39,7 @@ knnlm_rule(
         leakage=artifact("table", table="leakage_comparisons", ext="csv"),  # Borgeaud et al. 2022, Figure 6
         ngram=artifact("table", table="ngram_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 7
         retomaton=artifact("table", table="retomaton_comparisons", ext="csv"),  # Alon et al. 2022, Figure 3
+        pruning=artifact("table", table="pruning_comparisons", ext="csv"),  # He et al. 2021, Table 3
         **SMALL_SETTINGS,
     ),
     output=files(

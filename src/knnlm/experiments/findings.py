@@ -72,6 +72,7 @@ from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
 from .k_sweep import SMALL_K as K_SMALL
 from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
 from .ngram import BEST as NGRAM_BEST, KNN as NGRAM_KNN
+from .pruning import FULL as PRUNE_FULL, PRUNE_MARGIN, greedy_label
 from .retomaton import BEST as RETO_BEST, EVERY as RETO_EVERY, KNN as RETO_KNN, RANDOM as RETO_RANDOM
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
@@ -365,6 +366,13 @@ CLAIMS = [
     _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "with a search at every token, the pointed-to entries joining the "
            "searched ones lower the kNN-LM's perplexity", "retomaton", f"{RETO_EVERY} vs {RETO_KNN}", sign=-1,
            paper_text="lowers perplexity by up to 1.85 points with no search saved", kind="follow-up"),
+    _claim("He et al. 2021, Sec. 4.2, Table 3", "greedy merging beats a random subset of the datastore of the same "
+           "size (each pruned share)", "pruning", r"greedy merging, \S+ % pruned vs random subset, \S+ % pruned",
+           regex=True, sign=-1, paper_text="greedy merging beats random pruning at equal size", kind="follow-up"),
+    _claim("He et al. 2021, Sec. 4.2, Table 3", "pruning 40 % of the datastore by greedy merging costs little: the "
+           f"full datastore gains less than {100 * PRUNE_MARGIN:g} % over it", "pruning",
+           f"{PRUNE_FULL} vs {greedy_label(0.4)}", within=PRUNE_MARGIN,
+           paper_text="+0.2 perplexity on WikiText-103 (+0.7 on a 19M-key store) with 40 % pruned", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -401,7 +409,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
                  "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep",
-                 "leakage", "ngram", "retomaton"):  # App. D, E, follow-ups
+                 "leakage", "ngram", "retomaton", "pruning"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting

@@ -73,6 +73,7 @@ STAGES = {
         "token_features", "write_token_gains", "write_lambda_by_quality", "write_adaptive_retrieval", "write_k_sweep",
         "write_leakage", "write_ngram"],
     "beyond the paper: RetoMaton (fewer searches)": ["write_retomaton"],
+    "beyond the paper: greedy merging (a smaller datastore)": ["datastore_neighbours", "write_pruning"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 
