@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from knnlm.scoring.interpolation import sweep_temperature
-from knnlm.scoring.pruning import greedy_merge, random_counts, weighted_sweep
+from knnlm.scoring.pruning import greedy_merge, random_counts, weighted_sweep, weighted_sweeps
 
 
 def _reference_merge(nb_ids, vals, remove, seed):
@@ -70,6 +70,30 @@ def test_weighted_sweep_by_hand_and_unit_weights():
                                sweep_temperature(scores, hit, np.ones((t, k), bool), taus), rtol=1e-5)
     with pytest.raises(ValueError, match="temperature"):
         weighted_sweep(scores, hit, weight, [-1.0])
+
+
+def test_weighted_sweeps_equal_one_sweep_per_datastore():
+    """Several datastores in one pass: each equals its own weighted_sweep, also where a datastore's best neighbour lies
+    far (> 600 nats at the τ) below the best of another (summed relative to its own), where a neighbour in none of
+    them scores best, and where a token has no neighbour in any datastore."""
+    rng = np.random.default_rng(3)
+    t, k, nv = 30, 12, 3
+    scores = -rng.random((t, k)).astype(np.float32) * 5
+    hit = rng.random((t, k)) < 0.4
+    weights = rng.integers(0, 3, (nv, t, k)).astype(np.float32)
+    scores[0, 0], weights[:, 0, 0] = 50.0, 0  # the best neighbour of token 0 is in no datastore
+    scores[1, :] = np.linspace(0, -2000, k)  # token 1: datastore 0 keeps only the best, datastore 1 only the worst
+    weights[0, 1], weights[1, 1] = 0, 0
+    weights[0, 1, 0], weights[1, 1, -1], hit[1, -1] = 1, 2, True
+    weights[:, 2] = 0  # token 2: no neighbour anywhere
+    taus = [0.0, 0.5, 1.0, 3.0]
+    got = weighted_sweeps(scores, hit, weights, taus)
+    assert got.shape == (nv, len(taus), t)
+    for v in range(nv):
+        np.testing.assert_allclose(got[v], weighted_sweep(scores, hit, weights[v], taus), rtol=1e-9)
+    # the far datastore by hand: all its mass on its one (hit) entry
+    assert got[1, 1:, 1] == pytest.approx(0.0) and np.isneginf(got[:, :, 2]).all()
+    assert np.isfinite(got[1, :, 1]).all()
 
 
 def test_random_counts_keep_the_asked_size():

@@ -409,6 +409,11 @@ def settings_inputs(store, key, metric):
 # and the Snakefile turns every entry into a target (`snakemake <name>`) and `all` into all of them.
 TARGETS = {}
 
+# The costliest follow-ups (config 'followups'): target 'followups', and part of 'all' and of the findings only when
+# 'followups.in_all'.
+FOLLOWUP_TARGETS = ("retomaton", "pruning")
+FOLLOWUPS_IN_ALL = CFG["followups"]["in_all"]
+
 # Tables that compare stores, all written by write_store_table in the Snakefile. A file under rules/ registers
 # STORE_TABLES[name] = the settings files the table reads; knnlm.experiments.<name>.table writes it.
 STORE_TABLES = {}

@@ -30,6 +30,8 @@ knnlm_rule(
         lm_logprobs=per_split("lm_logprobs"),
         targets=per_split("targets"),
         documents=per_split("documents"),
+        # valid is scored on the tuning sample when the run has one (as every store scored on every token)
+        tuning_sample=lambda wc: artifact("tuning_sample", lm=wc.lm, split="valid") if RETRIEVAL["tuning_documents"] else [],
         score=artifact("score", **PRUNING),
         dstore_nb_ids=artifact("dstore_nb_ids", **PRUNING),
         dstore_nb_meta=artifact("dstore_nb_meta", **PRUNING),

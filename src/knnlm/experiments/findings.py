@@ -7,7 +7,8 @@ docs/statistics.md) and a verdict computed from the CI:
   inconclusive (N articles, n_eff E) -- the comparison's documents count fewer than 'stats.min_documents' as the
                    interval counts them (Kish's effective number n_eff), whatever its CI
   reported      -- a number shown without a verdict (see below)
-  not run       -- the run has no table for the claim
+  not run       -- the run has no table for the claim ('not run (target 'followups'; ...)': a follow-up that config
+                   'followups.in_all' leaves out of 'all', built by target 'followups')
   not tested (premise absent: ...) -- the paper's premise fails in this run (E.6.1: the overfitted LM did not
                    memorise as the paper's did): no verdict, counted apart
   lower / higher -- (in the comparison tables, not here) the CI of a / b − 1 lies below / above 0
@@ -427,6 +428,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
+FOLLOWUP_SOURCES = ("retomaton", "pruning")  # the sources of target 'followups' (config 'followups.in_all')
 PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
 
 
@@ -688,9 +690,11 @@ def findings(job: Job) -> dict:
         if (sel is None or sel.empty) and c["kind"] in ("ours", "tau*"):
             continue  # an extra comparison this run does not have (e.g. no kNN-LM other than the paper's)
         if sel is None or sel.empty:
+            left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("followups", {}).get("in_all", True)
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
                          "comparison (a vs b)": c["comparison"], "paper": _paper(c, None)[0],
-                         "ours (test, 95% CI)": "not run", "on": "-", "units": "-", "verdict": "not run"})
+                         "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
+                         "verdict": "not run (target 'followups'; config followups.in_all)" if left_out else "not run"})
             continue
         if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]

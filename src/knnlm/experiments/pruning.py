@@ -29,7 +29,7 @@ from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
 from ..scoring.interpolation import interpolate, lambda_grid, scores_from_distances, summarize, tune_lambda, \
     tune_temperature
-from ..scoring.pruning import greedy_merge, random_counts, weighted_sweep
+from ..scoring.pruning import greedy_merge, random_counts, weighted_sweeps
 from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
 from ..statistics.intervals import compare, per_document
 from .common import SPLITS, by_split, documents_label, lm_log_probs, lm_training_label, open_datastore, \
@@ -68,18 +68,33 @@ def neighbours(job: Job) -> dict:
     return {"metrics": {"N": man["N"], "seconds": stats["seconds"], "missing_neighbours": stats["missing_neighbours"]}}
 
 
-def _sweeps(ids, dists, vals, targets, metric, weights: dict, taus: dict) -> dict:
-    """{variant: [len(taus[variant]), T] log p_kNN(target)} from one read of a neighbour cache (ids, dists [T, k]),
-    each variant's per-entry counts `weights[variant]` ([N] int, 0 = not in its datastore)."""
-    out = {v: np.empty((len(taus[v]), ids.shape[0])) for v in weights}
-    for s, e in iter_chunks(ids.shape[0], CHUNK, ids, dists):
-        i = np.asarray(ids[s:e]).astype(np.int64)
+def _sweeps(ids, dists, targets, vals, metric, weights: dict, taus: dict, rows: np.ndarray | None = None) -> dict:
+    """{variant: [len(taus[variant]), t] log p_kNN(target)} from one read of a neighbour cache (ids, dists [T, k];
+    targets [t] of the rows scored, vals [N] of the datastore),
+    each variant's per-entry counts `weights[variant]` ([N] int, 0 = not in its datastore). rows: [t] sorted int64
+    rows of the cache to score (None: all T); targets are then those rows' ([t]). Variants whose counts are the same
+    array share one sweep."""
+    t = ids.shape[0] if rows is None else len(rows)
+    out, first = {}, {}
+    for v, c in weights.items():
+        same = next((u for u in first if weights[u] is c and list(taus[u]) == list(taus[v])), None)
+        out[v] = out[same] if same is not None else np.empty((len(taus[v]), t))
+        if same is None:
+            first[v] = c
+    for s, e in iter_chunks(t, CHUNK, ids, dists):
+        r = slice(s, e) if rows is None else rows[s:e]
+        i = np.asarray(ids[r]).astype(np.int64)
         ok = i >= 0
         safe = np.where(ok, i, 0)
         hit = (vals[safe] == targets[s:e, None]) & ok
-        sc = scores_from_distances(np.asarray(dists[s:e]), metric)
-        for v, c in weights.items():
-            out[v][:, s:e] = weighted_sweep(sc, hit, np.where(ok, c[safe], 0), taus[v])
+        sc = scores_from_distances(np.asarray(dists[r]), metric)
+        groups = {}  # variants with the same temperatures: one pass over the neighbours (weighted_sweeps)
+        for v in first:
+            groups.setdefault(tuple(taus[v]), []).append(v)
+        for tg, vs in groups.items():
+            res = weighted_sweeps(sc, hit, np.stack([np.where(ok, first[v][safe], 0) for v in vs]), tg)
+            for v, lp in zip(vs, res):
+                out[v][:, s:e] = lp
     return out
 
 
@@ -98,11 +113,15 @@ def table(job: Job) -> dict:
                             f"{job.path('manifest')} (N={n}): rerun datastore_neighbours")
     nb = open_npy(job.path("dstore_nb_ids"), (n, meta["k"]), np.int32)
     weights, achieved = {FULL: np.ones(n, dtype=np.int32)}, {}
+    last = None
     for r in sorted(p["ratios"]):
         g = greedy_merge(nb, vals, int(round(r * n)), p["seed"])
         removed = int((g == 0).sum())
-        weights[greedy_label(r)] = g
-        weights[random_label(r)] = random_counts(n, removed, p["seed"])
+        if last is not None and removed == last[0]:  # a share it cannot reach: the same datastores as the one before
+            weights[greedy_label(r)], weights[random_label(r)] = last[1:]
+        else:
+            weights[greedy_label(r)], weights[random_label(r)] = g, random_counts(n, removed, p["seed"])
+        last = (removed, weights[greedy_label(r)], weights[random_label(r)])
         achieved[r] = removed / n
         log.info("greedy merging %g %%: %d of %d entries absorbed", 100 * r, removed, n)
     sc = read_json(job.path("score"))
@@ -114,20 +133,28 @@ def table(job: Job) -> dict:
                          open_npy(by_split(job, "nb_dists")[split], (m["T"], m["k"]), np.float32),
                          np.load(by_split(job, "targets")[split]).astype(np.int64))
     lp_lm = lm_log_probs(job)
+    # valid: the tuning sample when the run has one (config 'retrieval.tuning_documents': whole valid documents, as
+    # every store scored on every token is tuned); test: every token
+    scored = {"valid": np.load(job.path("tuning_sample")).astype(np.int64) if job.input.get("tuning_sample") else None,
+            "test": None}
+    for split, sel in scored.items():
+        if sel is not None:
+            caches[split] = (*caches[split][:2], caches[split][2][sel])
+            lp_lm[split] = lp_lm[split][sel]
     base_taus = temperatures(cfg)
     grid = lambda_grid(cfg["knn"]["lambda_steps"])
-    sweeps = _sweeps(*caches["valid"][:2], vals, caches["valid"][2], metric, weights, {v: base_taus for v in weights})
+    sweeps = _sweeps(*caches["valid"], vals, metric, weights, {v: base_taus for v in weights}, scored["valid"])
     tuned = {}
     for v in weights:
         def add(more, v=v):
-            sweeps[v] = np.concatenate([sweeps[v], _sweeps(*caches["valid"][:2], vals, caches["valid"][2], metric,
-                                                           {v: weights[v]}, {v: more})[v]])
+            sweeps[v] = np.concatenate([sweeps[v], _sweeps(*caches["valid"], vals, metric, {v: weights[v]}, {v: more},
+                                                           scored["valid"])[v]])
 
         taus, i = extend_while_on_edge(cfg, list(base_taus), lambda g, v=v: tune_temperature(
             lp_lm["valid"], sweeps[v][:len(g)], g, cfg["temperature"]["lambda_steps"]), add)
         lam, _ = tune_lambda(lp_lm["valid"], sweeps[v][i], grid)
         tuned[v] = {"temperature": taus[i], "lambda": lam, "tau_edge": tau_edge(taus, i, cfg), "valid": sweeps[v][i]}
-    at_test = _sweeps(*caches["test"][:2], vals, caches["test"][2], metric, weights,
+    at_test = _sweeps(*caches["test"], vals, metric, weights,
                       {v: [tuned[v]["temperature"]] for v in weights})
     lps = {v: {"valid": interpolate(lp_lm["valid"], tuned[v]["valid"], tuned[v]["lambda"]),
                "test": interpolate(lp_lm["test"], at_test[v][0], tuned[v]["lambda"])} for v in weights}
@@ -143,6 +170,10 @@ def table(job: Job) -> dict:
     rows, cmp, ci = [], [], {}
     for split in SPLITS:
         doc, doc_words = split_documents(job, split)
+        if scored[split] is not None:  # the documents of the scored tokens, renumbered
+            kept, doc = np.unique(doc[scored[split]], return_inverse=True)
+            words = np.load(by_split(job, "documents")[split])["words"][scored[split]]
+            doc_words = np.bincount(doc, weights=words, minlength=len(kept)).astype(np.int64)
         words = int(doc_words.sum())
         nll = per_document(-np.stack([lp_lm[split]] + [lps[v][split] for v in weights]), doc, len(doc_words))
         c = ci[split] = compare(nll, doc_words, names, pairs, st)
@@ -150,9 +181,9 @@ def table(job: Job) -> dict:
         for v in names:
             w = weights.get(v)
             summ = summarize(lp_lm[split] if v == "base" else lps[v][split], words)
-            rows.append({"split": split, "model": v, "entries": int((w > 0).sum()) if w is not None else None,
-                         "pruned": 1 - (w > 0).mean() if w is not None else None,
-                         "largest count": int(w.max()) if w is not None else None,
+            rows.append({"split": split, "model": v, "entries": f"{int((w > 0).sum()):,}" if w is not None else "-",
+                         "pruned": f"{100 * (1 - (w > 0).mean()):.1f} %" if w is not None else "-",
+                         "largest count": f"{int(w.max()):,}" if w is not None else "-",
                          "τ*": tuned[v]["temperature"] if w is not None else None,
                          "λ*": tuned[v]["lambda"] if w is not None else None,
                          "τ* on grid edge": tuned[v]["tau_edge"] if w is not None else "",

@@ -58,29 +58,53 @@ def greedy_merge(nb_ids: np.ndarray, vals: np.ndarray, remove: int, seed: int = 
 
 
 @njit(parallel=True, cache=True, fastmath={'nsz', 'arcp', 'contract', 'afn'})
-def _weighted_sweep(scores, hit, weight, inv_taus, out):
+def _weighted_sweeps(scores, hit, weights, inv_taus, out):
+    nv = weights.shape[0]
     t, k = scores.shape
     for r in prange(t):
-        top = -np.inf
-        for j in range(k):
-            if weight[r, j] > 0 and scores[r, j] > top:
-                top = scores[r, j]
-        for a in range(inv_taus.shape[0]):
-            tot = 0.0
-            h = 0.0
-            it = inv_taus[a]
+        top = np.full(nv, -np.inf)
+        for v in range(nv):
             for j in range(k):
-                wj = weight[r, j]
-                if wj <= 0:
-                    continue
+                if weights[v, r, j] > 0 and scores[r, j] > top[v]:
+                    top[v] = scores[r, j]
+        best = top.max()
+        if best == -np.inf:  # no neighbour in any of the datastores
+            out[:, :, r] = -np.inf
+            continue
+        tot = np.zeros(nv)
+        h = np.zeros(nv)
+        for a in range(inv_taus.shape[0]):
+            it = inv_taus[a]
+            tot[:] = 0.0
+            h[:] = 0.0
+            for j in range(k):
                 if it == np.inf:
-                    e = wj if scores[r, j] == top else 0.0
-                else:
-                    e = wj * np.exp((np.float64(scores[r, j]) - top) * it)
-                tot += e
-                if hit[r, j]:
-                    h += e
-            out[a, r] = np.log(h) - np.log(tot) if h > 0.0 else -np.inf
+                    for v in range(nv):
+                        e = np.float64(weights[v, r, j]) if scores[r, j] == top[v] else 0.0
+                        tot[v] += e
+                        if hit[r, j]:
+                            h[v] += e
+                    continue
+                if scores[r, j] > best:  # in none of the datastores (best is the best present in any)
+                    continue
+                e = np.exp((np.float64(scores[r, j]) - best) * it)
+                for v in range(nv):
+                    we = np.float64(weights[v, r, j]) * e
+                    tot[v] += we
+                    if hit[r, j]:
+                        h[v] += we
+            for v in range(nv):
+                if it != np.inf and (top[v] - best) * it < -600.0:  # its own best far below: sum relative to it
+                    tot[v] = 0.0
+                    h[v] = 0.0
+                    for j in range(k):
+                        wj = np.float64(weights[v, r, j])
+                        if wj > 0:
+                            e = wj * np.exp((np.float64(scores[r, j]) - top[v]) * it)
+                            tot[v] += e
+                            if hit[r, j]:
+                                h[v] += e
+                out[v, a, r] = np.log(h[v]) - np.log(tot[v]) if h[v] > 0.0 else -np.inf
 
 
 def weighted_sweep(scores: np.ndarray, hit: np.ndarray, weight: np.ndarray, temperatures) -> np.ndarray:
@@ -92,18 +116,27 @@ def weighted_sweep(scores: np.ndarray, hit: np.ndarray, weight: np.ndarray, temp
     [len(temperatures), T] float64, −inf where no present neighbour is a hit. With every weight 1 it is
     knnlm.scoring.interpolation.sweep_temperature. Raises ValueError for mismatched shapes or a τ < 0.
     """
-    scores, hit, weight = np.asarray(scores), np.asarray(hit, dtype=bool), np.asarray(weight, dtype=np.float64)
-    if scores.ndim != 2 or hit.shape != scores.shape or weight.shape != scores.shape:
-        raise ValueError(f"scores, hit and weight must be [T, k] of one shape, found {scores.shape}, {hit.shape}, "
-                         f"{weight.shape}")
+    return weighted_sweeps(scores, hit, np.asarray(weight)[None], temperatures)[0]
+
+
+def weighted_sweeps(scores: np.ndarray, hit: np.ndarray, weights: np.ndarray, temperatures) -> np.ndarray:
+    """weighted_sweep for V datastores over the same neighbours at once: weights [V, T, k] (each datastore's counts of
+    the neighbours, as float32); returns [V, len(temperatures), T] float64. Each exp(score / τ) is computed once for all V
+    (relative to the best score present in any of them; a datastore whose own best lies more than 600 nats below
+    it is summed relative to its own, so nothing underflows). Raises ValueError as weighted_sweep."""
+    scores, hit = np.asarray(scores), np.asarray(hit, dtype=bool)
+    weights = np.asarray(weights, dtype=np.float32)  # counts: exact in float32 below 2**24
+    if scores.ndim != 2 or hit.shape != scores.shape or weights.ndim != 3 or weights.shape[1:] != scores.shape:
+        raise ValueError(f"scores and hit must be [T, k] and weights [V, T, k] of that shape, found {scores.shape}, "
+                         f"{hit.shape}, {weights.shape}")
     taus = np.array([float(x) for x in temperatures], dtype=np.float64)
     if (taus < 0).any():
         raise ValueError(f"temperature must be >= 0, found {taus.min()}")
     with np.errstate(divide="ignore"):
         inv = np.where(taus > 0, 1.0 / np.where(taus > 0, taus, 1.0), np.inf)
-    out = np.empty((len(taus), scores.shape[0]))
-    _weighted_sweep(np.ascontiguousarray(scores, dtype=np.float32), np.ascontiguousarray(hit),
-                    np.ascontiguousarray(weight), inv, out)
+    out = np.empty((weights.shape[0], len(taus), scores.shape[0]))
+    _weighted_sweeps(np.ascontiguousarray(scores, dtype=np.float32), np.ascontiguousarray(hit),
+                     np.ascontiguousarray(weights), inv, out)
     return out
 
 
