@@ -410,6 +410,28 @@ def test_main_tables_target_leaves_out_the_extras(tmp_path):
     assert all(any(e in line for line in everything) for e in extra) and len(everything) > len(main)
 
 
+@pytest.mark.dag  # runs Snakemake (dry runs of the DAG)
+def test_followups_leave_all_when_config_says_so(tmp_path):
+    """With 'followups.in_all' false, `all` plans no RetoMaton or greedy-merging job and the findings read neither
+    table; `snakemake followups` plans both tables (and the datastore's own neighbours). With the default (true),
+    `all` plans them."""
+    def planned(target, *extra):
+        r = subprocess.run(SNAKEMAKE + [target, "-n", "--forceall", "-s", "workflow/Snakefile", "--configfile",
+                                        "configs/tiny.yaml", *extra, "--config", f"results_dir={tmp_path}"],
+                           cwd=PROJECT_ROOT, capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r.stdout
+
+    off = tmp_path / "followups_off.yaml"
+    off.write_text("followups:\n  in_all: false\n")
+    rules = ("rule write_retomaton:", "rule write_pruning:", "rule datastore_neighbours:")
+    left_out, followups, default = planned("all", str(off)), planned("followups", str(off)), planned("all")
+    assert "rule write_findings:" in left_out and not any(r in left_out for r in rules)
+    assert "retomaton_comparisons" not in left_out and "pruning_comparisons" not in left_out
+    assert all(r in followups for r in rules) and "rule write_findings:" not in followups
+    assert all(r in default for r in rules)
+
+
 def test_shipped_corpus_is_read_from_its_archive_and_checked(tmp_path):
     """configs/tiny.yaml reads WikiText-2 from the archive shipped in corpora/ (no folder outside the repository):
     the prepared splits are its slices, the whole splits match data.sha256, and the word counts are WikiText's."""

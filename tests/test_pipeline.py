@@ -853,6 +853,30 @@ def test_scope_is_a_block_of_every_document(tiny_run):
     assert ((cmp["CI low"] <= cmp["relative difference"]) & (cmp["relative difference"] <= cmp["CI high"])).all()
 
 
+def test_findings_without_the_followups(tiny_run, tmp_path):
+    """With 'followups.in_all' false the findings job reads no RetoMaton or greedy-merging table: each of their claims
+    is one row 'not run (target 'followups'; ...)', and every other row is as in the run's findings."""
+    from knnlm.experiments.findings import CLAIMS, FOLLOWUP_SOURCES, findings
+
+    _, job = _dry_run_job(tiny_run, art(tiny_run, "findings"))
+    assert all(job.input.get(s) for s in FOLLOWUP_SOURCES)  # the tiny config keeps them in 'all'
+    for s in FOLLOWUP_SOURCES:
+        job.input.pop(s)
+    job.cfg["followups"] = {"in_all": False}
+    job.output = {"out": str(tmp_path / "findings.md")}
+    findings(job)
+    def rows(text):  # the findings table's rows as their cells (a table's padding follows its widest cell)
+        return [tuple(c.strip() for c in ln.strip("|").split("|")) for ln in text.splitlines()
+                if ln.startswith(("| Sec.", "| App.", "| Khandelwal", "| Drozdov", "| He ", "| Alon", "| Borgeaud"))]
+
+    left = [r for r in rows((tmp_path / "findings.md").read_text()) if "not run (target 'followups'" in r[-1]]
+    assert len(left) == sum(c["source"] in FOLLOWUP_SOURCES for c in CLAIMS)
+    full = rows(art(tiny_run, "findings").read_text())
+    kept = [r for r in rows((tmp_path / "findings.md").read_text()) if r not in left]
+    assert len(kept) > 50 and all(r in full for r in kept)
+    assert len(full) - len(kept) >= len(left)  # the follow-ups' tested rows (one per pruned share) are gone
+
+
 def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text
