@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from .config import VARIANT_RE
 from .io import ArtifactError, atomic_path, load_checkpoint
-from .search.exact import cpu_gemm
+from .search.exact import cpu_matmul
 
 log = logging.getLogger(__name__)
 
@@ -135,24 +135,10 @@ class ScoresBuffer:
         self.busy = False
 
 
-_GEMM = cpu_gemm()  # the W_ds GEMMs' library, as the exact search's
-
-
-def _mm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """a · b in float32 through the CPU's faster BLAS (knnlm.search.exact.cpu_gemm: torch.mm, i.e. MKL, on Intel CPUs,
-    numpy's OpenBLAS on others; at a W_ds step's shapes on 2 Intel Xeon cores torch.mm took 27.3 ms against numpy's
-    36.3 for the scores, 32.2 against 36.7 for W's gradient), into `out` when given."""
-    if _GEMM == "torch":
-        out = np.empty((a.shape[0], b.shape[1]), dtype=np.float32) if out is None else out
-        torch.mm(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
-        return out
-    return np.matmul(a, b) if out is None else np.matmul(a, b, out=out)
-
-
 class _RowScores(torch.autograd.Function):
-    """h [B, D] · W [R, D]ᵀ → [B, R] float32 through the CPU's faster BLAS (_mm; forward and both gradients): the GEMMs
-    of a W_ds training step, at the BLAS rate instead of autograd's torch.matmul path (benchmarks/bench_wds.py prints
-    both).
+    """h [B, D] · W [R, D]ᵀ → [B, R] float32 through the CPU's faster BLAS (knnlm.search.exact.cpu_matmul; forward and
+    both gradients): the GEMMs of a W_ds training step, at the BLAS rate instead of autograd's torch.matmul path
+    (benchmarks/bench_wds.py prints both).
     With a ScoresBuffer the scores are written into its array, lent until the backward pass has read the gradient
     (which the caller, _TargetLogProb, computes in place over the scores), or, when nothing needs a gradient, until
     the caller has consumed them (the caller's own call, before the next one)."""
@@ -165,14 +151,14 @@ class _RowScores(torch.autograd.Function):
         ctx.buffer = buffer if out is not None and any(ctx.needs_input_grad[:2]) else None
         if out is not None and ctx.buffer is None:
             buffer.release()  # no backward pass will read it: free once the caller is done with this call's scores
-        return torch.from_numpy(_mm(hn, wn.T, out))
+        return torch.from_numpy(cpu_matmul(hn, wn.T, out))
 
     @staticmethod
     def backward(ctx, g):
         h, w = ctx.saved_tensors
         g = g.contiguous().numpy()
-        gh = torch.from_numpy(_mm(g, w.detach().numpy())) if ctx.needs_input_grad[0] else None
-        gw = torch.from_numpy(_mm(g.T, h.detach().numpy())) if ctx.needs_input_grad[1] else None
+        gh = torch.from_numpy(cpu_matmul(g, w.detach().numpy())) if ctx.needs_input_grad[0] else None
+        gw = torch.from_numpy(cpu_matmul(g.T, h.detach().numpy())) if ctx.needs_input_grad[1] else None
         if ctx.buffer is not None:
             ctx.buffer.release()
             ctx.buffer = None

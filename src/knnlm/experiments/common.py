@@ -63,6 +63,15 @@ def split_documents(job: Job, split: str) -> tuple[np.ndarray, np.ndarray]:
     return doc, np.bincount(doc, weights=d["words"], minlength=int(doc.max()) + 1).astype(np.int64)
 
 
+def scoped_documents(doc: np.ndarray, words: np.ndarray, sc: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents of the scored tokens sc [t] (int indices into a split whose per-token document ids are doc [T]
+    and words words [T], a 'documents' file's arrays): (doc of each scored token [t], renumbered 0..d−1 in the order
+    of the split's ids; doc_words [d] int64 words per document over the scored tokens; ids [d] the split's document
+    ids of those documents)."""
+    ids, d = np.unique(doc[sc], return_inverse=True)
+    return d, np.bincount(d, weights=words[sc].astype(np.int64), minlength=len(ids)).astype(np.int64), ids
+
+
 def documents_scheme(job: Job) -> dict:
     """{'scheme', 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents': {split: documents
     of the whole split}} of the job's per-split input list 'documents' (knnlm.experiments.spine.documents; a file

@@ -33,7 +33,7 @@ from ..scoring.pruning import greedy_merge, random_counts, weighted_sweeps
 from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
 from ..statistics.intervals import compare, per_document
 from .common import SPLITS, by_split, documents_label, lm_log_probs, lm_training_label, open_datastore, \
-    split_documents, stats_options
+    scoped_documents, split_documents, stats_options
 
 log = logging.getLogger(__name__)
 FULL = "kNN-LM, full datastore"
@@ -70,17 +70,14 @@ def neighbours(job: Job) -> dict:
 
 def _sweeps(ids, dists, targets, vals, metric, weights: dict, taus: dict, rows: np.ndarray | None = None) -> dict:
     """{variant: [len(taus[variant]), t] log p_kNN(target)} from one read of a neighbour cache (ids, dists [T, k];
-    targets [t] of the rows scored, vals [N] of the datastore),
-    each variant's per-entry counts `weights[variant]` ([N] int, 0 = not in its datastore). rows: [t] sorted int64
-    rows of the cache to score (None: all T); targets are then those rows' ([t]). Variants whose counts are the same
-    array share one sweep."""
+    targets [t] of the rows scored, vals [N] of the datastore), each variant's per-entry counts `weights[variant]`
+    ([N] int, 0 = not in its datastore). rows: [t] sorted int64 rows of the cache to score (None: all T). Variants
+    with the same temperatures share each pass over the neighbours (weighted_sweeps)."""
     t = ids.shape[0] if rows is None else len(rows)
-    out, first = {}, {}
-    for v, c in weights.items():
-        same = next((u for u in first if weights[u] is c and list(taus[u]) == list(taus[v])), None)
-        out[v] = out[same] if same is not None else np.empty((len(taus[v]), t))
-        if same is None:
-            first[v] = c
+    out = {v: np.empty((len(taus[v]), t)) for v in weights}
+    groups = {}
+    for v in weights:
+        groups.setdefault(tuple(taus[v]), []).append(v)
     for s, e in iter_chunks(t, CHUNK, ids, dists):
         r = slice(s, e) if rows is None else rows[s:e]
         i = np.asarray(ids[r]).astype(np.int64)
@@ -88,11 +85,8 @@ def _sweeps(ids, dists, targets, vals, metric, weights: dict, taus: dict, rows: 
         safe = np.where(ok, i, 0)
         hit = (vals[safe] == targets[s:e, None]) & ok
         sc = scores_from_distances(np.asarray(dists[r]), metric)
-        groups = {}  # variants with the same temperatures: one pass over the neighbours (weighted_sweeps)
-        for v in first:
-            groups.setdefault(tuple(taus[v]), []).append(v)
         for tg, vs in groups.items():
-            res = weighted_sweeps(sc, hit, np.stack([np.where(ok, first[v][safe], 0) for v in vs]), tg)
+            res = weighted_sweeps(sc, hit, np.stack([np.where(ok, weights[v][safe], 0) for v in vs]), tg)
             for v, lp in zip(vs, res):
                 out[v][:, s:e] = lp
     return out
@@ -113,17 +107,19 @@ def table(job: Job) -> dict:
                             f"{job.path('manifest')} (N={n}): rerun datastore_neighbours")
     nb = open_npy(job.path("dstore_nb_ids"), (n, meta["k"]), np.int32)
     weights, achieved = {FULL: np.ones(n, dtype=np.int32)}, {}
-    last = None
-    for r in sorted(p["ratios"]):
+    alias = {}  # a share the merging cannot reach: the same datastores as the share before it, scored once
+    for r, before in zip(sorted(p["ratios"]), [None] + sorted(p["ratios"])):
         g = greedy_merge(nb, vals, int(round(r * n)), p["seed"])
         removed = int((g == 0).sum())
-        if last is not None and removed == last[0]:  # a share it cannot reach: the same datastores as the one before
-            weights[greedy_label(r)], weights[random_label(r)] = last[1:]
+        achieved[r] = removed / n
+        if before is not None and achieved[before] == achieved[r]:
+            for label in (greedy_label, random_label):
+                alias[label(r)] = alias.get(label(before), label(before))
+                weights[label(r)] = weights[alias[label(r)]]
         else:
             weights[greedy_label(r)], weights[random_label(r)] = g, random_counts(n, removed, p["seed"])
-        last = (removed, weights[greedy_label(r)], weights[random_label(r)])
-        achieved[r] = removed / n
         log.info("greedy merging %g %%: %d of %d entries absorbed", 100 * r, removed, n)
+    scored_variants = {v: w for v, w in weights.items() if v not in alias}
     sc = read_json(job.path("score"))
     metric, key = sc["metric"], sc["key_type"]
     caches = {}
@@ -143,9 +139,10 @@ def table(job: Job) -> dict:
             lp_lm[split] = lp_lm[split][sel]
     base_taus = temperatures(cfg)
     grid = lambda_grid(cfg["knn"]["lambda_steps"])
-    sweeps = _sweeps(*caches["valid"], vals, metric, weights, {v: base_taus for v in weights}, scored["valid"])
+    sweeps = _sweeps(*caches["valid"], vals, metric, scored_variants, {v: base_taus for v in scored_variants},
+                     scored["valid"])
     tuned = {}
-    for v in weights:
+    for v in scored_variants:
         def add(more, v=v):
             sweeps[v] = np.concatenate([sweeps[v], _sweeps(*caches["valid"], vals, metric, {v: weights[v]}, {v: more},
                                                            scored["valid"])[v]])
@@ -154,10 +151,11 @@ def table(job: Job) -> dict:
             lp_lm["valid"], sweeps[v][:len(g)], g, cfg["temperature"]["lambda_steps"]), add)
         lam, _ = tune_lambda(lp_lm["valid"], sweeps[v][i], grid)
         tuned[v] = {"temperature": taus[i], "lambda": lam, "tau_edge": tau_edge(taus, i, cfg), "valid": sweeps[v][i]}
-    at_test = _sweeps(*caches["test"], vals, metric, weights,
-                      {v: [tuned[v]["temperature"]] for v in weights})
+    at_test = _sweeps(*caches["test"], vals, metric, scored_variants,
+                      {v: [tuned[v]["temperature"]] for v in scored_variants})
+    tuned.update({v: tuned[u] for v, u in alias.items()})
     lps = {v: {"valid": interpolate(lp_lm["valid"], tuned[v]["valid"], tuned[v]["lambda"]),
-               "test": interpolate(lp_lm["test"], at_test[v][0], tuned[v]["lambda"])} for v in weights}
+               "test": interpolate(lp_lm["test"], at_test[alias.get(v, v)][0], tuned[v]["lambda"])} for v in weights}
     ratios = sorted(p["ratios"])
     names = ["base", *weights]
     pairs = ([(v, "base") for v in weights] + [(v, FULL) for v in list(weights)[1:]]
@@ -169,11 +167,11 @@ def table(job: Job) -> dict:
                                                                         (greedy_label(r), random_label(r)))}
     rows, cmp, ci = [], [], {}
     for split in SPLITS:
-        doc, doc_words = split_documents(job, split)
-        if scored[split] is not None:  # the documents of the scored tokens, renumbered
-            kept, doc = np.unique(doc[scored[split]], return_inverse=True)
-            words = np.load(by_split(job, "documents")[split])["words"][scored[split]]
-            doc_words = np.bincount(doc, weights=words, minlength=len(kept)).astype(np.int64)
+        if scored[split] is None:
+            doc, doc_words = split_documents(job, split)
+        else:  # the documents of the scored tokens, renumbered
+            dd = np.load(by_split(job, "documents")[split])
+            doc, doc_words, _ = scoped_documents(dd["doc"], dd["words"], scored[split])
         words = int(doc_words.sum())
         nll = per_document(-np.stack([lp_lm[split]] + [lps[v][split] for v in weights]), doc, len(doc_words))
         c = ci[split] = compare(nll, doc_words, names, pairs, st)

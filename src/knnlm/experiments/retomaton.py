@@ -32,7 +32,8 @@ from ..scoring.interpolation import (interpolate, interpolated_nll, lambda_grid,
 from ..scoring.retomaton import follow_pointers, saved_searches, seen_ngram_share
 from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
 from ..statistics.intervals import compare, per_document
-from .common import SPLITS, by_split, documents_label, lm_training_label, open_datastore, open_split, stats_options
+from .common import SPLITS, by_split, documents_label, lm_training_label, open_datastore, open_split, scoped_documents, \
+    stats_options
 from .retrieval import _rows_of, scope_indices
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,7 @@ class _Split:
         self.queries, self.targets = q["queries"], np.asarray(q["targets"], dtype=np.int64)[self.sc]
         self.lp_lm = np.asarray(q["lm_logprobs"], dtype=np.float64)[self.sc]
         dd = np.load(by_split(job, "documents")[split])
-        w = dd["words"][self.sc].astype(np.int64)
-        ids, self.doc = np.unique(dd["doc"][self.sc], return_inverse=True)
-        self.doc_words = np.bincount(self.doc, weights=w, minlength=len(ids)).astype(np.int64)
+        self.doc, self.doc_words, _ = scoped_documents(dd["doc"], dd["words"], self.sc)
         self.seg = _segments(dd["doc"][self.sc], self.sc)
         meta = read_json(by_split(job, "nb_meta")[split])
         self.rows = _rows_of(meta, self.sc, by_split(job, "nb_meta")[split])

@@ -26,7 +26,7 @@ from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  #
 from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
                                 SETTINGS, TUNED, settings_ci_caption, settings_rows, store_vs_store)
 from ..search.scope import scope_caption, scope_tokens, tuning_caption
-from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split
+from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scoped_documents
 
 log = logging.getLogger(__name__)
 
@@ -419,10 +419,8 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
         tg = np.asarray(q["targets"])[sc]
         lp_lm[split] = np.asarray(q["lm_logprobs"], dtype=np.float64)[sc]
         dd = np.load(f["documents"])
-        w = dd["words"][sc].astype(np.int64)
-        words[split] = int(w.sum())
-        ids, doc = np.unique(dd["doc"][sc], return_inverse=True)
-        docs[split] = (doc, np.bincount(doc, weights=w, minlength=len(ids)).astype(np.int64), ids)
+        docs[split] = scoped_documents(dd["doc"], dd["words"], sc)
+        words[split] = int(docs[split][1].sum())
         meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
         rows = _rows_of(meta, sc, f["nb_meta"])
         if emeta["T"] != t:
