@@ -64,6 +64,7 @@ def test_defaults_filled(tmp_path):
     ({"index": {"metrics": ["cosine"]}}, "index.metrics.0", "enum"),
     ({"lm": {"decoder_layerz": 3}}, "lm", "decoder_layerz"),
     ({"eval": {"context_window": 999}}, "eval.context_window", "tokens_per_sample"),
+    ({"generation": {"prefix_tokens": 200}}, "generation.prefix_tokens", "window of base LM"),
     ({"temperature": {"ratios": [0.3]}}, "temperature.ratios", "datastore_size.ratios"),
     ({"datastore_size": {"ratios": [0]}}, "datastore_size.ratios.0", "0"),
     ({"parametric": {"mos": {"mixtures": [1]}}}, "parametric.mos.mixtures.0", "2"),
@@ -412,9 +413,9 @@ def test_main_tables_target_leaves_out_the_extras(tmp_path):
 
 @pytest.mark.dag  # runs Snakemake (dry runs of the DAG)
 def test_followups_leave_all_when_config_says_so(tmp_path):
-    """With 'followups.in_all' false, `all` plans no RetoMaton or greedy-merging job and the findings read neither
-    table; `snakemake followups` plans both tables (and the datastore's own neighbours). With the default (true),
-    `all` plans them."""
+    """With 'followups.in_all' false, `all` plans no RetoMaton, greedy-merging or generation job and the findings read
+    none of their tables; `snakemake followups` plans the three tables (and the datastore's own neighbours). With the
+    default (true), `all` plans them."""
     def planned(target, *extra):
         r = subprocess.run(SNAKEMAKE + [target, "-n", "--forceall", "-s", "workflow/Snakefile", "--configfile",
                                         "configs/tiny.yaml", *extra, "--config", f"results_dir={tmp_path}"],
@@ -424,10 +425,10 @@ def test_followups_leave_all_when_config_says_so(tmp_path):
 
     off = tmp_path / "followups_off.yaml"
     off.write_text("followups:\n  in_all: false\n")
-    rules = ("rule write_retomaton:", "rule write_pruning:", "rule datastore_neighbours:")
+    rules = ("rule write_retomaton:", "rule write_pruning:", "rule datastore_neighbours:", "rule write_generation:")
     left_out, followups, default = planned("all", str(off)), planned("followups", str(off)), planned("all")
     assert "rule write_findings:" in left_out and not any(r in left_out for r in rules)
-    assert "retomaton_comparisons" not in left_out and "pruning_comparisons" not in left_out
+    assert not any(f"{t}_comparisons" in left_out for t in ("retomaton", "pruning", "generation"))
     assert all(r in followups for r in rules) and "rule write_findings:" not in followups
     assert all(r in default for r in rules)
 

@@ -366,6 +366,67 @@ def test_retomaton_table(tiny_run):
     assert_figure(art(tiny_run, "figure", figure="retomaton", ext="png"))
 
 
+def test_generation_table(tiny_run):
+    """generation: the fairseq LM's incremental decoding gives the states of its whole-window forward pass; the true
+    continuation's mean H(p_LM) and H(p_kNN) over the first steps, recomputed with a whole-window pass, a plain FAISS
+    search of the index and a loop over the neighbours; one prefix per long enough part of every test document; the
+    comparisons the findings read are there."""
+    import faiss
+
+    from knnlm.experiments.generation import EXPOSURE, KNN, LM, TRUE, prefix_starts, slope_name
+    from knnlm.lm.decoding import WindowDecoder
+    from knnlm.lm.fairseq import FairseqLM
+
+    root = tiny_run["root"]
+    lm = FairseqLM(art(tiny_run, "checkpoint"), root / "data-bin", None)
+    toks = torch.randint(4, lm.vocab_size, (3, lm.tokens_per_sample), generator=torch.Generator().manual_seed(0))
+    toks[:, 0] = lm.start
+    inc, win = lm.step_decoder(), WindowDecoder(lm)
+    for t in range(1, lm.tokens_per_sample + 1):
+        for a, b in zip(inc.step(toks[:, :t]), win.step(toks[:, :t])):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="step"):
+        inc.step(toks[:, :3])
+
+    g = TINY["generation"]
+    p, n = g["prefix_tokens"], g["new_tokens"]
+    df = pd.read_csv(art(tiny_run, "table", table="generation", ext="csv")).set_index("continuation")
+    targets = np.load(art(tiny_run, "targets", split="test")).astype(np.int64)
+    doc = np.load(art(tiny_run, "documents", split="test"))["doc"]
+    starts = prefix_starts(doc, p + n, g["prefixes_per_document"], np.random.default_rng(g["seed"]))
+    assert set(df["sequences"]) == {len(starts)} and set(df["documents"]) == {len(np.unique(doc[starts]))}
+    sizes = np.bincount(doc)
+    assert len(starts) == sum(g["prefixes_per_document"] for s in sizes if s // g["prefixes_per_document"] >= p + n)
+    q = max(1, n // 8)
+    x = torch.as_tensor(np.c_[np.full(len(starts), lm.start), targets[starts[:, None] + np.arange(p + n)]])
+    with torch.inference_mode():
+        att, ffn, lp = lm.forward(x)
+    lp = lp[:, p:p + q].double().log_softmax(-1)  # the predictions of continuation tokens 1 … q
+    h_lm = -(lp.exp() * lp).sum(-1)
+    assert df.loc[TRUE, f"H(p_LM) steps 1-{q}"] == pytest.approx(float(h_lm.mean()), rel=1e-4)
+    sc = read_json(art(tiny_run, "score", store="full", key="ffn", metric="l2"))
+    tau, k = sc["tuned"]["temperature"], TINY["knn"]["k"]
+    index = faiss.read_index(str(art(tiny_run, "index", store="full", key="ffn", metric="l2")))
+    faiss.extract_index_ivf(index).nprobe = read_json(art(tiny_run, "nb_meta", split="test", store="full", key="ffn",
+                                                          metric="l2"))["nprobe"]
+    vals = np.load(art(tiny_run, "vals"))
+    h = ffn[:, p:p + q].reshape(-1, ffn.shape[-1]).numpy().astype(np.float32)
+    d, ids = index.search(h, k)
+    ent = []
+    for row_d, row_i in zip(d, ids):
+        w = {}
+        live = row_i >= 0
+        z = np.exp(-(row_d[live] - row_d[live].min()) / tau)
+        for i, wt in zip(row_i[live], z / z.sum()):
+            w[vals[i]] = w.get(vals[i], 0.0) + wt
+        ent.append(-sum(v * math.log(v) for v in w.values() if v > 0))
+    assert df.loc[TRUE, f"H(p_kNN) steps 1-{q}"] == pytest.approx(float(np.mean(ent)), rel=1e-3)
+    assert set(df.index) == {KNN, LM, TRUE} and (df["distinct-1"] > 0).all() and (df["repeated 4-grams"] >= 0).all()
+    cmp = pd.read_csv(art(tiny_run, "table", table="generation_comparisons", ext="csv"))
+    assert {slope_name(KNN), slope_name(TRUE), EXPOSURE} <= set(cmp["comparison"])
+    assert_figure(art(tiny_run, "figure", figure="generation", ext="png"))
+
+
 def test_pruning_table(tiny_run):
     """pruning: each greedy-merging row keeps the entries that greedy_merge leaves from the job's own neighbour file
     (and its random subset as many); the full datastore's row is Table 1's τ-tuned kNN-LM of the pair; a share the
@@ -854,7 +915,7 @@ def test_scope_is_a_block_of_every_document(tiny_run):
 
 
 def test_findings_without_the_followups(tiny_run, tmp_path):
-    """With 'followups.in_all' false the findings job reads no RetoMaton or greedy-merging table: each of their claims
+    """With 'followups.in_all' false the findings job reads no RetoMaton, greedy-merging or generation table: each of their claims
     is one row 'not run (target 'followups'; ...)', and every other row is as in the run's findings."""
     from knnlm.experiments.findings import CLAIMS, FOLLOWUP_SOURCES, findings
 
@@ -867,7 +928,7 @@ def test_findings_without_the_followups(tiny_run, tmp_path):
     findings(job)
     def rows(text):  # the findings table's rows as their cells (a table's padding follows its widest cell)
         return [tuple(c.strip() for c in ln.strip("|").split("|")) for ln in text.splitlines()
-                if ln.startswith(("| Sec.", "| App.", "| Khandelwal", "| Drozdov", "| He ", "| Alon", "| Borgeaud"))]
+                if ln.startswith(("| Sec.", "| App.", "| Khandelwal", "| Drozdov", "| He ", "| Alon", "| Borgeaud", "| Wang"))]
 
     left = [r for r in rows((tmp_path / "findings.md").read_text()) if "not run (target 'followups'" in r[-1]]
     assert len(left) == sum(c["source"] in FOLLOWUP_SOURCES for c in CLAIMS)
@@ -894,7 +955,7 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 91 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 93 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
     # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
@@ -933,7 +994,7 @@ def test_findings_report(tiny_run):
     # E.6.3 (att, ffn): 13 more rows than claims; E.5 has one row per K ≥ 2 (the tests' run ensembles 2 LMs); E.6.1
     # and E.6.2 one per claim (one overfitted LM, one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 21 - 7 + len(family) + len(equal_rows) + 13  # (21 follow-up claims)
+    assert len(rows) == len(CLAIMS) - 23 - 7 + len(family) + len(equal_rows) + 13  # (23 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

@@ -434,19 +434,12 @@ class KNNLM:
         return knn_log_prob_from_cache(ids, dists, self.vals, np.asarray(targets), self.metric, self.temperature)
 
     def knn_distribution(self, queries: np.ndarray) -> np.ndarray:
-        """p_kNN over the whole vocabulary: [B, V] float64 (the neighbours' softmax(s/τ) summed per val, Eq. 5's M)."""
-        from .scoring.interpolation import scores_from_distances
+        """p_kNN over the whole vocabulary: [B, V] float64 (the neighbours' softmax(s/τ) summed per val, Eq. 5's M;
+        knnlm.scoring.interpolation.knn_distribution)."""
+        from .scoring.interpolation import knn_distribution
 
         ids, dists = self.neighbours(queries)
-        valid = ids >= 0
-        logits = np.where(valid, scores_from_distances(dists.astype(np.float64), self.metric) / self.temperature, -np.inf)
-        logits -= logits.max(1, keepdims=True)
-        w = np.exp(logits)
-        w /= w.sum(1, keepdims=True)
-        out = np.zeros((len(ids), self.lm.vocab_size), dtype=np.float64)
-        rows = np.repeat(np.arange(len(ids)), ids.shape[1])
-        np.add.at(out, (rows[valid.ravel()], self.vals[ids[valid]]), w[valid])
-        return out
+        return knn_distribution(ids, dists, self.vals, self.metric, self.temperature, self.lm.vocab_size)
 
     def mix(self, lm_log_probs: np.ndarray, knn_probs: np.ndarray) -> np.ndarray:
         """log((1 − λ) p_LM + λ p_kNN) over the vocabulary: lm_log_probs [B, V] natural-log, knn_probs [B, V]."""

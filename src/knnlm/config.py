@@ -242,6 +242,12 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     if t["stop"] < t["start"]:
         raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
                           f"found {t['stop']}")
+    g, primary = cfg["generation"], next(iter(cfg["lms"]))
+    window = lm_tokens_per_sample(cfg, primary)
+    if g["prefix_tokens"] + g["new_tokens"] + 1 > window:
+        raise ConfigError(f"{source}: config keys 'generation.prefix_tokens' + 'generation.new_tokens' + 1 (the start "
+                          f"token) must fit the window of base LM {primary!r} ({window} tokens), found "
+                          f"{g['prefix_tokens']} + {g['new_tokens']} + 1")
     return cfg
 
 

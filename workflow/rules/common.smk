@@ -411,7 +411,7 @@ TARGETS = {}
 
 # The costliest follow-ups (config 'followups'): target 'followups', and part of 'all' and of the findings only when
 # 'followups.in_all'.
-FOLLOWUP_TARGETS = ("retomaton", "pruning")
+FOLLOWUP_TARGETS = ("retomaton", "pruning", "generation")
 FOLLOWUPS_IN_ALL = CFG["followups"]["in_all"]
 
 # Tables that compare stores, all written by write_store_table in the Snakefile. A file under rules/ registers

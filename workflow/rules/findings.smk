@@ -41,6 +41,7 @@ knnlm_rule(
         # the costliest follow-ups: only when 'followups.in_all' (else their rows say 'not run')
         retomaton=artifact("table", table="retomaton_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # Alon et al. 2022, Figure 3
         pruning=artifact("table", table="pruning_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # He et al. 2021, Table 3
+        generation=artifact("table", table="generation_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # Wang et al. 2023
         **SMALL_SETTINGS,
     ),
     output=files(

@@ -74,6 +74,7 @@ from .k_sweep import SMALL_K as K_SMALL
 from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
 from .ngram import BEST as NGRAM_BEST, KNN as NGRAM_KNN
 from .pruning import FULL as PRUNE_FULL, PRUNE_MARGIN, greedy_label
+from .generation import CITE as GEN_CITE, EXPOSURE as GEN_EXPOSURE, KNN as GEN_KNN, PER_STEPS as GEN_STEPS, slope_name as gen_slope
 from .retomaton import BEST as RETO_BEST, EVERY as RETO_EVERY, KNN as RETO_KNN, RANDOM as RETO_RANDOM
 from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
                                    band_verdict, paper_verdict, within_verdict)
@@ -374,6 +375,14 @@ CLAIMS = [
            f"full datastore gains less than {100 * PRUNE_MARGIN:g} % over it", "pruning",
            f"{PRUNE_FULL} vs {greedy_label(0.4)}", within=PRUNE_MARGIN,
            paper_text="+0.2 perplexity on WikiText-103 (+0.7 on a 19M-key store) with 40 % pruned", kind="follow-up"),
+    _claim(GEN_CITE, "along the kNN-LM's own samples the entropy of p_kNN rises faster with the decoding step than "
+           "p_LM's: the slope of H(p_kNN) − H(p_LM) on the step is positive", "generation", gen_slope(GEN_KNN), sign=+1,
+           unit=(1, f"nats per {GEN_STEPS} steps"), paper_text="the entropy of the retrieval distribution increases "
+           "faster than the base LM's as the generated sequence grows (WikiText-103)", kind="follow-up"),
+    _claim(GEN_CITE, "retrieval suffers from the model's own text (exposure bias): that slope is larger along the "
+           "kNN-LM's samples than along the true continuation (teacher forcing)", "generation", GEN_EXPOSURE, sign=+1,
+           unit=(1, f"nats per {GEN_STEPS} steps"), paper_text="retrieval is less reliable with model-generated text "
+           "as queries (exposure bias)", kind="follow-up"),
     _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
            "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
            paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
@@ -410,7 +419,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
     for name in ("which_words", "hypotheses", "interpolated_loss", "ensembling", "overfitting",
                  "soft_labels", "token_gains", "lambda_by_quality", "adaptive_retrieval", "k_sweep",
-                 "leakage", "ngram", "retomaton", "pruning"):  # App. D, E, follow-ups
+                 "leakage", "ngram", "retomaton", "pruning", "generation"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
@@ -428,7 +437,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
-FOLLOWUP_SOURCES = ("retomaton", "pruning")  # the sources of target 'followups' (config 'followups.in_all')
+FOLLOWUP_SOURCES = ("retomaton", "pruning", "generation")  # the sources of target 'followups' (config 'followups.in_all')
 PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
 
 

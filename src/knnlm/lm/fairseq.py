@@ -240,6 +240,12 @@ class FairseqLM:
         self.forward = fairseq_forward(self.model)
         self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
 
+    def step_decoder(self):
+        """A new knnlm.lm.decoding.FairseqStepDecoder (incremental decoding) for one batch of sequences."""
+        from .decoding import FairseqStepDecoder
+
+        return FairseqStepDecoder(self.model, min(self.tokens_per_sample, int(self.model.decoder.max_positions())))
+
     def encode(self, lines: list[str]) -> np.ndarray:
         """[n] int64 token ids of `lines`: each line's BPE pieces then the end-of-line token."""
         return self.encode_lines(lines)["ids"]

@@ -74,6 +74,7 @@ STAGES = {
         "write_leakage", "write_ngram"],
     "beyond the paper: RetoMaton (fewer searches)": ["write_retomaton"],
     "beyond the paper: greedy merging (a smaller datastore)": ["datastore_neighbours", "write_pruning"],
+    "beyond the paper: generation (entropy by decoding step)": ["write_generation"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 

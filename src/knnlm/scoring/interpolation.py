@@ -133,6 +133,32 @@ def knn_log_prob_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray
     return out
 
 
+def knn_distribution(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray, metric: str, temperature: float,
+                     vocab: int) -> np.ndarray:
+    """p_kNN over the whole vocabulary (Eq. 5's second term before λ: M softmax(mask-to-k(s) / τ)).
+
+    ids: [B, k] int datastore rows (−1: no neighbour, no mass); dists: [B, k] float faiss distances (squared L2 for
+    'l2', inner products for 'ip'); vals: [N] int the datastore's vals; temperature τ > 0; vocab: V. Returns [B, V]
+    float64, each row summing to 1 (a row with no neighbour: all zeros). Raises ValueError for τ ≤ 0 and ArtifactError
+    for an id ≥ N or a val ≥ V."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, found {temperature}")
+    ids = np.asarray(ids)
+    valid = ids >= 0
+    if ids.size and ids.max() >= len(vals):
+        raise ArtifactError(f"neighbour id {int(ids.max())} out of range for a datastore of {len(vals)} vals")
+    logits = np.where(valid, scores_from_distances(np.asarray(dists, dtype=np.float64), metric) / temperature, -np.inf)
+    top = logits.max(1, keepdims=True)
+    w = np.where(valid, np.exp(logits - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    total = w.sum(1, keepdims=True)
+    w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+    nb_vals = np.asarray(vals)[np.where(valid, ids, 0)].astype(np.int64)
+    if nb_vals.size and nb_vals.max() >= vocab:
+        raise ArtifactError(f"a neighbour's val {int(nb_vals.max())} is beyond the vocabulary of {vocab} tokens")
+    flat = (np.arange(len(ids))[:, None] * vocab + nb_vals).ravel()
+    return np.bincount(flat, weights=w.ravel(), minlength=len(ids) * vocab).reshape(len(ids), vocab)
+
+
 def summarize(lp: np.ndarray, n_words: int) -> dict[str, float]:
     """{'ppl_word', 'ppl_token', 'nll_sum'} for per-token log-probs lp [T] (natural log)."""
     return {"ppl_word": perplexity(lp, n_words), "ppl_token": perplexity(lp, len(lp)),
