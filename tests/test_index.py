@@ -73,6 +73,25 @@ def test_search_measures_keys_scanned_and_never_returns_fewer_than_k(tmp_path):
     assert st1["requeried_for_k"] == 0 and st1["keys_scanned_per_query"] == pytest.approx(sizes[lists].sum() / len(queries))
 
 
+def test_search_cache_rows_are_faiss_rows_in_order(tmp_path):
+    """The neighbour cache, written chunk by chunk by a second thread while the next chunk is searched, holds row for
+    row what one faiss search of every query gives (chunks of 7 rows over 50 queries, the last one short)."""
+    import faiss
+
+    rng = np.random.default_rng(1)
+    keys = rng.normal(size=(3000, 16)).astype(np.float32)
+    params = {"ncentroids": 16, "code_size": 4, "train_size": len(keys), "nprobe": 8, "add_chunk": 1024, "seed": 1}
+    build_ivfpq(keys, "l2", params, tmp_path / "index", threads=1)
+    queries = rng.normal(size=(50, 16)).astype(np.float32)
+    st = search(tmp_path / "index", queries, 20, 8, tmp_path / "ids.npy", tmp_path / "dists.npy", chunk=7, threads=1)
+    index = faiss.read_index(str(tmp_path / "index"))
+    faiss.extract_index_ivf(index).nprobe = 8
+    d, i = index.search(queries, 20)
+    assert st["requeried_for_k"] == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "ids.npy"), i)
+    np.testing.assert_array_equal(np.load(tmp_path / "dists.npy"), d)
+
+
 def test_tau_grid_is_extended_while_its_optimum_is_on_the_edge():
     """A valid NLL curve with its minimum at τ = 7.5 beyond a 0 … 3 grid: the grid grows by its own span (3.5 …
     6, 6.5 … 9) until τ* is inside it; with too few extensions τ* stays on the upper edge and is flagged."""

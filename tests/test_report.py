@@ -67,6 +67,22 @@ def test_stage_table_times_resumed_training_from_its_logs(tmp_path):
     assert not t.loc["bpe", "from_log"]
 
 
+def test_busy_seconds_is_the_union_of_the_jobs_intervals(tmp_path):
+    """busy_seconds: jobs ending at 100 (10 s), 105 (20 s: overlaps the first), 200 (5 s) and 198 (2 s: inside the
+    third) are busy over [85, 105] and [195, 200]: 25 s, where their wall times sum to 37 s."""
+    import os
+
+    from knnlm.report.times import busy_seconds
+
+    (tmp_path / "benchmarks").mkdir()
+    assert busy_seconds(tmp_path) == 0.0
+    for name, s, end in [("a", 10.0, 100), ("b", 20.0, 105), ("c", 5.0, 200), ("d", 2.0, 198)]:
+        p = tmp_path / "benchmarks" / f"{name}.tsv"
+        p.write_text(f"s\th:m:s\tmax_rss\n{s}\t0:00:00\t1\n")
+        os.utime(p, (end, end))
+    assert busy_seconds(tmp_path) == pytest.approx(25.0)
+
+
 def test_base_lm_convergence_from_its_valid_curve():
     """knnlm.lm.training.convergence: an LM whose last valid evaluation is its best and gained >= 1 % perplexity is
     under-trained; one whose curve flattened (or rose) converged; a resumed log's repeated evaluations count once;

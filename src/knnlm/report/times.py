@@ -31,6 +31,25 @@ def stage_table(root: str | Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["job", "wall_s", "peak_rss_mb", "from_log"])
 
 
+def busy_seconds(root: str | Path) -> float:
+    """Seconds during which at least one job of the run at `root` was running: the union of the intervals [end − s,
+    end] of its benchmark files (Snakemake's `s`, end = the file's modification time, written as the job ends). With
+    2+ cores jobs overlap, so this is at most the sum of the jobs' wall times; a pause between a killed run and its
+    resumption is not counted. 0.0 without benchmark files."""
+    spans = []
+    for p in Path(root, "benchmarks").glob("*.tsv"):
+        end = p.stat().st_mtime
+        spans.append((end - float(pd.read_csv(p, sep="\t")["s"].iloc[-1]), end))
+    total, cur = 0.0, None
+    for a, b in sorted(spans):
+        if cur is not None and a <= cur[1]:
+            cur[1] = max(cur[1], b)
+            continue
+        total += 0.0 if cur is None else cur[1] - cur[0]
+        cur = [a, b]
+    return total + (0.0 if cur is None else cur[1] - cur[0])
+
+
 def resumed_seconds(layout: Layout, job: str) -> float | None:
     """Training seconds over every resumed segment of a training job of the run at `layout`, from what it logs:
     train_lm_<lm> from its fairseq log (knnlm.lm.training.fairseq_log_seconds, each update counted once),
@@ -167,13 +186,21 @@ def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None
     rate = rate if rate is not None else cost.gemm_rate(threads=cores)
     other = next(k for k in cost.REFERENCE_RATES if k != here)
     ref = cost.REFERENCE_RATES[other]
-    table = cost.other_kind_table(stage_shares(jobs), flops, rate, here).to_markdown(index=False, floatfmt=".1f")
+    df = cost.other_kind_table(stage_shares(jobs), flops, rate, here)
+    table = df.to_markdown(index=False, floatfmt=".1f")
+    total = df.iloc[-1]
+    busy = busy_seconds(root) / 60
+    elapsed = (f"\n\nElapsed with a job running: {busy:.1f} min here (the jobs' wall times sum to "
+               f"{total['measured here (min)']:.1f}: with 2 cores some overlap); on {other}: {busy:.1f} + "
+               f"{total[f'estimate on {other} (min)'] - total['measured here (min)']:+.1f} = "
+               f"{busy + total[f'estimate on {other} (min)'] - total['measured here (min)']:.1f} min (the GEMM-bound "
+               f"jobs hold every core, so their difference adds to the elapsed time).")
     return (f"This run's CPU: {', '.join(sorted(cpus)) or here}; fp32 GEMM (numpy's BLAS, {cores} threads, "
             f"{' × '.join(map(str, cost.SHAPE))}) measured here when the report was written: {rate:.0f} GFLOP/s; "
             f"reference for {other}: {ref['gflops']:.0f} GFLOP/s ({ref['cpu']}). A stage's estimate there is its "
             f"measured time less its GEMM work at this rate plus the same work at the reference rate "
             f"(knnlm.report.cost; the GEMM work: the exact searches' recorded flops and the parametric trainings' row "
-            f"scores; the rest of each stage is taken as CPU-independent).\n\n{table}")
+            f"scores; the rest of each stage is taken as CPU-independent).\n\n{table}{elapsed}")
 
 
 def dir_size(path: Path) -> int:
@@ -241,7 +268,8 @@ def main(argv=None) -> None:
     if df["from_log"].any():
         print("\nresumed training jobs, timed from their own logs over every segment: "
               + ", ".join(df.job[df.from_log]))
-    print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
+    print(f"\ntotal wall time of all jobs: {df['wall_s'].sum() / 60:.1f} min; elapsed with a job running: "
+          f"{busy_seconds(root) / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
     print("\nStages (sum of job wall times; with 2+ cores some jobs overlap):\n")
     print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
     print("\nBudgets (the paper's main tables on the primary LM; the extras budgeted separately):\n")
