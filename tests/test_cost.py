@@ -16,8 +16,8 @@ def test_cpu_kind_from_model_names():
 
 
 def test_reference_rates_are_measured_for_both_kinds():
-    assert set(cost.REFERENCE_RATES) == {"intel", "amd"}
-    assert all(r["gflops"] > 50 for r in cost.REFERENCE_RATES.values())
+    assert set(cost.REFERENCE_RATES) == set(cost.EXACT_RATES) == {"intel", "amd"}
+    assert all(r["gflops"] > 50 for r in cost.REFERENCE_RATES.values()) and min(cost.EXACT_RATES.values()) > 50
 
 
 def test_parametric_flops_by_hand():
@@ -43,7 +43,7 @@ def _meta(path, flop, seconds, cpu, **extra):
     path.write_text(json.dumps({"flop": flop, "seconds": seconds, "machine": {"cpu": cpu}, **extra}))
 
 
-def test_exact_flops_count_each_scan_once(tmp_path):
+def test_exact_work_counts_each_scan_once(tmp_path):
     cpu = "Intel(R) Xeon(R) Processor"
     lm = tmp_path / "lms" / "base" / "stores"
     _meta(lm / "full" / "exact" / "att_l2_test.json", 100.0, 5.0, cpu)
@@ -52,32 +52,38 @@ def test_exact_flops_count_each_scan_once(tmp_path):
         _meta(lm / store / "exact" / "att_l2_valid.json", 40.0, 2.0, cpu)
     _meta(lm / "r0.05" / "exact" / "att_l2_test.json", 40.0, 2.0, cpu)
     (lm / "full" / "exact" / "notes.json").write_text("{}")
-    total, cpus = cost.exact_flops(tmp_path)
-    assert total == 100 + 100 + 40 + 40 and cpus == {cpu}
+    total, seconds, cpus = cost.exact_work(tmp_path)
+    assert total == 100 + 100 + 40 + 40 and seconds == 5 + 4 + 2 + 2 and cpus == {cpu}
+    assert cost.exact_flops(tmp_path) == (total, cpus)
 
 
-def test_other_kind_estimate_by_hand():
+def test_other_kind_estimate_by_hand(tmp_path):
     stages = pd.DataFrame([{"stage": "exact search and real score", "wall (min)": 10.0},
                            {"stage": "parametric alternatives", "wall (min)": 2.0},
                            {"stage": "IVFPQ (stores, indexes, FAISS search)", "wall (min)": 5.0},
                            {"stage": "total", "wall (min)": 17.0}])
-    rates = {"intel": {"gflops": 200.0, "cpu": "x"}, "amd": {"gflops": 100.0, "cpu": "y"}}
-    # exact: 60 TFLOP = 300 s of its 600 s at 200 GFLOP/s, 600 s at 100: 900 s; parametric: 60 TFLOP would take 300 s
-    # of its 120 s (the GEMM time is capped at the stage's), so 0 + 600 s; IVFPQ: no GEMM work, the same 5 min
-    flops = {"exact search and real score": 60e12, "parametric alternatives": 60e12}
-    t = cost.other_kind_table(stages, flops, 200.0, "intel", rates).set_index("stage")
+    # exact: 60 TFLOP that took 480 s of the stage's 600 s here, at 100 GFLOP/s there: 120 + 600 s; parametric: 60
+    # TFLOP would take 300 s of its 120 s here (capped at the stage's time), so 0 + 600 s at 100; IVFPQ: the same
+    work = {"exact search and real score": (60e12, 480.0, 100.0), "parametric alternatives": (60e12, 300.0, 100.0)}
+    t = cost.other_kind_table(stages, work, "intel").set_index("stage")
     est = t["estimate on amd (min)"]
-    assert est["exact search and real score"] == pytest.approx(15.0)
+    assert est["exact search and real score"] == pytest.approx(12.0)
     assert est["parametric alternatives"] == pytest.approx(10.0)
     assert est["IVFPQ (stores, indexes, FAISS search)"] == pytest.approx(5.0)
-    assert est["total"] == pytest.approx(30.0) and t.loc["total", "measured here (min)"] == pytest.approx(17.0)
-    assert t.loc["exact search and real score", "GEMM share here"] == "50 %"
-    back = cost.other_kind_table(stages, flops, 100.0, "amd", rates).set_index("stage")["estimate on intel (min)"]
-    assert back["exact search and real score"] == pytest.approx(10.0 - 10.0 + 5.0)  # 600 s of GEMM at 100 -> 300 s
+    assert est["total"] == pytest.approx(27.0) and t.loc["total", "measured here (min)"] == pytest.approx(17.0)
+    assert t.loc["exact search and real score", "GEMM share here"] == "80 %"
     with pytest.raises(ValueError, match="CPU kind"):
-        cost.other_kind_table(stages, flops, 200.0, "arm", rates)
+        cost.other_kind_table(stages, work, "arm")
     with pytest.raises(ValueError, match="rates must be > 0"):
-        cost.other_kind_table(stages, flops, 0.0, "intel", rates)
+        cost.other_kind_table(stages, {"parametric alternatives": (1.0, 1.0, 0.0)}, "intel")
+    # stage_work: the exact searches' seconds with the other kind's exact rate, the parametric GEMM at the rate here
+    _meta(tmp_path / "lms" / "base" / "stores" / "full" / "exact" / "att_l2_test.json", 6e12, 40.0,
+          "Intel(R) Xeon(R) Processor")
+    work, cpus = cost.stage_work(tmp_path, 200.0, "intel")
+    assert work["exact search and real score"] == (6e12, 40.0, cost.EXACT_RATES["amd"])
+    assert work["parametric alternatives"] == (0.0, 0.0, cost.REFERENCE_RATES["amd"]["gflops"])
+    with pytest.raises(ValueError, match="rates must be > 0"):
+        cost.stage_work(tmp_path, 0.0, "intel")
 
 
 def test_run_parametric_flops_reads_the_run(tmp_path):

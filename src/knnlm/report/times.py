@@ -171,12 +171,12 @@ def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
 
 def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None) -> str:
     """Markdown: the run's stages on the other CPU kind by knnlm.report.cost (measured minutes here, GEMM work, the
-    estimate there), with the GEMM rates used; rate: this machine's fp32 GEMM GFLOP/s (None: measured now,
-    knnlm.report.cost.gemm_rate). A sentence instead where this machine is not of the kind that ran the run's
-    exact searches, or of neither kind."""
+    estimate there), with the rates used, and the run's elapsed time here and there; rate: this machine's fp32 GEMM
+    GFLOP/s (None: measured now, knnlm.report.cost.gemm_rate). A sentence instead where this machine is not of the
+    kind that ran the run's exact searches, or of neither kind."""
     from . import cost
 
-    flops, cpus = cost.stage_flops(root)
+    _, _, cpus = cost.exact_work(root)
     here = cost.kind_of_this_machine()
     run_kinds = {cost.cpu_kind(c) for c in cpus}
     if here is None or (run_kinds and run_kinds != {here}):
@@ -184,23 +184,26 @@ def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None
                 f"this machine is {here or 'of neither kind'}; run the report where the run ran.")
     cores = len(os.sched_getaffinity(0))
     rate = rate if rate is not None else cost.gemm_rate(threads=cores)
+    work, _ = cost.stage_work(root, rate, here)
     other = next(k for k in cost.REFERENCE_RATES if k != here)
     ref = cost.REFERENCE_RATES[other]
-    df = cost.other_kind_table(stage_shares(jobs), flops, rate, here)
+    df = cost.other_kind_table(stage_shares(jobs), work, here)
     table = df.to_markdown(index=False, floatfmt=".1f")
     total = df.iloc[-1]
+    f_exact, s_exact, _ = work[cost.EXACT_STAGE]
+    exact_rate = f"{f_exact / s_exact / 1e9:.0f} GFLOP/s" if s_exact else "none run"
     busy = busy_seconds(root) / 60
-    elapsed = (f"\n\nElapsed with a job running: {busy:.1f} min here (the jobs' wall times sum to "
-               f"{total['measured here (min)']:.1f}: with 2 cores some overlap); on {other}: {busy:.1f} + "
-               f"{total[f'estimate on {other} (min)'] - total['measured here (min)']:+.1f} = "
-               f"{busy + total[f'estimate on {other} (min)'] - total['measured here (min)']:.1f} min (the GEMM-bound "
-               f"jobs hold every core, so their difference adds to the elapsed time).")
-    return (f"This run's CPU: {', '.join(sorted(cpus)) or here}; fp32 GEMM (numpy's BLAS, {cores} threads, "
-            f"{' × '.join(map(str, cost.SHAPE))}) measured here when the report was written: {rate:.0f} GFLOP/s; "
-            f"reference for {other}: {ref['gflops']:.0f} GFLOP/s ({ref['cpu']}). A stage's estimate there is its "
-            f"measured time less its GEMM work at this rate plus the same work at the reference rate "
-            f"(knnlm.report.cost; the GEMM work: the exact searches' recorded flops and the parametric trainings' row "
-            f"scores; the rest of each stage is taken as CPU-independent).\n\n{table}{elapsed}")
+    delta = total[f"estimate on {other} (min)"] - total["measured here (min)"]
+    return (f"This run's CPU: {', '.join(sorted(cpus)) or here}. The exact searches' own rate here (their flops over "
+            f"their seconds): {exact_rate}; on {other}: {cost.EXACT_RATES[other]:.0f} GFLOP/s (measured there at the main "
+            f"job's shape). fp32 GEMM through the jobs' BLAS ({cores} threads, {' × '.join(map(str, cost.SHAPE))}) "
+            f"measured here when the report was written: {rate:.0f} GFLOP/s; on {other}: {ref['gflops']:.0f} GFLOP/s "
+            f"({ref['cpu']}), for the parametric trainings' row scores. A stage's estimate there is its measured time "
+            f"less its GEMM work's time here plus that work at the other kind's rate (knnlm.report.cost; the rest of "
+            f"each stage is taken as CPU-independent).\n\n{table}\n\nElapsed with a job running: {busy:.1f} min here "
+            f"(the jobs' wall times sum to {total['measured here (min)']:.1f}: with 2 cores some overlap); on {other}: "
+            f"{busy:.1f} {delta:+.1f} = {busy + delta:.1f} min (the GEMM-bound jobs hold every core, so their "
+            f"difference adds to the elapsed time).")
 
 
 def dir_size(path: Path) -> int:
