@@ -159,6 +159,11 @@ def test_generate_cli(tiny_run, knn_of, tmp_path):
     assert r.stdout.rstrip("\n") == knn.lm.decode(list(knn.lm.encode_prompt("The tower was")) +
                                                   knn.generate_ids(knn.lm.encode_prompt("The tower was"), 5))
     assert f"kNN-LM base att/l2: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} mask=faiss" in r.stderr
+    # within the window the LM decodes incrementally: the same tokens as a greedy loop over whole-window passes
+    prompt, ref = [int(i) for i in knn.lm.encode_prompt("The tower was")], []
+    for _ in range(8):
+        ref.append(int(np.argmax(knn.next_token_log_probs(prompt + ref))))
+    assert knn.generate_ids(prompt, 8) == ref
 
 
 def test_build_datastore_from_other_text(knn_of, tiny_run, tmp_path):

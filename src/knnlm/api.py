@@ -588,11 +588,27 @@ class KNNLM:
 
     def generate_ids(self, prompt_ids, max_new_tokens: int = 30, sample: bool = False, top_k: int = 0,
                      seed: int = 0) -> list[int]:
-        """The token ids generate() draws after token ids `prompt_ids` (the start token is prepended)."""
+        """The token ids generate() draws after token ids `prompt_ids` (the start token is prepended). Within the LM's
+        window the LM decodes step by step (knnlm.lm.decoding.step_decoder: incremental for a fairseq LM), beyond it
+        each step runs the window's last tokens (next_token_log_probs); the same distributions either way."""
+        from .lm.decoding import step_decoder
+
         rng = np.random.default_rng(seed)
         ids, new = [int(i) for i in prompt_ids], []
+        dec = step_decoder(self.lm) if 1 + len(ids) + max_new_tokens <= self.lm.tokens_per_sample else None
+        if dec is not None:
+            with torch.inference_mode():
+                seq = torch.tensor([[int(self.lm.start)]])
+                for i in ids:  # the prompt: the decoder's state only
+                    dec.feed(seq)
+                    seq = torch.cat([seq, torch.tensor([[i]])], 1)
         for _ in range(max_new_tokens):
-            lp = self.next_token_log_probs(ids)
+            if dec is None:
+                lp = self.next_token_log_probs(ids)
+            else:
+                att, ffn, lp_lm = dec.step(seq)
+                h = (att if self.key == "att" else ffn).cpu().numpy()
+                lp = self.mix(lp_lm.cpu().numpy(), self.knn_distribution(h))[0]
             if sample:
                 cand = np.argsort(-lp)[:top_k] if top_k else np.arange(len(lp))
                 p = np.exp(lp[cand] - lp[cand].max())
@@ -601,6 +617,8 @@ class KNNLM:
                 t = int(np.argmax(lp))
             ids.append(t)
             new.append(t)
+            if dec is not None:
+                seq = torch.cat([seq, torch.tensor([[t]])], 1)
         return new
 
     def logits_processor(self):
