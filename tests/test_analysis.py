@@ -321,8 +321,17 @@ def test_e2_temperature_grid_is_extended_at_its_edges(monkeypatch):
     cfg = {"hypotheses": {"topk": [4]}, "temperature": {"max_extensions": 2, "start": 0.0, "step": 0.5, "stop": 1.0}}
     job = SimpleNamespace(cfg=cfg, threads=1)
     lp_lm = {s: inputs[s]["lm"] for s in ("valid", "test")}
+    passes, one_pass = [], hy._per_token
+    monkeypatch.setattr(hy, "_per_token", lambda *a, **kw: passes.append((a[4], a[5], a[6])) or one_pass(*a, **kw))
     per, drift, taus, temps, ks = hy._grids(job, w_sm, vals, ["att"], lp_lm, 11, [0.5, 1.0], [1.0, 2.0])
     assert temps[:2] == [0.25, 0.5] and temps == sorted(temps) and ks == [4] and max(drift.values()) < 1e-5
+    # the T grid's extensions were computed ahead in valid's one pass (every value two extensions can add); the
+    # τ grid's, when there is one, gets a pass of its own new values
+    assert passes[0] == ([0.5, 1.0], [0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0], "valid")
+    assert hy.speculative_temperatures([1.0, 2.0], 2) == [0.25, 0.5, 3.0, 4.0, 6.0, 8.0]
+    assert [p[2] for p in passes] == ["valid"] * (len(passes) - 1) + ["test"]
+    assert all(p[1] == [] for p in passes[1:-1]) and taus[:2] == [0.5, 1.0]
+    monkeypatch.setattr(hy, "_per_token", one_pass)
     best = lambda a: tune_temperature(lp_lm["valid"], a, None, 11)  # noqa: E731
     for s in ("valid", "test"):
         whole, _ = hy._per_token(job, w_sm, vals, ["att"], taus, temps, s)

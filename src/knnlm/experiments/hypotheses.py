@@ -125,26 +125,47 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     return r, drift
 
 
+def speculative_temperatures(temps: list[float], rounds: int) -> list[float]:
+    """Every value that `rounds` extensions of E.2's T grid `temps` (ascending) can add (_grids: half the first value
+    while a T* is the first, 1.5 and 2 times the last while one is the last), computed as the extensions compute them
+    (the same floats), ascending, those already in `temps` left out."""
+    lo, hi, out = temps[0], temps[-1], []
+    for _ in range(rounds):
+        lo = lo / 2
+        out += [lo, hi * 1.5, hi * 2]
+        hi = hi * 2
+    return sorted(set(out) - set(temps))
+
+
 def _grids(job: Job, w_sm: np.ndarray, vals, keys: list[str], lp_lm: dict, steps: int, taus: list[float],
            temps: list[float]) -> tuple[dict, dict, list[float], list[float], list[int]]:
     """_per_token on both splits, with E.1's τ grid and E.2's T grid extended where a twin's tuned value sits on an
     edge, as τ's is for the kNN-LM (both sides tuned alike): while some twin's τ* is the grid's last value, the τ
     grid grows by its own span (knnlm.config.extended_temperatures); while some T* is the last (first) T, the T grid
     gains 1.5 and 2 times its last value (half its first); at most config 'temperature.max_extensions' times.
-    Tuning reads valid only, so valid gets a pass per extension (for the new values only) and test one pass at the
-    values tuned on valid (nan at every other value of the grids). Returns ({split: _per_token's arrays, the grids'
-    values in ascending order}, {split: drift}, taus, temps, ks)."""
+    Tuning reads valid only. Valid's one pass also computes every T an extension could add
+    (speculative_temperatures), so an extension of the T grid reveals values already computed (the grid, its tuned
+    values and the arrays returned are those of extending it pass by pass); an extension of the τ grid gets a pass
+    for its new values. Test gets one pass at the values tuned on valid (nan at every other value of the grids).
+    Returns ({split: _per_token's arrays, the grids' values in ascending order}, {split: drift}, taus, temps, ks)."""
     from ..config import extended_temperatures
     from ..scoring.interpolation import tune_temperature
 
     def at(values: np.ndarray) -> int:
         return tune_temperature(lp_lm["valid"], values, None, steps)
 
+    rounds = job.cfg["temperature"]["max_extensions"]
     ks = sorted({k for k in job.cfg["hypotheses"]["topk"] if k < w_sm.shape[0]})
+    computed = sorted(temps + speculative_temperatures(temps, rounds))
     r, drift = {}, {}
-    r["valid"], drift["valid"] = _per_token(job, w_sm, vals, keys, taus, temps, "valid")
-    for _ in range(job.cfg["temperature"]["max_extensions"]):
-        v = r["valid"]
+    full, drift["valid"] = _per_token(job, w_sm, vals, keys, taus, computed, "valid")
+
+    def shown(values: list[float]) -> dict:  # valid's arrays at T grid `values` (ascending; computed already)
+        idx = [computed.index(x) for x in values]
+        return {"e1": full["e1"], "topk": full["topk"][:, idx], "subset": {c: a[idx] for c, a in full["subset"].items()}}
+
+    for _ in range(rounds):
+        v = shown(temps)
         e1 = [at(v["e1"][key]) for key in keys]
         e2 = [at(v["topk"][i]) for i in range(len(ks))] + [at(v["subset"][c]) for c in v["subset"]]
         more_taus = extended_temperatures(job.cfg, taus) if len(taus) - 1 in e1 else []
@@ -153,16 +174,19 @@ def _grids(job: Job, w_sm: np.ndarray, vals, keys: list[str], lp_lm: dict, steps
         if not (more_taus or more_temps):
             break
         log.info("E.1/E.2: a tuned value on its grid's edge: τ += %s, T += %s", more_taus, more_temps)
-        x, _ = _per_token(job, w_sm, vals, keys, more_taus, more_temps, "valid", check=False)
-        order = np.argsort(temps + more_temps, kind="stable")
-        for key in keys:
-            v["e1"][key] = np.concatenate([v["e1"][key], x["e1"][key]])
-        v["topk"] = np.concatenate([v["topk"], x["topk"]], axis=1)[:, order]
-        for c in v["subset"]:
-            v["subset"][c] = np.concatenate([v["subset"][c], x["subset"][c]])[order]
-        taus, temps = taus + more_taus, [(temps + more_temps)[i] for i in order]
+        missing = [x for x in more_temps if x not in computed]  # never, with rounds extensions computed ahead
+        if more_taus or missing:
+            x, _ = _per_token(job, w_sm, vals, keys, more_taus, missing, "valid", check=False)
+            for key in keys:
+                full["e1"][key] = np.concatenate([full["e1"][key], x["e1"][key]])
+            order = np.argsort(computed + missing, kind="stable")
+            full["topk"] = np.concatenate([full["topk"], x["topk"]], axis=1)[:, order]
+            for c in full["subset"]:
+                full["subset"][c] = np.concatenate([full["subset"][c], x["subset"][c]])[order]
+            computed = [(computed + missing)[i] for i in order]
+        taus, temps = taus + more_taus, sorted(temps + more_temps)
+    r["valid"] = v = shown(temps)
     # test measures only: each twin at its value tuned on valid (the other grid values stay nan)
-    v = r["valid"]
     ti = sorted({at(v["e1"][key]) for key in keys})
     tj = sorted({at(v["topk"][i]) for i in range(len(ks))} | {at(v["subset"][c]) for c in v["subset"]})
     x, drift["test"] = _per_token(job, w_sm, vals, keys, [taus[i] for i in ti], [temps[j] for j in tj], "test")
