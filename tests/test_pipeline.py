@@ -132,11 +132,12 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 9 beyond the paper: the token features of valid and test, per-token gains, λ by retrieval quality, adaptive
     #   retrieval, perplexity by k, leakage control, n-gram LMs, RetoMaton
     # + 2 for greedy merging: every datastore entry's own FAISS neighbours, the pruning table
+    # + 1 for generation (continuations of test prefixes and their entropies by step)
     # + 1 for the speed table (reads the timings the jobs above recorded)
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    assert jobs == 181
+    assert jobs == 182
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
