@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -224,18 +223,8 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     nlist = ivf.nlist if ivf is not None else nprobe
     missing = refilled = 0
     scanned = from_lists = 0.0
-
-    def write(s: int, e: int, ii: np.ndarray, dd: np.ndarray) -> None:  # the cache's rows, then out of the RSS
-        ids[s:e] = ii
-        dists[s:e] = dd
-        release_rows(ids, s, e)
-        release_rows(dists, s, e)
-
-    # a chunk's rows are written (and synced) by a second thread while faiss searches the next chunk
-    with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists, \
-            ThreadPoolExecutor(1, thread_name_prefix="write-neighbours") as writer:
-        pending = None
-        for s, e in tqdm(iter_chunks(t, chunk, queries), total=-(-t // chunk),  # RSS flat in T
+    with create_npy(out_ids, (t, k), np.int32) as ids, create_npy(out_dists, (t, k), np.float32) as dists:
+        for s, e in tqdm(iter_chunks(t, chunk, ids, dists, queries), total=-(-t // chunk),  # RSS flat in T
                          desc=f"search {Path(index_path).stem}", unit=" chunk", mininterval=10):
             q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
             faiss.cvar.indexIVF_stats.reset()
@@ -243,12 +232,9 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             refilled += more
             from_lists += keys
             scanned += faiss.cvar.indexIVF_stats.ndis
+            ids[s:e] = ii
+            dists[s:e] = dd
             missing += int((ii < 0).sum())
-            if pending is not None:
-                pending.result()  # one chunk in flight: memory stays flat in T
-            pending = writer.submit(write, s, e, ii, dd)
-        if pending is not None:
-            pending.result()
     return {"T": t, "k": k, "nprobe": nprobe, "lists": int(nlist), "missing_neighbours": missing, "requeried_for_k": refilled,
             "keys_scanned_per_query": from_lists / t if t else None,
             "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
