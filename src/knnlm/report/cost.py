@@ -28,15 +28,15 @@ import pandas as pd
 # fp32 GEMM GFLOP/s of each CPU kind at the exact search's block shape (1,024 × 129 · 129 × 32,768), 2 threads,
 # through knnlm.search.exact.cpu_matmul (the BLAS the parametric trainings use): 'amd' numpy's OpenBLAS, the lower end
 # of 122-137 GFLOP/s measured on a 2-core AMD EPYC (Zen 3, AVX2, 2.445 GHz); 'intel' torch.mm (MKL) on a 2-core Intel
-# Xeon (AVX-512), 270 GFLOP/s.
+# Xeon (AVX-512), gemm_rate() 285 GFLOP/s (numpy's OpenBLAS there: 248).
 REFERENCE_RATES = {
     "amd": {"gflops": 122.0, "cpu": "AMD EPYC (Zen 3, AVX2), 2 cores"},
-    "intel": {"gflops": 270.0, "cpu": "Intel Xeon (AVX-512), 2 cores"},
+    "intel": {"gflops": 285.0, "cpu": "Intel Xeon (AVX-512), 2 cores"},
 }
-# The exact search's own rate (recorded flops over recorded seconds) at the main job's shape (the full store's 2.64M
-# keys of D = 128, k = 1,024, every test token, 2 cores): 117 GFLOP/s on a 2-core AMD EPYC (Zen 3), 155 on a 2-core
-# Intel Xeon (AVX-512).
-EXACT_RATES = {"amd": 117.0, "intel": 155.0}
+# The exact search's own rate (flops over seconds) at the main job's shape (the full store's 2.64M att keys of D = 128,
+# k = 1,024, 2 cores): 117 GFLOP/s on a 2-core AMD EPYC (Zen 3; the job over every test token), 213 on a 2-core Intel
+# Xeon (AVX-512; exact_topk over 16,384 real test queries on an otherwise idle machine).
+EXACT_RATES = {"amd": 117.0, "intel": 213.0}
 SHAPE = (1024, 129, 32768)  # queries x (D + 1) x keys: one block of the main job's exact search
 
 
