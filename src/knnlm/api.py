@@ -591,17 +591,14 @@ class KNNLM:
         """The token ids generate() draws after token ids `prompt_ids` (the start token is prepended). Within the LM's
         window the LM decodes step by step (knnlm.lm.decoding.step_decoder: incremental for a fairseq LM), beyond it
         each step runs the window's last tokens (next_token_log_probs); the same distributions either way."""
-        from .lm.decoding import step_decoder
+        from .lm.decoding import start
 
         rng = np.random.default_rng(seed)
         ids, new = [int(i) for i in prompt_ids], []
-        dec = step_decoder(self.lm) if 1 + len(ids) + max_new_tokens <= self.lm.tokens_per_sample else None
-        if dec is not None:
+        dec = None
+        if 1 + len(ids) + max_new_tokens <= self.lm.tokens_per_sample:
             with torch.inference_mode():
-                seq = torch.tensor([[int(self.lm.start)]])
-                for i in ids:  # the prompt: the decoder's state only
-                    dec.feed(seq)
-                    seq = torch.cat([seq, torch.tensor([[i]])], 1)
+                dec, seq = start(self.lm, torch.tensor([ids], dtype=torch.long).reshape(1, len(ids)))
         for _ in range(max_new_tokens):
             if dec is None:
                 lp = self.next_token_log_probs(ids)

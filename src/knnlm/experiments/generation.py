@@ -97,7 +97,7 @@ def continue_prefixes(lm, retrieval: Retrieval, key: str, lam: float, prefixes: 
     (1 − λ) p_LM + λ p_kNN, 'lm' from p_LM, 'true' feeds truth [S, L] (teacher forcing); the start token goes first, as
     in the LM's passes. Returns {'tokens' [S, L] int64 (the continuation), 'h_knn', 'h_lm' [S, L] float64: the
     entropies (nats) of p_kNN and p_LM for each continuation token, given the tokens before it}."""
-    from ..lm.decoding import step_decoder
+    from ..lm.decoding import start
     from ..scoring.generation import entropy, top_p_sample
 
     s, length = truth.shape
@@ -105,11 +105,7 @@ def continue_prefixes(lm, retrieval: Retrieval, key: str, lam: float, prefixes: 
            "h_lm": np.empty((s, length))}
     for a in range(0, s, batch):
         b = min(s, a + batch)
-        dec = step_decoder(lm)
-        seq = torch.full((b - a, 1), int(lm.start), dtype=torch.long)
-        for i in range(prefixes.shape[1]):  # the prefix: the decoder's state only
-            dec.feed(seq)
-            seq = torch.cat([seq, torch.as_tensor(prefixes[a:b, i:i + 1])], 1)
+        dec, seq = start(lm, torch.as_tensor(prefixes[a:b]))
         for t in range(length):
             att, ffn, lp = dec.step(seq)
             p_lm = np.exp(lp.double().numpy())

@@ -52,25 +52,35 @@ class FairseqStepDecoder:
     @torch.inference_mode()
     def feed(self, tokens: torch.Tensor) -> None:
         """step() without its outputs (a prompt's tokens): the incremental state only, no output layer."""
+        from .fairseq import forward_states
+
         self._advance(tokens)
-        self.model.decoder.extract_features(tokens.to(self.dev), encoder_out=None, incremental_state=self.state)
+        forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
 
     @torch.inference_mode()
     def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens [B, t] int64, the sequences so far (the start token first; t = 1 at the first step and one more at
         each step). Returns (att [B, D], ffn [B, D], log-probs [B, V]) float32 of the next token after each sequence
-        (att: the input of the last layer's fc1, as knnlm.lm.fairseq.forward_states captures it)."""
+        (the keys of knnlm.lm.fairseq.forward_states, here for the newest position only)."""
+        from .fairseq import forward_states
+
         self._advance(tokens)
-        dec = self.model.decoder
-        captured = {}
-        hook = dec.layers[-1].fc1.register_forward_hook(lambda m, inp, out: captured.__setitem__("att", inp[0]))
-        try:
-            x, extra = dec.extract_features(tokens.to(self.dev), encoder_out=None, incremental_state=self.state)
-        finally:
-            hook.remove()
-        lp = self.model.get_normalized_probs((dec.output_layer(x), extra), log_probs=True)
-        # fairseq's layers run time-first: the hook's input is [1, B, D]
-        return captured["att"][-1].float(), x[:, -1].float(), lp[:, -1].float()
+        st = forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
+        # normalised log-probs through the model's own normalisation (a plain or an adaptive softmax), as fairseq_forward
+        lp = self.model.get_normalized_probs((self.model.decoder.output_layer(st["ffn"]), None), log_probs=True)
+        return st["att"][:, -1].float(), st["ffn"][:, -1].float(), lp[:, -1].float()
+
+
+def start(lm, prompts: torch.Tensor):
+    """A decoder of `lm` (step_decoder) that has read the start token and prompts [B, P] int64 (one prompt per
+    sequence, all of P tokens). Returns (decoder, sequences [B, P + 1] int64: the start token, then the prompt), ready
+    for decoder.step(sequences)."""
+    dec = step_decoder(lm)
+    seq = torch.full((prompts.shape[0], 1), int(lm.start), dtype=torch.long)
+    for i in range(prompts.shape[1]):  # the prompt: the decoder's state only
+        dec.feed(seq)
+        seq = torch.cat([seq, prompts[:, i:i + 1].long()], 1)
+    return dec, seq
 
 
 def step_decoder(lm):

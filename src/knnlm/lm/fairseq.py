@@ -60,17 +60,19 @@ def iter_split(model, cfg, data_bin: str | Path, split: str, context_window: int
 
 @torch.no_grad()
 def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, targets: torch.Tensor | None = None,
-                   keep: torch.Tensor | None = None):
+                   keep: torch.Tensor | None = None, incremental_state: dict | None = None):
     """Run the decoder once; return {'att': [B, L, D], 'ffn': [B, L, D]} (+ 'lp': [B, L] log p(target), fp32; with
     `keep` [B, L] bool, 'lp' [n] of the kept positions only, in row-major order: the output layer and its softmax over
     V, most of an eval pass's cost at small D, then run for the scored positions and not for a window's context).
+    incremental_state: fairseq's per-layer cache of earlier positions (knnlm.lm.decoding.FairseqStepDecoder): the
+    decoder then runs the newest position of src_tokens only, and L = 1.
 
     att is captured by a forward hook on layers[-1].fc1 (its input, after the pre-FFN LayerNorm).
     """
     captured = {}
     hook = model.decoder.layers[-1].fc1.register_forward_hook(lambda m, inp, out: captured.__setitem__("att", inp[0]))
     try:
-        x, extra = model.decoder.extract_features(src_tokens, encoder_out=None)
+        x, extra = model.decoder.extract_features(src_tokens, encoder_out=None, incremental_state=incremental_state)
     finally:
         hook.remove()
     att = captured["att"].transpose(0, 1)  # fairseq's layers run time-first: [L, B, D] -> [B, L, D]
