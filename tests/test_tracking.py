@@ -1,6 +1,9 @@
 """MLflow bookkeeping (knnlm.tracking): a failed job leaves a FAILED run, jobs are children of the invocation's run."""
+import os
+
 import pytest
 
+from conftest import PROJECT_ROOT
 from knnlm import cli, tracking
 
 
@@ -154,3 +157,63 @@ def test_invalid_names_are_made_valid_and_a_rejection_is_not_retried(tmp_path, m
     with pytest.raises(MlflowException):
         tracking._retrying(rejected, "a rejected call", retries=4)
     assert len(calls) == 1
+
+
+def test_spooled_runs_are_logged_by_the_invocations_thread(tmp_path, monkeypatch):
+    """Under Snakemake (start_spool) a job writes its run into the spool and imports no MLflow; the thread logs each
+    record with the job's own tags, metrics, artifacts, status and times; stop_spool logs the rest and leaves the
+    spool empty; a record a killed invocation left is logged by the next one."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(tracking.SPOOL_ENV, raising=False)
+    cfg = {"name": "t", "results_dir": str(tmp_path), "threads": 1}
+    parent = tracking.start_parent_run(cfg, ["all"])
+    monkeypatch.setenv(tracking.PARENT_ENV, parent)
+    table = tmp_path / "table.csv"
+    table.write_text("a,b\n1,2\n")
+    spool = tmp_path / tracking.SPOOL_DIR
+    # a job process: no MLflow import, one record in the spool
+    code = ("import sys, time; sys.path.insert(0, 'src'); from knnlm import cli\n"
+            f"cli.resolve = lambda name: (lambda job: {{'metrics': {{'ppl': 9.5}}, 'artifacts': [{str(table)!r}]}})\n"
+            f"cli.run_job('m.job', cli.Job(cfg={cfg!r}, rule='m.job', wildcards={{'split': 'test'}}))\n"
+            "assert 'mlflow' not in sys.modules, 'the job imported mlflow'\n")
+    env = {**os.environ, tracking.SPOOL_ENV: str(spool)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (rec,) = spool.glob("*.json")
+    assert json.loads(rec.read_text())["tags"]["mlflow.parentRunId"] == parent
+    assert all(name.startswith("snakemake") for name in _runs(tmp_path))  # nothing logged yet but the parent
+    # the invocation's thread logs it; a failed job in this process is spooled and logged too
+    logger = tracking.start_spool(cfg)
+    monkeypatch.setattr(logger, "interval", 0.05)
+
+    def broken(job):
+        raise ValueError("bad input")
+
+    monkeypatch.setattr(cli, "resolve", lambda name: broken)
+    with pytest.raises(ValueError):
+        cli.run_job("m.broken", cli.Job(cfg=cfg, rule="m.broken"))
+    deadline = time.time() + 60
+    while list(spool.glob("*.json")) and time.time() < deadline:
+        time.sleep(0.1)
+    tracking.stop_spool()
+    assert tracking.SPOOL_ENV not in os.environ and not list(spool.glob("*"))
+    runs = _runs(tmp_path)
+    job, failed = runs["m.job_split=test"], runs["m.broken"]
+    assert job.info.status == "FINISHED" and job.data.metrics == {"ppl": 9.5}
+    assert job.data.tags["mlflow.parentRunId"] == parent == failed.data.tags["mlflow.parentRunId"]
+    assert job.info.start_time <= job.info.end_time
+    assert failed.info.status == "FAILED" and failed.data.tags["error"] == "ValueError: bad input"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    assert [a.path for a in client.list_artifacts(job.info.run_id)] == ["table.csv"]
+    # a record left behind (a killed invocation) is logged when the next invocation starts its logger
+    tracking.spool_run(spool, cfg, "m.left", {}, metrics={"x": 1.0}, start_time=time.time())
+    tracking.start_spool(cfg)
+    tracking.stop_spool()
+    assert _runs(tmp_path)["m.left"].info.status == "FINISHED" and not list(spool.glob("*.json"))

@@ -6,6 +6,13 @@ server instead. Artifacts go to <results_dir>/mlartifacts/<experiment>/ for the 
 Jobs run in parallel, and sqlite dislikes concurrent schema creation, so every write goes through an exclusive
 file lock: what a job logs is sent in one go at its end (`log_run`), except the curves of long trainings, which
 are logged while they run (`open_job_run`, `log_points`) into the run the job's end then finishes.
+
+Under Snakemake a job does not import MLflow for its end: importing mlflow and its sqlite store takes ~7 s of a
+job process (3.6 s and 3.2 s, measured on 2 AMD EPYC cores), longer than most jobs compute. The Snakefile's onstart
+sets SPOOL_ENV and starts a SpoolLogger, a thread of the Snakemake process (which has imported MLflow once); each
+job writes its run as a JSON record into the spool (`log_run`), and the thread logs the records as they arrive,
+seconds later, and the rest when the invocation ends. A record left by a killed invocation is logged by the next
+one, or by `python -m knnlm.tracking replay <results_dir>`.
 """
 from __future__ import annotations
 
@@ -99,6 +106,8 @@ def _retrying(fn, what: str, retries: int | None = None):
 
 
 PARENT_ENV = "KNNLM_MLFLOW_PARENT_RUN"  # set by the Snakefile's onstart: the run of this Snakemake invocation
+SPOOL_ENV = "KNNLM_MLFLOW_SPOOL"  # set by the Snakefile's onstart: the folder jobs write their runs into (SpoolLogger)
+SPOOL_DIR = "mlflow_spool"  # under results_dir
 
 
 # The experiment's kind for MLflow 3 (tag mlflow.experimentKind): model training. MLflow 3.17's UI still opens an
@@ -251,8 +260,19 @@ def log_run(cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw)
 
     If it still fails, the job is not failed (its outputs are written and valid): the run is saved as JSON under
     <results_dir>/mlflow_pending/ with a warning, and `python -m knnlm.tracking replay <results_dir>` logs it
-    later. Returns the run id, or None when the run was left pending.
+    later. Where SPOOL_ENV is set (a job under Snakemake) and the job has no live run (run_id), the run is written
+    to that folder instead (spool_run) and logged by the Snakemake process's SpoolLogger. Returns the run id, or
+    None when the run was spooled or left pending.
     """
+    spool = os.environ.get(SPOOL_ENV)
+    if spool and not kw.get("run_id"):  # a job under Snakemake: its run goes to the invocation's SpoolLogger
+        try:
+            path = spool_run(Path(spool), cfg, rule, wildcards, **kw)
+            log.info("MLflow: the %s run of %s is spooled to %s (logged by the Snakemake process)",
+                     kw.get("status", "FINISHED"), _job_name(rule, dict(wildcards or {})), path)
+            return None
+        except OSError as e:
+            log.warning("MLflow: could not spool the run of %s (%s); logging it here", rule, e)
     try:
         return _retrying(lambda: _log_run_once(cfg, rule, wildcards, **kw), f"logging the run of {rule}")
     except Exception as e:  # noqa: BLE001
@@ -271,22 +291,126 @@ def log_run(cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw)
         return None
 
 
-def replay(results_dir: str | Path) -> int:
-    """Log every run saved under <results_dir>/mlflow_pending/ (log_run's fallback) and delete its file; returns
-    how many were logged. A run that fails again stays pending."""
+def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw) -> Path:
+    """Write one job's run (log_run's arguments) as a JSON record into folder `spool`, atomically (a temporary name,
+    then a rename): '<ns since the epoch>-<pid>.json', so that the records sort in the order the jobs ended. The
+    record keeps what the job's own process knows: its tags (the parent run, the git commit), its start and end
+    times, the artifacts' absolute paths. Returns the record's path; OSError when the folder cannot be written."""
     import json
 
+    spool.mkdir(parents=True, exist_ok=True)
+    wildcards = dict(wildcards or {})
+    kw = dict(kw)
+    kw["artifacts"] = [str(Path(a).resolve()) for a in kw.get("artifacts") or ()]
+    kw["end_time"] = time.time()
+    record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule, "wildcards": wildcards,
+              "tags": _job_tags(cfg, rule, wildcards), "kw": kw}
+    path = spool / f"{time.time_ns()}-{os.getpid()}.json"
+    tmp = spool / f".{path.name}.tmp"
+    tmp.write_text(json.dumps(record, default=str))
+    os.replace(tmp, path)
+    return path
+
+
+def _replay_record(path: Path, results_dir: str | Path | None = None) -> None:
+    """Log the run of one record (spool_run's, or log_run's pending fallback) and delete it. results_dir: where the
+    store is (None: the record's own)."""
+    import json
+
+    rec = json.loads(path.read_text())
+    kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
+    if kw.get("step_metrics"):
+        kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in kw["step_metrics"].items()}
+    cfg = {**rec["cfg"], **({"results_dir": str(results_dir)} if results_dir is not None else {})}
+    _retrying(lambda: _log_run_once(cfg, rec["rule"], rec["wildcards"], tags=rec.get("tags"), **kw),
+              f"replaying {path.name}")
+    path.unlink()
+
+
+def replay(results_dir: str | Path) -> int:
+    """Log every run saved under <results_dir>/mlflow_pending/ (log_run's fallback) and <results_dir>/mlflow_spool/
+    (runs spooled by jobs of an invocation that ended before logging them) and delete its file; returns how many
+    were logged. A run that fails again stays pending."""
     done = 0
     for path in sorted((Path(results_dir) / PENDING_DIR).glob("*.json")):
-        rec = json.loads(path.read_text())
-        kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
-        if kw.get("step_metrics"):
-            kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in kw["step_metrics"].items()}
-        _retrying(lambda: _log_run_once({**rec["cfg"], "results_dir": str(results_dir)}, rec["rule"], rec["wildcards"],
-                                        **kw), f"replaying {path.name}")
-        path.unlink()
+        _replay_record(path, results_dir)
+        done += 1
+    for path in sorted((Path(results_dir) / SPOOL_DIR).glob("*.json")):
+        _replay_record(path)
         done += 1
     return done
+
+
+class SpoolLogger:
+    """Logs the runs that jobs write into folder `spool` (log_run under SPOOL_ENV), in the order they ended: a
+    daemon thread of the process that starts it (the Snakemake process: MLflow is imported once for the whole
+    invocation, not once per job), looking for new records every `interval` seconds. stop() logs the rest. A
+    record that fails to log stays in the folder (a warning; the next round, the next invocation or
+    `python -m knnlm.tracking replay` logs it)."""
+
+    def __init__(self, spool: str | Path, interval: float = 2.0):
+        import threading
+
+        self.spool, self.interval = Path(spool), interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="mlflow-spool", daemon=True)
+        self._failed: set[str] = set()
+
+    def start(self) -> "SpoolLogger":
+        self._thread.start()
+        return self
+
+    def drain(self) -> int:
+        """Log every record now in the folder; returns how many were logged."""
+        done = 0
+        for path in sorted(self.spool.glob("*.json")):
+            try:
+                _replay_record(path)
+                done += 1
+            except Exception as e:  # noqa: BLE001 - one bad record never stops the others
+                if path.name not in self._failed:
+                    self._failed.add(path.name)
+                    log.warning("MLflow: the spooled run %s was not logged (%s: %s); it stays for a retry", path,
+                                type(e).__name__, e)
+        return done
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.drain()
+
+    def stop(self) -> int:
+        """Stop the thread and log what is left; returns how many records are still unlogged (with a warning)."""
+        self._stop.set()
+        self._thread.join()
+        self.drain()
+        left = len(list(self.spool.glob("*.json")))
+        if left:
+            log.warning("MLflow: %d spooled run(s) not logged; `python -m knnlm.tracking replay %s` logs them", left,
+                        self.spool.parent)
+        return left
+
+
+_SPOOL_LOGGER: list[SpoolLogger] = []  # the SpoolLogger of this process's invocation (start_spool)
+
+
+def start_spool(cfg: dict) -> SpoolLogger:
+    """Start this process's SpoolLogger over <results_dir>/mlflow_spool/ (logging at once what a killed invocation
+    left there) and set SPOOL_ENV, which the jobs this process starts inherit: their runs then go through it. For the
+    Snakefile's onstart; stop_spool ends it."""
+    spool = Path(cfg["results_dir"]).resolve() / SPOOL_DIR
+    spool.mkdir(parents=True, exist_ok=True)
+    logger = SpoolLogger(spool).start()
+    _SPOOL_LOGGER.append(logger)
+    os.environ[SPOOL_ENV] = str(spool)
+    return logger
+
+
+def stop_spool() -> None:
+    """Stop this process's SpoolLogger (start_spool) after logging every record left; jobs started later log their
+    runs themselves. For the Snakefile's onsuccess and onerror."""
+    os.environ.pop(SPOOL_ENV, None)
+    while _SPOOL_LOGGER:
+        _SPOOL_LOGGER.pop().stop()
 
 
 def _log_run_once(
@@ -301,6 +425,8 @@ def _log_run_once(
     status: str = "FINISHED",
     error: str | None = None,
     run_id: str | None = None,
+    end_time: float | None = None,
+    tags: dict[str, str] | None = None,
 ) -> str:
     """Log one job as an MLflow run in experiment cfg['name'] (one attempt); return the run id.
 
@@ -309,7 +435,8 @@ def _log_run_once(
     artifacts: files (tables, manifests) copied into the run. Tags: rule, wildcards, git commit, config, the
     parent run of the Snakemake invocation (PARENT_ENV) when set. status: 'FINISHED', or 'FAILED' for a job that
     raised (`error`: its message, tag 'error'). run_id: the job's run opened while it ran (open_job_run), which
-    this finishes; None creates it.
+    this finishes; None creates it. end_time: when the job ended (a spooled run: logged later); None: now. tags:
+    the job's tags as its process made them (a spooled run), instead of this process's.
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -322,7 +449,7 @@ def _log_run_once(
         client = MlflowClient(uri)
         exp_id = _experiment(client, cfg, uri, results_dir)
         name = _job_name(rule, wildcards)
-        tags = _job_tags(cfg, rule, wildcards)
+        tags = dict(tags) if tags is not None else _job_tags(cfg, rule, wildcards)
         if error:
             tags["error"] = error[:5000]
         run_id = run_id or _left_running(client, exp_id, name)
@@ -336,7 +463,7 @@ def _log_run_once(
                 client.set_tag(rid, k, v)
         all_params = {**{f"wildcard.{k}": v for k, v in wildcards.items()}, **flatten(params or {})}
         from mlflow.entities import Metric, Param
-        now = int(time.time() * 1000)
+        now = int((end_time or time.time()) * 1000)
         ms = [Metric(mlflow_key(k), float(v), now, 0) for k, v in (metrics or {}).items() if v is not None]
         for k, series in (step_metrics or {}).items():
             ms += [Metric(mlflow_key(k), float(v), now, int(s)) for s, v in series]
@@ -348,7 +475,7 @@ def _log_run_once(
         for a in artifacts:
             if Path(a).exists():
                 client.log_artifact(rid, str(a))
-        client.set_terminated(rid, status)
+        client.set_terminated(rid, status, end_time=int(end_time * 1000) if end_time else None)
     log.info("MLflow: logged %s run %s (%s) to %s", status, rid, name, uri)
     return rid
 
@@ -370,4 +497,4 @@ if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "replay":
         raise SystemExit("usage: python -m knnlm.tracking replay <results_dir>")
     logging.basicConfig(level=logging.INFO)
-    print(f"replayed {replay(sys.argv[2])} pending run(s) from {sys.argv[2]}/{PENDING_DIR}")
+    print(f"replayed {replay(sys.argv[2])} run(s) from {sys.argv[2]}/{PENDING_DIR} and {sys.argv[2]}/{SPOOL_DIR}")
