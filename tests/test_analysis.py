@@ -249,6 +249,7 @@ def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
     from types import SimpleNamespace
 
     from knnlm.experiments import hypotheses as hy
+    from knnlm.scoring.analysis import GEMM_ROWS
 
     rng = np.random.default_rng(4)
     t, d, v, k, n = 300, 8, 40, 16, 500
@@ -266,7 +267,7 @@ def test_hypotheses_per_token_chunks_on_threads_equal_one_pass(monkeypatch):
     cfg = {"hypotheses": {"topk": [4, 16, 64], "sparsify_temperatures": [0.5, 1.0, 2.0]}}
     for split in ("valid", "test"):
         runs = []
-        for chunk, threads in ((t, 1), (7, 2)):
+        for chunk, threads in ((t // GEMM_ROWS * GEMM_ROWS + GEMM_ROWS, 1), (GEMM_ROWS, 2)):
             monkeypatch.setattr(hy, "CHUNK", chunk)
             runs.append(hy._per_token(SimpleNamespace(cfg=cfg, threads=threads), w_sm, vals, ["att"], [0.5, 1.0, 3.0],
                                       cfg["hypotheses"]["sparsify_temperatures"], split))
@@ -363,3 +364,18 @@ def test_mixture_weights_equal_em_in_log_space():
             break
         w = new
     np.testing.assert_allclose(an.mixture_weights(list(lps)), new, rtol=1e-8, atol=1e-12)
+
+
+def test_fixed_shape_matmul_gives_a_row_the_same_bits_in_any_chunking():
+    """fixed_shape_matmul: the float64 product to fp32 rounding, and each row's result the same bits when the rows are
+    computed all at once or in pieces that start at multiples of GEMM_ROWS (the last piece short, padded)."""
+    from knnlm.scoring.analysis import GEMM_ROWS, fixed_shape_matmul
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 24)).astype(np.float32)
+    wt = rng.standard_normal((24, 50)).astype(np.float32)
+    whole = fixed_shape_matmul(x, wt)
+    np.testing.assert_allclose(whole, x.astype(np.float64) @ wt.astype(np.float64), rtol=1e-5, atol=1e-5)
+    pieces = np.concatenate([fixed_shape_matmul(x[a:a + GEMM_ROWS], wt) for a in range(0, 300, GEMM_ROWS)])
+    np.testing.assert_array_equal(whole, pieces)
+    np.testing.assert_array_equal(fixed_shape_matmul(x[:7], wt), whole[:7])

@@ -71,7 +71,8 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     Every quantity is per token and per grid value, so a pass for some grid values gives the same numbers as a pass
     for a larger grid. Chunks of CHUNK tokens run on job.threads threads at once (numpy and torch release the GIL;
     the numba kernels, themselves parallel, run one at a time)."""
-    from ..scoring.analysis import output_embedding_scores, subset_log_prob_grid, topk_log_prob_grid, unique_tokens
+    from ..scoring.analysis import (GEMM_ROWS, fixed_shape_matmul, output_embedding_scores, subset_log_prob_grid,
+                                    topk_log_prob_grid, unique_tokens)
     from ..scoring.interpolation import sweep_temperature
 
     hyp = job.cfg["hypotheses"]
@@ -87,7 +88,8 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
     def chunk(a: int, b: int) -> float:
         """Fill tokens a..b of r; returns their largest |log p_LM recomputed − dumped| (0.0 unless check)."""
         tg = s["targets"][a:b]
-        logits = np.asarray(s["ffn"][a:b], dtype=np.float32) @ w_sm.T  # [c, V]: h_sm · W_sm
+        # [c, V]: h_sm · W_sm, the same bits for a token whatever the chunking (chunks start at multiples of GEMM_ROWS)
+        logits = fixed_shape_matmul(s["ffn"][a:b], w_sm.T)
         if ks and temps:  # E.2a: the LM's top k tokens, every (k, temperature) from one selection
             r["topk"][:, :, a:b] = topk_log_prob_grid(logits, tg, ks, temps)
         for key in keys:
@@ -117,6 +119,8 @@ def _per_token(job: Job, w_sm: np.ndarray, vals, keys: list[str], taus: list[flo
         lse = m + np.log(np.exp(logits, out=logits).sum(1))
         return float(np.abs(target - lse - s["lm"][a:b]).max(initial=0))
 
+    if CHUNK % GEMM_ROWS:
+        raise ValueError(f"CHUNK {CHUNK} must be a multiple of GEMM_ROWS {GEMM_ROWS}")
     spans = list(iter_chunks(t, CHUNK))
     with ThreadPoolExecutor(max(1, job.threads), thread_name_prefix="hypotheses") as pool:
         done = tqdm(pool.map(lambda ab: chunk(*ab), spans), total=len(spans), desc=f"E.1, E.2 {split}",

@@ -211,15 +211,39 @@ def topk_log_prob_grid(logits: np.ndarray, targets: np.ndarray, ks: list[int], t
     return out
 
 
+GEMM_ROWS = 64  # rows per GEMM of fixed_shape_matmul
+
+
+def fixed_shape_matmul(x: np.ndarray, wt: np.ndarray, rows: int = GEMM_ROWS) -> np.ndarray:
+    """x [n, D] · wt [D, V] → [n, V] float32, in GEMMs of `rows` rows of x (the last block padded with zeros), so every
+    call has one shape: a row's result is the same bits whether it is computed with few or many others (a BLAS may
+    take another kernel, with other roundings, for a matrix of few rows: OpenBLAS on an AMD EPYC does for 7 rows
+    against 300). Callers that split a stream into pieces start each piece at a multiple of `rows`."""
+    x = np.asarray(x, dtype=np.float32)
+    wt = np.asarray(wt, dtype=np.float32)
+    out = np.empty((x.shape[0], wt.shape[1]), dtype=np.float32)
+    block = np.zeros((rows, x.shape[1]), dtype=np.float32)
+    scores = np.empty((rows, wt.shape[1]), dtype=np.float32)
+    for r in range(0, x.shape[0], rows):
+        e = min(x.shape[0], r + rows)
+        block[:e - r] = x[r:e]
+        block[e - r:] = 0.0
+        np.matmul(block, wt, out=scores)
+        out[r:e] = scores[:e - r]
+    return out
+
+
 def output_embedding_scores(queries: np.ndarray, w_sm: np.ndarray, token_ids: np.ndarray) -> np.ndarray:
     """−‖W_sm[v_i] − h‖² for the retrieved tokens v_i [t, k] of each query h [t, D] (Xu et al. 2023, App. E.1: the
     kNN scores replaced by the distance to the LM's output embedding of each neighbour's token), as
-    2 h·w − ‖w‖² − ‖h‖² from one [t, V] product. [t, k] float64; −inf where token_ids is −1 (no neighbour)."""
+    2 h·w − ‖w‖² − ‖h‖² from one [t, V] product (fixed_shape_matmul). [t, k] float64; −inf where token_ids is −1
+    (no neighbour)."""
     q = np.asarray(queries, dtype=np.float32)
     w = np.asarray(w_sm, dtype=np.float32)
     valid = token_ids >= 0
     ids = np.where(valid, token_ids, 0)
-    qw = np.take_along_axis(q @ w.T, ids, 1).astype(np.float64)  # the [t, k] gathered, not the [t, V] product, in fp64
+    # the [t, k] gathered, not the [t, V] product, in fp64; the product the same bits for a query in any chunking
+    qw = np.take_along_axis(fixed_shape_matmul(q, w.T), ids, 1).astype(np.float64)
     w_sq = (w.astype(np.float64) ** 2).sum(1)
     s = 2 * qw - w_sq[ids] - (q.astype(np.float64) ** 2).sum(1)[:, None]
     return np.where(valid, s, -np.inf)
