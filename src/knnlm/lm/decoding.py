@@ -1,9 +1,10 @@
 """Batched step-by-step decoding of a base LM: the keys (att, ffn) and the next-token log-probs at the last position of
 B sequences that grow by one token per step, as generation needs them (knnlm.experiments.generation).
 
-step_decoder(lm) gives the fastest decoder the LM offers: FairseqLM.step_decoder (fairseq's incremental state: each
-step feeds one token per sequence) or, for any LanguageModel, WindowDecoder (the whole sequence, at most the LM's
-window, through lm.forward at every step). Both give the same states as the LM's forward pass over the same tokens.
+step_decoder(lm) gives the fastest decoder the LM offers: FairseqLM.step_decoder (knnlm.lm.fairseq.FairseqStepDecoder,
+fairseq's incremental state: each step feeds one token per sequence) or, for any LanguageModel, WindowDecoder (the
+whole sequence, at most the LM's window, through lm.forward at every step). Both give the same states as the LM's
+forward pass over the same tokens.
 """
 from __future__ import annotations
 
@@ -26,49 +27,6 @@ class WindowDecoder:
         log-probs [B, V]) float32 of the next token after each sequence."""
         att, ffn, out = self.lm.forward(tokens[:, -self.lm.tokens_per_sample:])
         return att[:, -1].float(), ffn[:, -1].float(), out[:, -1].float().log_softmax(-1)
-
-
-class FairseqStepDecoder:
-    """Decoding of a fairseq transformer_lm with its incremental state (the keys and values of earlier positions kept
-    per layer): each step feeds the newest token of each sequence only. One decoder per batch of sequences: the
-    sequences must grow by exactly one token per step, from the first step on. Raises ValueError when a step's
-    sequences are not one token longer than the last step's, or reach beyond the LM's positions."""
-
-    def __init__(self, model, max_positions: int):
-        self.model = model
-        self.max_positions = max_positions
-        self.state: dict = {}
-        self.length = 0
-        self.dev = next(model.parameters()).device
-
-    def _advance(self, tokens: torch.Tensor) -> None:
-        t = tokens.shape[1]
-        if t != self.length + 1:
-            raise ValueError(f"incremental decoding: step {self.length + 1} got sequences of {t} tokens")
-        if t > self.max_positions:
-            raise ValueError(f"incremental decoding: {t} tokens exceed the LM's {self.max_positions} positions")
-        self.length = t
-
-    @torch.inference_mode()
-    def feed(self, tokens: torch.Tensor) -> None:
-        """step() without its outputs (a prompt's tokens): the incremental state only, no output layer."""
-        from .fairseq import forward_states
-
-        self._advance(tokens)
-        forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
-
-    @torch.inference_mode()
-    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """tokens [B, t] int64, the sequences so far (the start token first; t = 1 at the first step and one more at
-        each step). Returns (att [B, D], ffn [B, D], log-probs [B, V]) float32 of the next token after each sequence
-        (the keys of knnlm.lm.fairseq.forward_states, here for the newest position only)."""
-        from .fairseq import forward_states
-
-        self._advance(tokens)
-        st = forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
-        # normalised log-probs through the model's own normalisation (a plain or an adaptive softmax), as fairseq_forward
-        lp = self.model.get_normalized_probs((self.model.decoder.output_layer(st["ffn"]), None), log_probs=True)
-        return st["att"][:, -1].float(), st["ffn"][:, -1].float(), lp[:, -1].float()
 
 
 def start(lm, prompts: torch.Tensor):

@@ -64,7 +64,7 @@ def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, target
     """Run the decoder once; return {'att': [B, L, D], 'ffn': [B, L, D]} (+ 'lp': [B, L] log p(target), fp32; with
     `keep` [B, L] bool, 'lp' [n] of the kept positions only, in row-major order: the output layer and its softmax over
     V, most of an eval pass's cost at small D, then run for the scored positions and not for a window's context).
-    incremental_state: fairseq's per-layer cache of earlier positions (knnlm.lm.decoding.FairseqStepDecoder): the
+    incremental_state: fairseq's per-layer cache of earlier positions (FairseqStepDecoder): the
     decoder then runs the newest position of src_tokens only, and L = 1.
 
     att is captured by a forward hook on layers[-1].fc1 (its input, after the pre-FFN LayerNorm).
@@ -84,6 +84,45 @@ def forward_states(model, src_tokens: torch.Tensor, with_log_probs: bool, target
         lp = lprobs.gather(-1, tg.unsqueeze(-1)).squeeze(-1)
         out["lp"] = lp if keep is None else lp[0]
     return out
+
+
+class FairseqStepDecoder:
+    """Decoding of a fairseq transformer_lm with its incremental state (the keys and values of earlier positions kept
+    per layer): each step feeds the newest token of each sequence only. One decoder per batch of sequences: the
+    sequences must grow by exactly one token per step, from the first step on. Raises ValueError when a step's
+    sequences are not one token longer than the last step's, or reach beyond the LM's positions."""
+
+    def __init__(self, model, max_positions: int):
+        self.model = model
+        self.max_positions = max_positions
+        self.state: dict = {}
+        self.length = 0
+        self.dev = next(model.parameters()).device
+
+    def _advance(self, tokens: torch.Tensor) -> None:
+        t = tokens.shape[1]
+        if t != self.length + 1:
+            raise ValueError(f"incremental decoding: step {self.length + 1} got sequences of {t} tokens")
+        if t > self.max_positions:
+            raise ValueError(f"incremental decoding: {t} tokens exceed the LM's {self.max_positions} positions")
+        self.length = t
+
+    @torch.inference_mode()
+    def feed(self, tokens: torch.Tensor) -> None:
+        """step() without its outputs (a prompt's tokens): the incremental state only, no output layer."""
+        self._advance(tokens)
+        forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
+
+    @torch.inference_mode()
+    def step(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens [B, t] int64, the sequences so far (the start token first; t = 1 at the first step and one more at
+        each step). Returns (att [B, D], ffn [B, D], log-probs [B, V]) float32 of the next token after each sequence
+        (the keys of knnlm.lm.fairseq.forward_states, here for the newest position only)."""
+        self._advance(tokens)
+        st = forward_states(self.model, tokens.to(self.dev), False, incremental_state=self.state)
+        # normalised log-probs through the model's own normalisation (a plain or an adaptive softmax), as fairseq_forward
+        lp = self.model.get_normalized_probs((self.model.decoder.output_layer(st["ffn"]), None), log_probs=True)
+        return st["att"][:, -1].float(), st["ffn"][:, -1].float(), lp[:, -1].float()
 
 
 def iter_states(model, cfg, data_bin, split, context_window, max_tokens, with_log_probs) -> Iterator[dict]:
@@ -243,9 +282,7 @@ class FairseqLM:
         self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
 
     def step_decoder(self):
-        """A new knnlm.lm.decoding.FairseqStepDecoder (incremental decoding) for one batch of sequences."""
-        from .decoding import FairseqStepDecoder
-
+        """A new FairseqStepDecoder (incremental decoding) for one batch of sequences."""
         return FairseqStepDecoder(self.model, min(self.tokens_per_sample, int(self.model.decoder.max_positions())))
 
     def encode(self, lines: list[str]) -> np.ndarray:
