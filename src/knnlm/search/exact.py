@@ -285,6 +285,26 @@ def _scores(q: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
         torch.mm(q, x.T, out=out)
 
 
+def _tile_scores(q: torch.Tensor, xa: torch.Tensor, out: torch.Tensor, workers: int) -> None:
+    """out [m, n] = q [m, D+1] · xa[:n]ᵀ on the CPU by the very GEMM calls _scan_tiles makes for these rows and keys:
+    worker w's rows w·m/W..(w+1)·m/W in tiles of TILE_QUERIES, the keys in tiles of TILE_KEYS, one-thread GEMMs of the
+    same operands. A score is then the same bits whichever path scored its key (a BLAS may round a product of another
+    shape otherwise: OpenBLAS on an AMD EPYC does for a few rows), so a shard, whose first chunk is scored here, and
+    one scan, which scores that chunk in _scan_tiles, give the same distances."""
+    m, n = out.shape
+    with _one_thread_gemm():
+        for w in range(workers):
+            r0, r1 = w * m // workers, (w + 1) * m // workers
+            for rs in range(r0, r1, TILE_QUERIES):
+                re = min(r1, rs + TILE_QUERIES)
+                for ts in range(0, n, TILE_KEYS):
+                    te = min(n, ts + TILE_KEYS)
+                    if _CPU_GEMM == "numpy":
+                        out[rs:re, ts:te] = torch.from_numpy(np.matmul(q[rs:re].numpy(), xa[ts:te].T.numpy()))
+                    else:
+                        out[rs:re, ts:te] = torch.mm(q[rs:re], xa[ts:te].T)
+
+
 _BLAS = None  # threadpoolctl's controller of numpy's BLAS, made on first use
 
 
@@ -508,7 +528,10 @@ def exact_topk(keys: np.ndarray, queries: np.ndarray, k: int, metric: str, key_c
                     for top, qs in zip(tops, range(0, nb, query_chunk)):
                         qe = min(nb, qs + query_chunk)
                         sc = sbuf[:qe - qs, :width]
-                        _scores(qa[qs:qe], xa, sc[:, :ke - ks])
+                        if dev.type == "cpu":  # the GEMMs of a later chunk's tiles: the same bits as in a shard's scan
+                            _tile_scores(qa[qs:qe], xa[:ke - ks], sc[:, :ke - ks], workers)
+                        else:
+                            _scores(qa[qs:qe], xa, sc[:, :ke - ks])
                         if width > ke - ks:
                             sc[:, ke - ks:].fill_(-torch.inf)
                         if ks == 0 and dev.type == "cpu" and ke - ks >= 4 * k:
