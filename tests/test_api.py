@@ -110,7 +110,15 @@ def test_exact_mask_is_the_exact_search(knn_of, tiny_run):
     q = np.load(root / "lms/base/queries/test/queries_ffn.npy")[scope]
     ids, dists = knn.neighbours(q)
     want = np.load(root / "lms/base/stores/full/exact/ffn_ip_test_ids.npy")[:300]
-    np.testing.assert_array_equal(ids[:, :10], want[:, :10])
+    want_d = np.load(root / "lms/base/stores/full/exact/ffn_ip_test_dists.npy")[:300, :10]
+    # the same top 10; two neighbours whose scores are within fp32 rounding of each other (a product of another shape,
+    # 300 queries here, may round otherwise) may come in either order
+    np.testing.assert_allclose(dists[:, :10], want_d, rtol=1e-5)
+    near = np.isclose(want_d[:, 1:], want_d[:, :-1], rtol=1e-6, atol=0)
+    tied = np.zeros(want_d.shape, dtype=bool)
+    tied[:, 1:] |= near
+    tied[:, :-1] |= near
+    np.testing.assert_array_equal(ids[:, :10][~tied], want[:, :10][~tied])
     brute = q @ np.asarray(knn.keys, dtype=np.float32).T
     np.testing.assert_allclose(dists[:, 0], brute.max(1), rtol=1e-4)
 

@@ -475,8 +475,15 @@ def test_merge_job_refuses_shards_of_another_search(tmp_path):
     thirds = [shard("t0", 0, 1000, 3), shard("t1", 1000, 2000, 3), shard("t2", 2000, 3000, 3)]
     want_i, want_d = exact_topk(keys, q, k, "l2", key_chunk=500, query_chunk=8, progress=False)
     got_i, got_d = merge(halves, "ok")
-    np.testing.assert_array_equal(got_i, want_i)
-    np.testing.assert_array_equal(got_d, want_d)
+    # queries of 8 rows: a BLAS may round such a product by its shape (OpenBLAS on an AMD EPYC, in some process
+    # states), so the distances are compared to fp32 rounding here; test_sharded_exact_search_equals_one_scan_ties_included
+    # checks bits
+    np.testing.assert_allclose(got_d, want_d, rtol=2e-6, atol=0)
+    near = np.isclose(want_d[:, 1:], want_d[:, :-1], rtol=2e-6, atol=0)
+    tied = np.zeros(want_d.shape, dtype=bool)
+    tied[:, 1:] |= near
+    tied[:, :-1] |= near
+    np.testing.assert_array_equal(got_i[~tied], want_i[~tied])
     assert json.loads((tmp_path / "ok.json").read_text())["token_digest"] == "d0"
     for names, what in (([halves[0], thirds[1], thirds[2]], "overlap"), ([thirds[0], halves[1]], "gap"),
                         ([halves[1], thirds[0]], "no start"), ([thirds[0], thirds[1]], "a shard missing"),
