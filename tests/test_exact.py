@@ -476,8 +476,8 @@ def test_merge_job_refuses_shards_of_another_search(tmp_path):
     want_i, want_d = exact_topk(keys, q, k, "l2", key_chunk=500, query_chunk=8, progress=False)
     got_i, got_d = merge(halves, "ok")
     # queries of 8 rows: a BLAS may round such a product by its shape (OpenBLAS on an AMD EPYC, in some process
-    # states), so the distances are compared to fp32 rounding here; test_sharded_exact_search_equals_one_scan_ties_included
-    # checks bits
+    # states), so the distances are compared to fp32 rounding here (the bitwise check:
+    # test_sharded_exact_search_equals_one_scan_ties_included)
     np.testing.assert_allclose(got_d, want_d, rtol=2e-6, atol=0)
     near = np.isclose(want_d[:, 1:], want_d[:, :-1], rtol=2e-6, atol=0)
     tied = np.zeros(want_d.shape, dtype=bool)
