@@ -276,26 +276,20 @@ def log_run(cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw)
     try:
         return _retrying(lambda: _log_run_once(cfg, rule, wildcards, **kw), f"logging the run of {rule}")
     except Exception as e:  # noqa: BLE001
-        import json
-
-        pending = Path(cfg["results_dir"]) / PENDING_DIR
-        pending.mkdir(parents=True, exist_ok=True)
-        name = _job_name(rule, dict(wildcards or {}))
-        record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule,
-                  "wildcards": dict(wildcards or {}), "log_error": f"{type(e).__name__}: {e}",
-                  "kw": {k: (list(map(str, v)) if k == "artifacts" else v) for k, v in kw.items()}}
-        path = pending / f"{name.replace('/', '_')}-{time.time():.0f}.json"
-        path.write_text(json.dumps(record, default=str))
+        path = spool_run(Path(cfg["results_dir"]) / PENDING_DIR, cfg, rule, wildcards,
+                         extra={"log_error": f"{type(e).__name__}: {e}"}, **kw)
         log.warning("MLflow: the run of %s was NOT logged (%s: %s); saved to %s - replay it with "
                     "`python -m knnlm.tracking replay %s`", rule, type(e).__name__, e, path, cfg["results_dir"])
         return None
 
 
-def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, **kw) -> Path:
+def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | None = None, extra: dict | None = None,
+              **kw) -> Path:
     """Write one job's run (log_run's arguments) as a JSON record into folder `spool`, atomically (a temporary name,
     then a rename): '<ns since the epoch>-<pid>.json', so that the records sort in the order the jobs ended. The
     record keeps what the job's own process knows: its tags (the parent run, the git commit), its start and end
-    times, the artifacts' absolute paths. Returns the record's path; OSError when the folder cannot be written."""
+    times, the artifacts' absolute paths; `extra`: more fields for a reader (log_run's pending records: the error that
+    kept the run from the store). Returns the record's path; OSError when the folder cannot be written."""
     import json
 
     spool.mkdir(parents=True, exist_ok=True)
@@ -304,7 +298,7 @@ def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | Non
     kw["artifacts"] = [str(Path(a).resolve()) for a in kw.get("artifacts") or ()]
     kw["end_time"] = time.time()
     record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule, "wildcards": wildcards,
-              "tags": _job_tags(cfg, rule, wildcards), "kw": kw}
+              "tags": _job_tags(cfg, rule, wildcards), "kw": kw, **(extra or {})}
     path = spool / f"{time.time_ns()}-{os.getpid()}.json"
     tmp = spool / f".{path.name}.tmp"
     tmp.write_text(json.dumps(record, default=str))

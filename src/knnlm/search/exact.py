@@ -293,10 +293,8 @@ def _tile_scores(q: torch.Tensor, xa: torch.Tensor, out: torch.Tensor, workers: 
     one scan, which scores that chunk in _scan_tiles, give the same distances."""
     m, n = out.shape
     with _one_thread_gemm():
-        for w in range(workers):
-            r0, r1 = w * m // workers, (w + 1) * m // workers
-            for rs in range(r0, r1, TILE_QUERIES):
-                re = min(r1, rs + TILE_QUERIES)
+        for spans in _worker_rows(m, workers):
+            for rs, re in spans:
                 for ts in range(0, n, TILE_KEYS):
                     te = min(n, ts + TILE_KEYS)
                     if _CPU_GEMM == "numpy":
@@ -328,17 +326,24 @@ def _one_thread_gemm():
         torch.set_num_threads(threads)
 
 
+def _worker_rows(m: int, workers: int) -> list[list[tuple[int, int]]]:
+    """The row tiles of m query rows per worker: worker w's rows w·m/W..(w+1)·m/W in (start, stop) tiles of at most
+    TILE_QUERIES (the partition _row_tiles and _tile_scores share)."""
+    out = []
+    for w in range(workers):
+        r0, r1 = w * m // workers, (w + 1) * m // workers
+        out.append([(rs, min(r1, rs + TILE_QUERIES)) for rs in range(r0, r1, TILE_QUERIES)])
+    return out
+
+
 def _row_tiles(tops: list, qa: torch.Tensor, query_chunk: int, workers: int) -> list[list[tuple]]:
     """Each worker's row tiles of a query block: for worker w, rows w·m/W..(w+1)·m/W of each query chunk's m rows
     in tiles of at most TILE_QUERIES, each as (queries [r, D+1] fp32, then the state views of those rows in the
     order of knnlm.search._select.select_tile's arguments). Views, made once per block: the scan's inner loop slices nothing."""
     out = [[] for _ in range(workers)]
     for top, qs in zip(tops, range(0, qa.shape[0], query_chunk)):
-        m = top.s.shape[0]
-        for w in range(workers):
-            r0, r1 = w * m // workers, (w + 1) * m // workers
-            for rs in range(r0, r1, TILE_QUERIES):
-                re = min(r1, rs + TILE_QUERIES)
+        for w, spans in enumerate(_worker_rows(top.s.shape[0], workers)):
+            for rs, re in spans:
                 out[w].append((qa[qs + rs:qs + re], top.thr_np[rs:re], top.buf_s[rs:re], top.buf_i[rs:re],
                                top.fill[rs:re], top.s[rs:re], top.i[rs:re]))
     return out
