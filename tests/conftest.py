@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,27 @@ def unpack_wikitext2(dest: Path) -> Path:
         with tarfile.open(WIKITEXT2) as t:
             t.extractall(dest, filter="data")
     return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def scontrol_without_controller(tmp_path_factory):
+    """Snakemake imports every installed executor plugin when it starts, and the SLURM plugin then asks `scontrol show
+    config` for MinJobAge (to word a help text). Where SLURM's tools are installed but no controller answers (CI
+    installs slurm-wlm for tests/test_slurm.py), scontrol retries for ~9 s, so each of the suite's snakemake
+    invocations would wait that long. For the tests, `scontrol` fails at once (the plugin takes MinJobAge as unknown);
+    tests/test_slurm.py, which starts a controller, puts the real one back. Yields the PATH with the real scontrol."""
+    real_path = os.environ["PATH"]
+    if shutil.which("scontrol") is None:
+        yield real_path
+        return
+    shim = tmp_path_factory.mktemp("scontrol-shim")
+    (shim / "scontrol").write_text("#!/bin/sh\necho 'scontrol: no SLURM controller in this test' >&2\nexit 1\n")
+    (shim / "scontrol").chmod(0o755)
+    os.environ["PATH"] = f"{shim}{os.pathsep}{real_path}"
+    try:
+        yield real_path
+    finally:
+        os.environ["PATH"] = real_path
 
 
 @pytest.fixture(scope="session")

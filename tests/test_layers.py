@@ -14,6 +14,7 @@ The layers, lowest first (a module may import its own layer's modules and lower 
 Every import counts, inside functions too (they are read from the source, not from a running interpreter).
 """
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,32 @@ def test_every_import_of_the_package_names_something_that_exists():
             if missing:
                 bad.append(f"{path.relative_to(root.parent)}:{node.lineno}: {mod} has no {', '.join(missing)}")
     assert not bad, "\n".join(bad)
+
+
+def test_jobs_that_read_caches_start_without_torch_scipy_stats_or_mlflow(tmp_path):
+    """A job's start is part of its time, and most jobs of the DAG read caches and compute in numpy: they must not pay
+    for torch (~2 s), scipy.stats (~1 s) or MLflow (~7 s) at import. Here the modules of the FAISS search, the real
+    score, the findings and the intervals are imported, the real score and an interval computed, and a run spooled
+    with a live curve point as under Snakemake; none of the three may have been imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "sys.path.insert(0, 'src')\n"
+            "import knnlm.experiments.retrieval, knnlm.experiments.findings, knnlm.datastore.dump\n"
+            "from knnlm.search.real_score import recompute_distances\n"
+            "from knnlm.statistics.intervals import estimate\n"
+            "from knnlm import cli\n"
+            "keys = np.ones((5, 4), np.float16)\n"
+            "assert recompute_distances(keys, np.zeros((2, 4), np.float32), np.zeros((2, 3), np.int64), 'l2').shape == (2, 3)\n"
+            "nll = np.random.default_rng(0).uniform(1, 2, (2, 30))\n"
+            "estimate(lambda p: p, nll, np.ones(30), {'documents': 2})\n"
+            f"job = cli.Job(cfg={{'name': 't', 'results_dir': {str(tmp_path)!r}}}, rule='m.train')\n"
+            "cli.resolve = lambda name: (lambda j: (j.curve(1, {'valid_nll': 1.0}), {'metrics': {'a': 1.0}})[1])\n"
+            "cli.run_job('m.train', job)\n"
+            "print(sorted(m for m in ('torch', 'scipy.stats', 'mlflow') if m in sys.modules))\n")
+    env = {**os.environ, "KNNLM_MLFLOW_SPOOL": str(tmp_path / "spool"), "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parents[1], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
+    assert len(list((tmp_path / "spool").glob("*.json"))) == 2  # the point and the run

@@ -29,9 +29,17 @@ TARGETS = [("exact_dists", _FULL_IP), ("real_dists", _FULL_IP),
 
 
 @pytest.fixture(scope="module")
-def slurm():
+def slurm(scontrol_without_controller):
     if not shutil.which("slurmctld"):
         pytest.skip("SLURM not installed (apt-get install slurm-wlm munge; .ci/run does this where it can)")
+    shimmed, os.environ["PATH"] = os.environ["PATH"], scontrol_without_controller  # the real scontrol (conftest)
+    try:
+        yield from _local_slurm()
+    finally:
+        os.environ["PATH"] = shimmed
+
+
+def _local_slurm():
     script = str(PROJECT_ROOT / "scripts" / "local_slurm.sh")
     state = Path(os.environ.get("LOCAL_SLURM_STATE", "/run/knnlm-local-slurm.pids"))
     ours = not state.exists()  # a SLURM someone else started (and its state file) is left as it was

@@ -217,3 +217,48 @@ def test_spooled_runs_are_logged_by_the_invocations_thread(tmp_path, monkeypatch
     tracking.start_spool(cfg)
     tracking.stop_spool()
     assert _runs(tmp_path)["m.left"].info.status == "FINISHED" and not list(spool.glob("*.json"))
+
+
+def test_spooled_live_curves_end_in_the_jobs_run(tmp_path, monkeypatch):
+    """Under Snakemake a training's live curve points are spooled too (the job imports no MLflow): the thread logs
+    them into one run per job, which the job's final record finishes (every point once, not again from its
+    step_metrics); a killed attempt's RUNNING run is reopened by the resumed attempt (another process) and tagged
+    'resumed', as in one run without the spool."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv(tracking.SPOOL_ENV, raising=False)
+    cfg = {"name": "t", "results_dir": str(tmp_path), "threads": 1}
+    spool = tmp_path / tracking.SPOOL_DIR
+
+    def job_process(rule, live_steps, finish):
+        code = ("import sys; sys.path.insert(0, 'src'); from knnlm import cli\n"
+                f"job = cli.Job(cfg={cfg!r}, rule={rule!r}, wildcards={{'key': 'att'}})\n"
+                "def train(job):\n"
+                f"    for s in {live_steps!r}:\n"
+                "        job.curve(s, {'valid_nll': 5.0 - s / 100})\n"
+                "    return {'metrics': {'best': 4.7}, 'step_metrics': {'valid_nll': [(s, 5.0 - s / 100) for s in (10, 20, 30)]}}\n"
+                + ("cli.resolve = lambda name: train\ncli.run_job(job.rule, job)\n" if finish else "train(job)\n")
+                + "assert 'mlflow' not in sys.modules, 'the job imported mlflow'\n")
+        r = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, env={**os.environ, tracking.SPOOL_ENV: str(spool)},
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    job_process("m.fit", (10, 20, 30), finish=True)  # one attempt
+    job_process("m.train", (10, 20), finish=False)  # killed after two points ...
+    job_process("m.train", (30,), finish=True)  # ... and resumed by another process
+    assert len(list(spool.glob("*.json"))) == (3 + 1) + 2 + (1 + 1)  # points and final records
+    tracking.start_spool(cfg)
+    tracking.stop_spool()
+    assert not list(spool.glob("*.json"))
+    runs = _runs(tmp_path)
+    assert sorted(runs) == ["m.fit_key=att", "m.train_key=att"]
+    client = MlflowClient(tracking.tracking_uri(tmp_path))
+    for name, resumed in (("m.fit_key=att", None), ("m.train_key=att", "true")):
+        run = runs[name]
+        assert run.info.status == "FINISHED" and run.data.metrics["best"] == 4.7 and run.data.tags.get("resumed") == resumed
+        hist = client.get_metric_history(run.info.run_id, "valid_nll")
+        assert sorted(m.step for m in hist) == [10, 20, 30]

@@ -25,9 +25,23 @@ class Job:
         """Log points of a training curve to the job's MLflow run while the job runs (LM and parametric training).
 
         The run is opened at the first point, or reopened when a killed attempt of this job left one RUNNING, so a
-        resumed job still has one run (knnlm.tracking.open_job_run); the job's end finishes it (run_job)."""
-        from .tracking import log_points, open_job_run
+        resumed job still has one run (knnlm.tracking.open_job_run); the job's end finishes it (run_job). Under
+        Snakemake (knnlm.tracking.SPOOL_ENV set) the points are spooled instead (knnlm.tracking.spool_points) and the
+        invocation's SpoolLogger does the same, so that the job never imports MLflow."""
+        import os
 
+        from .tracking import SPOOL_ENV, log_points, open_job_run, spool_points
+
+        spool = os.environ.get(SPOOL_ENV)
+        if spool and not self.run_id:
+            try:
+                spool_points(Path(spool), self.cfg, self.rule, self.wildcards, step, values)
+                self.live.update(values)
+                return
+            except OSError as e:
+                import logging
+
+                logging.getLogger(__name__).warning("MLflow: could not spool a live point (%s); logging it here", e)
         if self.run_id is None:
             self.run_id = open_job_run(self.cfg, self.rule, self.wildcards) or ""  # "": the store refused, no retry
         if self.run_id:

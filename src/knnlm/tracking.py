@@ -12,7 +12,9 @@ job process (3.6 s and 3.2 s, measured on 2 AMD EPYC cores), longer than most jo
 sets SPOOL_ENV and starts a SpoolLogger, a thread of the Snakemake process (which has imported MLflow once); each
 job writes its run as a JSON record into the spool (`log_run`), and the thread logs the records as they arrive,
 seconds later, and the rest when the invocation ends. A record left by a killed invocation is logged by the next
-one, or by `python -m knnlm.tracking replay <results_dir>`.
+one, or by `python -m knnlm.tracking replay <results_dir>`. A training's live curve goes the same way: each point
+is a record (`spool_points`) that the thread logs into the job's run, opened at its first point (or the RUNNING run
+a killed attempt left), which the job's final record then finishes.
 """
 from __future__ import annotations
 
@@ -198,19 +200,24 @@ def open_job_run(cfg: dict, rule: str, wildcards: dict | None = None) -> str | N
 
     def open_run():
         with _lock(results_dir):
-            client = MlflowClient(uri)
-            exp_id = _experiment(client, cfg, uri, results_dir)
-            left = _left_running(client, exp_id, name)
-            if left:
-                return left
-            rid = client.create_run(exp_id, run_name=name, tags=_job_tags(cfg, rule, wildcards)).info.run_id
-            _supersede(client, exp_id, name, rid)
-            return rid
+            return _open_run(MlflowClient(uri), cfg, uri, name, _job_tags(cfg, rule, wildcards))
     try:
         return _retrying(open_run, f"opening the run of {name}", retries=1)
     except Exception as e:  # noqa: BLE001
         log.warning("MLflow: no live curve for %s (%s: %s)", name, type(e).__name__, e)
         return None
+
+
+def _open_run(client, cfg: dict, uri: str, name: str, tags: dict) -> str:
+    """The RUNNING run of job `name` that a killed attempt left (tagged 'resumed'), else a new one with `tags`, the
+    job's earlier ended runs tagged superseded by it. Call under the store's lock."""
+    exp_id = _experiment(client, cfg, uri, Path(cfg["results_dir"]))
+    left = _left_running(client, exp_id, name)
+    if left:
+        return left
+    rid = client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+    _supersede(client, exp_id, name, rid)
+    return rid
 
 
 def _left_running(client, exp_id: str, name: str) -> str | None:
@@ -290,15 +297,31 @@ def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | Non
     record keeps what the job's own process knows: its tags (the parent run, the git commit), its start and end
     times, the artifacts' absolute paths; `extra`: more fields for a reader (log_run's pending records: the error that
     kept the run from the store). Returns the record's path; OSError when the folder cannot be written."""
+    kw = dict(kw)
+    kw["artifacts"] = [str(Path(a).resolve()) for a in kw.get("artifacts") or ()]
+    kw["end_time"] = time.time()
+    return _write_record(spool, cfg, rule, wildcards, {"kw": kw, **(extra or {})})
+
+
+def spool_points(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | None, step: int,
+                 values: dict[str, float]) -> Path:
+    """Write live curve points {metric: value} at `step` of a running job as a record into folder `spool` (as
+    spool_run, atomically): the SpoolLogger logs them into the job's run, which it opens at the job's first point (or
+    reopens where a killed attempt left one RUNNING), and the job's final record (spool_run) finishes that run.
+    Returns the record's path; OSError when the folder cannot be written."""
+    points = {"step": int(step), "values": {k: float(v) for k, v in values.items()}, "time": time.time()}
+    return _write_record(spool, cfg, rule, wildcards, {"points": points})
+
+
+def _write_record(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | None, fields: dict) -> Path:
+    """One spool record '<ns since the epoch>-<pid>.json' (written under a temporary name, then renamed) with the
+    job's config name, results_dir, rule, wildcards, tags and pid, and `fields`."""
     import json
 
     spool.mkdir(parents=True, exist_ok=True)
     wildcards = dict(wildcards or {})
-    kw = dict(kw)
-    kw["artifacts"] = [str(Path(a).resolve()) for a in kw.get("artifacts") or ()]
-    kw["end_time"] = time.time()
     record = {"cfg": {k: cfg[k] for k in ("name", "results_dir") if k in cfg}, "rule": rule, "wildcards": wildcards,
-              "tags": _job_tags(cfg, rule, wildcards), "kw": kw, **(extra or {})}
+              "tags": _job_tags(cfg, rule, wildcards), "pid": os.getpid(), **fields}
     path = spool / f"{time.time_ns()}-{os.getpid()}.json"
     tmp = spool / f".{path.name}.tmp"
     tmp.write_text(json.dumps(record, default=str))
@@ -306,18 +329,38 @@ def spool_run(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] | Non
     return path
 
 
-def _replay_record(path: Path, results_dir: str | Path | None = None) -> None:
-    """Log the run of one record (spool_run's, or log_run's pending fallback) and delete it. results_dir: where the
-    store is (None: the record's own)."""
+def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict | None = None) -> None:
+    """Log one record (spool_run's run, spool_points's curve points, or log_run's pending fallback) and delete it.
+    results_dir: where the store is (None: the record's own); live: {(job name, pid): run id} of the runs opened for
+    live points so far, which the same job's final record finishes (updated here)."""
     import json
 
+    live = {} if live is None else live
     rec = json.loads(path.read_text())
-    kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
-    if kw.get("step_metrics"):
-        kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in kw["step_metrics"].items()}
     cfg = {**rec["cfg"], **({"results_dir": str(results_dir)} if results_dir is not None else {})}
-    _retrying(lambda: _log_run_once(cfg, rec["rule"], rec["wildcards"], tags=rec.get("tags"), **kw),
-              f"replaying {path.name}")
+    attempt = (_job_name(rec["rule"], rec["wildcards"]), rec.get("pid"))
+    if "points" in rec:
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        pts, uri = rec["points"], tracking_uri(cfg["results_dir"])
+
+        def send():
+            with _lock(Path(cfg["results_dir"])):
+                client = MlflowClient(uri)
+                if attempt not in live:
+                    live[attempt] = _open_run(client, cfg, uri, attempt[0], rec["tags"])
+                client.log_batch(live[attempt], metrics=[Metric(mlflow_key(k), v, int(pts["time"] * 1000), pts["step"])
+                                                         for k, v in pts["values"].items()])
+        _retrying(send, f"replaying {path.name}")
+    else:
+        kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
+        if kw.get("step_metrics"):
+            kw["step_metrics"] = {k: [tuple(p) for p in v] for k, v in kw["step_metrics"].items()}
+        kw["run_id"] = kw.get("run_id") or live.get(attempt)
+        _retrying(lambda: _log_run_once(cfg, rec["rule"], rec["wildcards"], tags=rec.get("tags"), **kw),
+                  f"replaying {path.name}")
+        live.pop(attempt, None)
     path.unlink()
 
 
@@ -325,12 +368,12 @@ def replay(results_dir: str | Path) -> int:
     """Log every run saved under <results_dir>/mlflow_pending/ (log_run's fallback) and <results_dir>/mlflow_spool/
     (runs spooled by jobs of an invocation that ended before logging them) and delete its file; returns how many
     were logged. A run that fails again stays pending."""
-    done = 0
+    done, live = 0, {}
     for path in sorted((Path(results_dir) / PENDING_DIR).glob("*.json")):
         _replay_record(path, results_dir)
         done += 1
     for path in sorted((Path(results_dir) / SPOOL_DIR).glob("*.json")):
-        _replay_record(path)
+        _replay_record(path, live=live)
         done += 1
     return done
 
@@ -349,6 +392,7 @@ class SpoolLogger:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mlflow-spool", daemon=True)
         self._failed: set[str] = set()
+        self._live: dict = {}  # {(job name, pid): run id} opened for live points (_replay_record)
 
     def start(self) -> "SpoolLogger":
         self._thread.start()
@@ -356,12 +400,16 @@ class SpoolLogger:
 
     def drain(self) -> int:
         """Log every record now in the folder; returns how many were logged."""
-        done = 0
+        done, held = 0, set()
         for path in sorted(self.spool.glob("*.json")):
+            pid = path.stem.rpartition("-")[2]
+            if pid in held:  # a job's records are logged in its order: after one that failed, its later ones wait
+                continue
             try:
-                _replay_record(path)
+                _replay_record(path, live=self._live)
                 done += 1
-            except Exception as e:  # noqa: BLE001 - one bad record never stops the others
+            except Exception as e:  # noqa: BLE001 - one bad record never stops the other jobs' records
+                held.add(pid)
                 if path.name not in self._failed:
                     self._failed.add(path.name)
                     log.warning("MLflow: the spooled run %s was not logged (%s: %s); it stays for a retry", path,

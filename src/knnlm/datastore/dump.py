@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-import torch
 
 from ..io import (ArtifactError, check_manifest, create_npy, open_npy, read_json, release_rows, save_npy, write_json)
 
@@ -31,6 +30,8 @@ def dump_datastore(lm, key_paths: dict, vals_path, manifest_path, threads: int, 
     Atomic per file; the manifest is written last. Raises ArtifactError if the pass yields another count than N, or a
     key that is not finite in fp16 (the exact-distance kernels rely on finite keys).
     """
+    import torch  # here, not at the top: the readers below serve jobs that never load torch
+
     torch.set_num_threads(threads)
     n, d = lm.n("train"), lm.d
     with create_npy(key_paths["att"], (n, d), np.float16) as k_att, \
@@ -64,6 +65,8 @@ def dump_queries(lm, split: str, out: dict, threads: int) -> dict:
     import time
 
     from ..io import machine
+
+    import torch  # here, not at the top: the readers below serve jobs that never load torch
 
     torch.set_num_threads(threads)
     t0 = time.time()

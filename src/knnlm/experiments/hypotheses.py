@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 from ..job import Job
 from ..io import ArtifactError, iter_chunks, open_npy, read_json, release_rows
-from ..parametric import converged_label
 from ..scoring.results import METRIC_NAME, SPLITS, evaluate
 from ..scoring.interpolation import interpolate
 from ..statistics.captions import ci_caption, comparison_rows, fmt_ci, statistic_row
@@ -397,6 +396,8 @@ def interpolated_loss(job: Job) -> dict:
     """E.6.3 (Xu et al. 2023, App. E.6.3, Eq. 12): W_ds trained on the interpolated loss (parametric variant
     'iloss<100 λ>') against W_ds on the plain loss (nv1), same key type, rows and training schedule; each
     interpolated with the base LM at its own λ tuned on valid. Table 'interpolated_loss' and its comparisons CSV."""
+    from ..parametric import converged_label  # here: the other jobs of this module never load torch
+
     cfg, st = job.cfg, stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
     keys = [k for k in ("att", "ffn") if job.input.get(f"iloss_result_{k}")]

@@ -196,7 +196,7 @@ def search(job: Job) -> dict:
 def real_score(job: Job, chunk: int = 16384) -> dict:
     """Exact distances (fp32, from the store's keys) of the FAISS neighbours of the scoped queries, `chunk` queries
     at a time into the output memmap (memory flat in the scope's size)."""
-    from ..search.exact import recompute_distances
+    from ..search.real_score import recompute_distances
 
     store, man = _store(job)
     q, queries, sc = _scoped(job, man)

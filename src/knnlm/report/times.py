@@ -258,12 +258,20 @@ def write_results_page(out: Path, root: Path) -> None:
 
 
 def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    root = Path(argv[0])
-    if "--results" in argv:
-        out = Path(argv[argv.index("--results") + 1])
-        write_results_page(out, root)
-        print(f"wrote {out} from {root}")
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m knnlm.report",
+                                description="A run's measured job times by stage and budget, their estimate on the "
+                                            "other CPU kind, and its disk use; with --results, its results page.")
+    p.add_argument("root", type=Path, help="the run's folder: <results_dir>/<name>, e.g. results/wikitext2")
+    p.add_argument("--results", type=Path, metavar="PAGE", help="write the results page (e.g. docs/results.md)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    root = args.root
+    if not (root / "benchmarks").is_dir():
+        p.error(f"{root}: expected a run's folder with benchmarks/ (<results_dir>/<name>), found none")
+    if args.results:
+        write_results_page(args.results, root)
+        print(f"wrote {args.results} from {root}")
         return
     layout = Layout(root.parent, root.name)
     df = stage_table(root)

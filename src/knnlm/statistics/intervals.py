@@ -115,7 +115,7 @@ def estimate(fn, doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None 
     the statistic is not finite on every resample or left-out set that the method needs. Raises ValueError for
     fewer than 2 documents.
     """
-    from scipy.stats import norm, t as student_t
+    from scipy.special import ndtr, ndtri, stdtrit  # scipy.stats's t.ppf, norm.ppf/cdf, bit for bit, without its import
 
     st = options(stats)
     doc_nll = np.atleast_2d(np.asarray(doc_nll, dtype=np.float64))
@@ -131,7 +131,7 @@ def estimate(fn, doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None 
         if method == "jackknife_t":
             g = fwd(loo)
             se = np.sqrt((n - 1) / n * ((g - g.mean(0)) ** 2).sum(0))
-            q = student_t.ppf((1 + level) / 2, effective_documents(doc_words) - 1)
+            q = stdtrit(effective_documents(doc_words) - 1, (1 + level) / 2)
             return point, inv(fwd(point) - q * se), inv(fwd(point) + q * se)
         if counts is None:
             counts = resample_counts(n, st["resamples"], st["seed"])
@@ -145,11 +145,11 @@ def estimate(fn, doc_nll: np.ndarray, doc_words: np.ndarray, stats: dict | None 
             b, j = boot[:, k], loo[:, k]
             if not (np.all(np.isfinite(b)) and np.all(np.isfinite(j))):
                 continue
-            z0 = norm.ppf(np.clip(np.mean(b < point[k]) + 0.5 * np.mean(b == point[k]), 1 / len(b), 1 - 1 / len(b)))
+            z0 = ndtri(np.clip(np.mean(b < point[k]) + 0.5 * np.mean(b == point[k]), 1 / len(b), 1 - 1 / len(b)))
             d = j.mean() - j
             acc = (d ** 3).sum() / (6 * ((d ** 2).sum()) ** 1.5) if np.any(d) else 0.0
-            z = norm.ppf([a, 1 - a])
-            adj = norm.cdf(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+            z = ndtri(np.array([a, 1 - a]))
+            adj = ndtr(z0 + (z0 + z) / (1 - acc * (z0 + z)))
             lo[k], hi[k] = np.quantile(b, adj)
         return point, lo, hi
 
@@ -223,7 +223,7 @@ def jackknife_sums(stat, doc_sums: np.ndarray, doc_weights: np.ndarray, stats: d
     a left-out set gives no finite value. Its coverage on WikiText-like documents is measured by
     knnlm.statistics.coverage.slope_coverage (docs/statistics.md). Raises ValueError for fewer than 2 documents.
     """
-    from scipy.stats import t as student_t
+    from scipy.special import stdtrit  # scipy.stats's t.ppf, bit for bit
 
     st = options(stats)
     doc_sums = np.asarray(doc_sums, dtype=np.float64).reshape(len(doc_sums), -1)
@@ -235,7 +235,7 @@ def jackknife_sums(stat, doc_sums: np.ndarray, doc_weights: np.ndarray, stats: d
         point = np.atleast_1d(np.asarray(stat(total), dtype=np.float64))
         g = fwd(np.asarray(stat(total[None, :] - doc_sums), dtype=np.float64).reshape(n, -1))  # [D, K]
         se = np.sqrt((n - 1) / n * ((g - g.mean(0)) ** 2).sum(0))
-        q = student_t.ppf((1 + st["level"]) / 2, effective_documents(doc_weights) - 1)
+        q = stdtrit(effective_documents(doc_weights) - 1, (1 + st["level"]) / 2)
         return point, inv(fwd(point) - q * se), inv(fwd(point) + q * se)
 
 
