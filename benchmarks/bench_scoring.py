@@ -1,13 +1,16 @@
 """Benchmark: the per-neighbour work of the settings jobs (Xu et al. 2023, Sec. 5) against what a user would write.
 
-  python benchmarks/bench_scoring.py [--n 1000000] [--d 256] [--t 2048] [--k 1024]
+  python benchmarks/bench_scoring.py [--n 1000000] [--d 256] [--t 2048] [--k 1024] [--real results/wikitext2]
 
 1. "Real score" (exact distances of given neighbours, knnlm.search.exact.recompute_distances: a numba kernel reading
    each neighbour's fp16 row from the memmap) vs numpy (gather the rows, then einsum) and vs faiss
    (IndexFlatL2.compute_distance_subset, fp32 keys already in RAM). Goal: faster than both; same distances.
 2. recall@k of approximate vs exact neighbours (knnlm.experiments.retrieval.recall_at_k: a marker array per block of
    rows in numba, O(k) per row) vs numpy's isin over row-offset ids. Goal: faster; same value.
-Random normal keys (a memmap in a temp dir) and queries; ids drawn uniformly (the worst case for locality).
+Random normal keys (a memmap in a temp dir) and queries; ids drawn uniformly (the worst case for locality). With
+--real <run>: the real score once more on a finished run's own att keys (its datastore's memmap), its first t test
+queries and their FAISS att/L2 neighbours on the full store, the case the settings jobs see (a key file the kernel
+did not just write: random rows cost more there, and the kernel's prefetching matters most).
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ def main() -> None:
     ap.add_argument("--t", type=int, default=2048)
     ap.add_argument("--k", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--real", help="a finished run's results dir (results/<name>): its att keys, test queries and "
+                                   "their FAISS att/L2 neighbours on the full store")
     a = ap.parse_args()
     import faiss
     import torch
@@ -94,6 +99,33 @@ def main() -> None:
         t_isin, r_np = best_of(numpy_isin, 1)
         print(f"recall@{a.k} of {a.t} rows: ours {t_rec:.3f} s; numpy isin {t_isin:.2f} s, ratio {t_isin / t_rec:.0f}x "
               f"(goal > 1); values {r_ours:.6f} / {r_np:.6f}")
+    if a.real:
+        real_run(Path(a.real), a.t)
+
+
+def real_run(root: Path, t: int) -> None:
+    """The real score on a finished run's att keys, first t test queries and their FAISS att/L2 neighbours (full
+    store), against numpy's gather + einsum on the same rows."""
+    from knnlm.paths import Layout
+
+    lay = Layout(root.parent, root.name)
+    keys = np.load(lay.path("keys", lm="base", key="att"), mmap_mode="r")
+    ids = np.load(lay.path("nb_ids", lm="base", store="full", key="att", metric="l2", split="test"), mmap_mode="r")
+    q = np.load(lay.path("queries", lm="base", split="test", key="att"), mmap_mode="r")
+    t = min(t, ids.shape[0])
+    q, ids = np.ascontiguousarray(q[:t], dtype=np.float32), np.ascontiguousarray(ids[:t])
+    recompute_distances(keys, q[:8], ids[:8], "l2")
+    t_ours, ours = best_of(lambda: recompute_distances(keys, q, ids, "l2"))
+    t0 = time.perf_counter()
+    ref = np.empty_like(ours)
+    for s in range(0, t, 64):
+        diff = np.asarray(keys[ids[s:s + 64]], dtype=np.float32) - q[s:s + 64, None, :]
+        ref[s:s + 64] = np.einsum("tkd,tkd->tk", diff, diff)
+    t_np = time.perf_counter() - t0
+    rel = float(np.max(np.abs(ours - ref) / np.maximum(ref, 1e-6)))
+    print(f"real score on {root}'s att keys ({keys.shape[0]:,} x {keys.shape[1]}), its first {t} test queries x "
+          f"{ids.shape[1]} FAISS neighbours: ours {t_ours:.2f} s ({ids.size / t_ours / 1e6:.1f}M distances/s); numpy "
+          f"gather + einsum {t_np:.2f} s, ratio {t_np / t_ours:.1f}x (goal > 1); max relative difference {rel:.1e}")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,11 @@ def test_recompute_distances_matches_bruteforce(data, metric):
     rng = np.random.default_rng(1)
     ids = rng.integers(0, len(keys), size=(70, 9))
     ids[3, 4:] = -1
+    ids[5, :] = -1  # a row with no neighbour: nothing to prefetch
+    ids[6, 0] = -1  # a missing neighbour inside the first prefetch window
     got = recompute_distances(keys, queries, ids, metric, query_chunk=16)
+    # fewer neighbours than the kernel prefetches ahead (PREFETCH_AHEAD = 8): the same distances
+    assert np.array_equal(recompute_distances(keys, queries, ids[:, :3], metric), got[:, :3])
     x = keys.astype(np.float64)
     for t in range(70):
         for j in range(9):

@@ -8,7 +8,10 @@ the final merge of what is left in the buffers. Scores are float32, ids int64.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 @njit(cache=True, inline='always')
@@ -206,7 +209,47 @@ def _distance(x, scale, q, l2):
     return acc
 
 
-AHEAD = 4  # neighbour_distances_f16 touches the key row this many neighbours ahead (random rows: DRAM latency)
+PREFETCH_AHEAD = 8  # neighbour_distances_* prefetch the key row this many neighbours ahead (random rows: DRAM latency)
+CACHE_LINE = 64  # bytes
+
+
+@intrinsic
+def prefetch(typingctx, arr, row, col):
+    """prefetch(arr, row, col): ask the CPU to bring the cache line holding arr[row, col] (a C-contiguous 2-D array)
+    into every cache level, without waiting for it (LLVM's llvm.prefetch: read, high locality). A load that only
+    touches the line (as `x ^= arr[row, col]`) holds up the retirement of every later instruction until the line
+    arrives, so a random row's DRAM latency is paid one row at a time; prefetches let several rows be in flight."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and isinstance(row, types.Integer)
+            and isinstance(col, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        aryty, rowty, colty = sig.args
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = [context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], (rowty, colty))]
+        ptr = builder.bitcast(cgutils.get_item_pointer(context, builder, aryty, ary, idx), ir.IntType(8).as_pointer())
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, locality 3 (keep in all levels), data cache
+        return context.get_dummy_value()
+
+    return types.void(arr, row, col), codegen
+
+
+@njit(cache=True, inline='always')
+def _prefetch_row(keys, i):
+    """Prefetch every cache line of row i of keys [N, D] (see prefetch)."""
+    step = max(1, CACHE_LINE // keys.itemsize)
+    for c in range(0, keys.shape[1], step):
+        prefetch(keys, i, c)
+
+
+@njit(cache=True, inline='always')
+def _prefetch_neighbour(keys, ids_row, j):
+    """Prefetch the key row of neighbour j of a row of ids (nothing for j past the row's end or a missing id < 0)."""
+    if j < ids_row.shape[0] and ids_row[j] >= 0:
+        _prefetch_row(keys, ids_row[j])
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -214,24 +257,23 @@ def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
     """out[t, j] = ‖q_t − k_{ids[t,j]}‖² (l2) or q_t · k_{ids[t,j]} (ip) in fp32, from fp16 keys given as their
     uint16 bits ([N, D]); ids < 0 give +inf (l2) / −inf (ip). queries [T, D] float32, out [T, k] float32.
 
+    The key row of the neighbour PREFETCH_AHEAD places on is prefetched while this one is computed: the rows are
+    random, so the kernel is bound by DRAM latency (2.64M fp16 keys of D = 128, 40,000 queries x 1,024 neighbours,
+    2 AMD EPYC Zen 3 cores: 7.1 s touching rows ahead by loads, 2.3 s prefetching them, the same distances).
     Each key row is converted to fp32 in a reused buffer, branch-free (vectorised): sign, exponent and mantissa
     shifted into an fp32's place, then the distance loop's multiply by 2^112 rebiases the exponent and turns fp16
     subnormals into the right fp32 normals. fp16 inf/NaN would come out finite: the dump refuses non-finite keys."""
     T, k = ids.shape
     D = queries.shape[1]
     two112 = np.float32(5.192296858534828e33)
-    touched = np.zeros(T, dtype=np.uint16)
     for t in prange(T):
         bits = np.empty(D, dtype=np.uint32)
         x = bits.view(np.float32)
         q = queries[t]
-        sink = np.uint16(0)
+        for j in range(PREFETCH_AHEAD):
+            _prefetch_neighbour(keys_bits, ids[t], j)
         for j in range(k):
-            if j + AHEAD < k:  # read one value per cache line of a row AHEAD neighbours on: its lines load meanwhile
-                nxt = ids[t, j + AHEAD]
-                if nxt >= 0:
-                    for c in range(0, D, 32):
-                        sink ^= keys_bits[nxt, c]
+            _prefetch_neighbour(keys_bits, ids[t], j + PREFETCH_AHEAD)
             i = ids[t, j]
             if i < 0:
                 out[t, j] = np.inf if l2 else -np.inf
@@ -241,7 +283,6 @@ def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
                 h = np.uint32(row[c])
                 bits[c] = ((h & np.uint32(0x8000)) << np.uint32(16)) | ((h & np.uint32(0x7FFF)) << np.uint32(13))
             out[t, j] = _distance(x, two112, q, l2)
-        touched[t] = sink  # keeps the early reads
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -249,7 +290,10 @@ def neighbour_distances_f32(keys, queries, ids, l2, out):
     """neighbour_distances_f16 for fp32 keys [N, D]."""
     for t in prange(ids.shape[0]):
         q = queries[t]
+        for j in range(PREFETCH_AHEAD):
+            _prefetch_neighbour(keys, ids[t], j)
         for j in range(ids.shape[1]):
+            _prefetch_neighbour(keys, ids[t], j + PREFETCH_AHEAD)
             i = ids[t, j]
             out[t, j] = (np.inf if l2 else -np.inf) if i < 0 else _distance(keys[i], np.float32(1.0), q, l2)
 
