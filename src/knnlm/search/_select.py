@@ -259,7 +259,7 @@ def neighbour_distances_f16(keys_bits, queries, ids, l2, out):
 
     The key row of the neighbour PREFETCH_AHEAD places on is prefetched while this one is computed: the rows are
     random, so the kernel is bound by DRAM latency (2.64M fp16 keys of D = 128, 40,000 queries x 1,024 neighbours,
-    2 AMD EPYC Zen 3 cores: 7.1 s touching rows ahead by loads, 2.3 s prefetching them, the same distances).
+    2 AMD EPYC Zen 3 cores: 7.1 s touching rows ahead by loads, 2.3-3.0 s prefetching them, the same distances).
     Each key row is converted to fp32 in a reused buffer, branch-free (vectorised): sign, exponent and mantissa
     shifted into an fp32's place, then the distance loop's multiply by 2^112 rebiases the exponent and turns fp16
     subnormals into the right fp32 normals. fp16 inf/NaN would come out finite: the dump refuses non-finite keys."""
