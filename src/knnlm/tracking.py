@@ -240,10 +240,16 @@ def _supersede(client, exp_id: str, name: str, run_id: str) -> None:
             client.set_tag(r.info.run_id, "superseded_by", run_id)
 
 
+def _point_metrics(values: dict[str, float], time_ms: int, step: int) -> list:
+    """MLflow Metric entities of one curve point {metric: value} at `step` (time in ms since the epoch)."""
+    from mlflow.entities import Metric
+
+    return [Metric(mlflow_key(k), float(v), int(time_ms), int(step)) for k, v in values.items()]
+
+
 def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> None:
     """Log {metric: value} at `step` into run `run_id` now (under the store's lock). A live point is a convenience:
     when the store is busy or unreachable it is skipped with a warning (the job's end logs the whole curve)."""
-    from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     results_dir = Path(cfg["results_dir"])
@@ -251,8 +257,7 @@ def log_points(cfg: dict, run_id: str, step: int, values: dict[str, float]) -> N
 
     def send():
         with _lock(results_dir):
-            MlflowClient(tracking_uri(results_dir)).log_batch(
-                run_id, metrics=[Metric(mlflow_key(k), float(v), now, int(step)) for k, v in values.items()])
+            MlflowClient(tracking_uri(results_dir)).log_batch(run_id, metrics=_point_metrics(values, now, step))
     try:
         _retrying(send, "a live curve point", retries=1)
     except Exception as e:  # noqa: BLE001
@@ -340,7 +345,6 @@ def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict
     cfg = {**rec["cfg"], **({"results_dir": str(results_dir)} if results_dir is not None else {})}
     attempt = (_job_name(rec["rule"], rec["wildcards"]), rec.get("pid"))
     if "points" in rec:
-        from mlflow.entities import Metric
         from mlflow.tracking import MlflowClient
 
         pts, uri = rec["points"], tracking_uri(cfg["results_dir"])
@@ -350,8 +354,7 @@ def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict
                 client = MlflowClient(uri)
                 if attempt not in live:
                     live[attempt] = _open_run(client, cfg, uri, attempt[0], rec["tags"])
-                client.log_batch(live[attempt], metrics=[Metric(mlflow_key(k), v, int(pts["time"] * 1000), pts["step"])
-                                                         for k, v in pts["values"].items()])
+                client.log_batch(live[attempt], metrics=_point_metrics(pts["values"], pts["time"] * 1000, pts["step"]))
         _retrying(send, f"replaying {path.name}")
     else:
         kw = dict(rec["kw"])  # log_run's own arguments, as the job gave them
