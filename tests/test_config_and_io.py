@@ -393,29 +393,13 @@ def test_iter_chunks_releases_the_rows_it_went_over(tmp_path):
     assert grown[False] > 48 and grown[True] < 16, grown
 
 
-@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
-def test_main_tables_target_leaves_out_the_extras(tmp_path):
-    """`snakemake main_tables` plans the paper's main tables (findings included) and none of the extras that `all`
-    adds (PCA stores, IVFPQ seeds and subset draws, Table 4): the part of the run the run-time target is about."""
-    def planned(target):
-        r = subprocess.run(SNAKEMAKE + [target, "-n", "--forceall", "-s", "workflow/Snakefile", "--configfile",
-                                        "configs/tiny.yaml", "--config", f"results_dir={tmp_path}"],
-                           cwd=PROJECT_ROOT, capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        return [line for line in r.stdout.splitlines() if line.strip().startswith("output:")]
-
-    main, everything = planned("main_tables"), planned("all")
-    extra = ("/pca", "-ivf", "-draw", "variance", "table4")
-    assert any("findings" in line for line in main) and any("parametric" in line for line in main)
-    assert not [line for line in main if any(e in line for e in extra)]
-    assert all(any(e in line for line in everything) for e in extra) and len(everything) > len(main)
-
-
 @pytest.mark.dag  # runs Snakemake (dry runs of the DAG)
-def test_followups_leave_all_when_config_says_so(tmp_path):
-    """With 'followups.in_all' false, `all` plans no RetoMaton, greedy-merging or generation job and the findings read
-    none of their tables; `snakemake followups` plans the three tables (and the datastore's own neighbours). With the
-    default (true), `all` plans them."""
+def test_extras_leave_all_when_config_says_so(tmp_path):
+    """With 'extras.in_all' false, `all` plans every section of the paper (Table 4's LMs, the PCA store, App. E.5-E.6's
+    LMs, the findings) and none of the extras: no IVFPQ seed or subset draw, no probe count, no RetoMaton,
+    greedy-merging or generation job, and the findings read none of their tables; `snakemake extras` plans them all,
+    `snakemake followups` the three follow-ups (and the datastore's own neighbours). With the default (true), `all`
+    plans everything."""
     def planned(target, *extra):
         r = subprocess.run(SNAKEMAKE + [target, "-n", "--forceall", "-s", "workflow/Snakefile", "--configfile",
                                         "configs/tiny.yaml", *extra, "--config", f"results_dir={tmp_path}"],
@@ -423,14 +407,20 @@ def test_followups_leave_all_when_config_says_so(tmp_path):
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         return r.stdout
 
-    off = tmp_path / "followups_off.yaml"
-    off.write_text("followups:\n  in_all: false\n")
+    off = tmp_path / "extras_off.yaml"
+    off.write_text("extras:\n  in_all: false\n")
     rules = ("rule write_retomaton:", "rule write_pruning:", "rule datastore_neighbours:", "rule write_generation:")
-    left_out, followups, default = planned("all", str(off)), planned("followups", str(off)), planned("all")
+    checks = ("-ivf", "-draw", "-np1", "tables/variance.md", "tables/probe_sweep.md")
+    paper = ("/pca", "tables/table4.md", "findings.md")  # the tiny config trains no App. E.5-E.6 LMs
+    left_out, extras = planned("all", str(off)), planned("extras", str(off))
+    followups, default = planned("followups", str(off)), planned("all")
     assert "rule write_findings:" in left_out and not any(r in left_out for r in rules)
+    assert not any(c in left_out for c in checks) and all(p in left_out for p in paper)
     assert not any(f"{t}_comparisons" in left_out for t in ("retomaton", "pruning", "generation"))
-    assert all(r in followups for r in rules) and "rule write_findings:" not in followups
-    assert all(r in default for r in rules)
+    assert all(r in extras for r in rules) and all(c in extras for c in checks)
+    assert "rule write_findings:" not in extras
+    assert all(r in followups for r in rules) and not any(c in followups for c in checks)
+    assert all(r in default for r in rules) and all(c in default for c in checks)
 
 
 def test_shipped_corpus_is_read_from_its_archive_and_checked(tmp_path):

@@ -916,23 +916,25 @@ def test_scope_is_a_block_of_every_document(tiny_run):
 
 
 def test_findings_without_the_followups(tiny_run, tmp_path):
-    """With 'followups.in_all' false the findings job reads no RetoMaton, greedy-merging or generation table: each of their claims
-    is one row 'not run (target 'followups'; ...)', and every other row is as in the run's findings."""
+    """With 'extras.in_all' false the findings job reads no RetoMaton, greedy-merging or generation table: each of their claims
+    is one row "not run (target 'extras')", counted in the Summary, and every other row is as in the run's findings."""
     from knnlm.experiments.findings import CLAIMS, FOLLOWUP_SOURCES, findings
 
     _, job = _dry_run_job(tiny_run, art(tiny_run, "findings"))
     assert all(job.input.get(s) for s in FOLLOWUP_SOURCES)  # the tiny config keeps them in 'all'
     for s in FOLLOWUP_SOURCES:
         job.input.pop(s)
-    job.cfg["followups"] = {"in_all": False}
+    job.cfg["extras"] = {"in_all": False}
     job.output = {"out": str(tmp_path / "findings.md")}
     findings(job)
     def rows(text):  # the findings table's rows as their cells (a table's padding follows its widest cell)
         return [tuple(c.strip() for c in ln.strip("|").split("|")) for ln in text.splitlines()
                 if ln.startswith(("| Sec.", "| App.", "| Khandelwal", "| Drozdov", "| He ", "| Alon", "| Borgeaud", "| Wang"))]
 
-    left = [r for r in rows((tmp_path / "findings.md").read_text()) if "not run (target 'followups'" in r[-1]]
+    text = (tmp_path / "findings.md").read_text()
+    left = [r for r in rows(text) if r[-1] == "not run (target 'extras')"]
     assert len(left) == sum(c["source"] in FOLLOWUP_SOURCES for c in CLAIMS)
+    assert f"{len(left)} not run (target 'extras')" in text.split("Summary:")[1].split("\n")[0]
     full = rows(art(tiny_run, "findings").read_text())
     kept = [r for r in rows((tmp_path / "findings.md").read_text()) if r not in left]
     assert len(kept) > 50 and all(r in full for r in kept)
@@ -1240,3 +1242,107 @@ def test_datastore_from_another_corpus(tiny_run, tmp_path, wikitext2_dir):
     np.testing.assert_array_equal(np.asarray(v1[:n0]), np.asarray(v0))
     np.testing.assert_allclose(np.asarray(k1[:n0], dtype=np.float32), np.asarray(k0, dtype=np.float32), atol=2e-2)
     assert read_json(target)["datastore"] == "train + other"
+
+
+def test_sample_size_at_every_token_is_the_settings_own_intervals(tiny_run, tmp_path):
+    """Table 'sample_size' on the tiny run's every-token store: at fraction 1 every comparison is the settings job's
+    own (value, interval, verdict); each smaller fraction keeps every document, scores about that share of the tokens
+    and reports its width against every token's; the table is written with the rule's choice in its caption."""
+    from knnlm.experiments.sample_size import measure, table
+
+    target = art(tiny_run, "table", table="sample_size", ext="md")
+    _, job = _dry_run_jobs(tiny_run, target)[str(target)]
+    rows = measure(job)
+    settings = read_json(job.path("settings"))
+    fractions = sorted({r["fraction"] for r in rows})
+    assert fractions == sorted({*job.cfg["retrieval"]["sample_rule"]["fractions"], 1.0})
+    for r in rows:
+        every = next(x for x in rows if x["fraction"] == 1.0 and x["split"] == r["split"]
+                     and x["comparison"] == r["comparison"])
+        assert r["documents"] == every["documents"]
+        assert r["width / every token"] == pytest.approx((r["CI high"] - r["CI low"]) / (every["CI high"] - every["CI low"]))
+        if r["fraction"] == 1.0:
+            c = settings["ci"][r["split"]]["diff"][r["comparison"]]
+            assert (r["difference"], r["CI low"], r["CI high"], r["verdict"]) == (c["value"], c["lo"], c["hi"], c["verdict"])
+        else:
+            assert r["tokens"] == pytest.approx(r["fraction"] * every["tokens"], rel=0.15)
+    job.output = {"csv": str(tmp_path / "s.csv"), "md": str(tmp_path / "s.md")}
+    out = table(job)
+    assert "The rule picks the smallest fraction" in (tmp_path / "s.md").read_text()
+    assert set(out["metrics"]) == {f"fraction_at_{r:g}" for r in job.cfg["retrieval"]["sample_rule"]["ratios"]}
+
+
+def _dry_run_jobs(run, target, extra=()):
+    """{output path: (module.job, Job)} of every job a forced dry run of `target` (with config files `extra` after
+    the run's) would run."""
+    import json
+    import shlex
+
+    from knnlm.job import Job
+
+    r = run_snakemake("-n", "-p", "-f", str(target), "--configfile", *run["configfiles"], *extra, "--config",
+                      f"results_dir={run['results_dir']}")
+    out = {}
+    for ln in r.stdout.splitlines():
+        if " -m knnlm " not in ln:
+            continue
+        argv = shlex.split(ln)
+        argv = argv[argv.index("knnlm") + 1:argv.index(">")]
+        opt = dict(zip(argv[1::2], argv[2::2]))
+        io = json.loads(opt["--io"])
+        job = Job(cfg=json.loads(opt["--cfg"]), input=io["input"], output=io["output"], wildcards=io["wildcards"],
+                  threads=2, rule=argv[0])
+        for v in io["output"].values():
+            for p in (v if isinstance(v, list) else [v]):
+                out[str(p)] = (argv[0], job)
+    return out
+
+
+def test_a_block_sample_of_table3_scores_what_sample_size_measured(tiny_run, tmp_path):
+    """With config 'retrieval.table3_fraction' = 0.5 the every-token store scores a block sample (rule table3_sample:
+    every document, half of its tokens, on valid within the tuning sample), searched exactly and rescored on those
+    tokens only; its settings give, comparison for comparison, the intervals and verdicts that table 'sample_size'
+    measured at fraction 0.5 from the every-token caches."""
+    from knnlm.experiments import retrieval
+    from knnlm.experiments.sample_size import measure
+
+    half = tmp_path / "half.yaml"
+    half.write_text("retrieval:\n  table3_fraction: 0.5\n")
+    store = dict(store="full-alltokens", key="ffn", metric="l2")
+    settings_path = art(tiny_run, "settings", **store)
+    jobs = _dry_run_jobs(tiny_run, settings_path, [str(half)])
+    moved = {}  # every output of the sampled jobs goes to tmp_path, and each later job reads it from there
+
+    def run(path, fn):
+        _, job = jobs[str(path)]
+        job.input = {k: ([moved.get(p, p) for p in v] if isinstance(v, list) else moved.get(v, v))
+                     for k, v in job.input.items()}
+        for k, v in job.output.items():
+            moved[v] = str(tmp_path / f"{Path(v).parent.name}_{job.wildcards.get('split', 'both')}_{Path(v).name}")
+            job.output[k] = moved[v]
+        fn(job)
+        return job
+
+    docs = {}
+    for split in ("valid", "test"):
+        run(art(tiny_run, "table3_sample", split=split), retrieval.table3_sample)
+        sample = np.load(moved[str(art(tiny_run, "table3_sample", split=split))])
+        d = np.load(art(tiny_run, "documents", split=split))
+        base = np.load(art(tiny_run, "tuning_sample", split="valid")) if split == "valid" else np.arange(len(d["doc"]))
+        assert np.isin(sample, base).all() and set(d["doc"][sample]) == set(d["doc"][base])
+        assert len(sample) == pytest.approx(0.5 * len(base), rel=0.1)
+        docs[split] = len(sample)
+        run(art(tiny_run, "exact_ids", split=split, **store), retrieval.exact_search)
+        run(art(tiny_run, "real_dists", split=split, **store), retrieval.real_score)
+    job = run(settings_path, retrieval.settings)
+    s = read_json(job.path("out"))
+    assert s["scope"] == "a 50% block sample of all tokens" and s["scope_tokens"] == docs
+    target = art(tiny_run, "table", table="sample_size", ext="md")
+    _, mjob = _dry_run_jobs(tiny_run, target)[str(target)]
+    mjob.cfg["retrieval"]["sample_rule"]["fractions"] = [0.5]
+    rows = [r for r in measure(mjob) if r["fraction"] == 0.5]
+    assert len(rows) == 2 * len(s["ci"]["test"]["diff"])
+    for r in rows:
+        c = s["ci"][r["split"]]["diff"][r["comparison"]]
+        assert r["tokens"] == docs[r["split"]] and r["verdict"] == c["verdict"], r
+        assert (r["difference"], r["CI low"], r["CI high"]) == pytest.approx((c["value"], c["lo"], c["hi"]), rel=1e-9)

@@ -125,3 +125,98 @@ def test_fairseq_log_epoch_average_is_the_last_training_loss():
     assert t["train_loss_last"] == 8.416 and t["updates"] == 40
     only_epoch = convergence(parse_fairseq_json_log(lines[1:]), 40)
     assert only_epoch["train_loss_last"] == 8.416
+
+
+def test_target_of_splits_all_from_the_extras_and_the_followups():
+    """Each job counts against the target that needs it: the follow-ups' jobs against 'followups', our seeds, draws
+    and probe counts against 'extras', everything else (Table 4's LMs and the PCA store included) against 'all'."""
+    from knnlm.report.budget import target_of
+    from knnlm.report.times import rule_of
+
+    want = {"bpe": "all", "train_lm_small": "all", "write_table4": "all", "build_index_base_pca64_att_l2": "all",
+            "exact_search_base_full-alltokens_att_l2_test": "all", "write_findings_base": "all",
+            "build_index_base_full-ivf2_att_l2": "extras", "settings_base_r0.05-draw2_att_l2": "extras",
+            "search_base_full-np256_att_l2_test": "extras", "write_store_table_base_variance": "extras",
+            "write_probe_sweep_base": "extras", "write_retomaton_base": "followups",
+            "datastore_neighbours_base_full_att_l2": "followups", "write_pruning_base": "followups",
+            "write_generation_base": "followups"}
+    assert {j: target_of(j, rule_of(j)) for j in want} == want
+
+
+def _budget_jobs(walls):
+    return pd.DataFrame({"job": list(walls), "wall_s": [float(s) for s in walls.values()], "peak_rss_mb": 1.0,
+                         "from_log": False})
+
+
+def test_target_lines_check_each_budget_here_and_there():
+    """The measured minutes per target against the budget of this CPU kind, the estimate (each stage scaled by its
+    factor) against the other kind's; a contended run passes nothing; a target without jobs is 'not run'."""
+    from knnlm.report.budget import target_lines
+    from knnlm.report.times import rule_of
+
+    jobs = _budget_jobs({"exact_search_base_full_att_l2_test": 60 * 60, "bpe": 30 * 60,
+                         "write_retomaton_base": 10 * 60, "build_index_base_full-ivf2_att_l2": 5 * 60})
+    stage = {"exact_search_base_full_att_l2_test": "exact"}.get
+    budgets = {"all": {"intel": 100, "amd": 150}, "extras": {"intel": None, "amd": 45},
+               "followups": {"intel": None, "amd": 45}}
+    t = target_lines(jobs, {"exact": 2.0}, lambda j: stage(j, "other"), rule_of, "intel", budgets, False).set_index("target")
+    assert t.loc["all", "measured on intel (min)"] == pytest.approx(90)
+    assert t.loc["all", "estimate on amd (min)"] == pytest.approx(150)  # 60 · 2 + 30
+    assert t.loc["all", "outcome"] == "pass" and t.loc["all", "jobs"] == 2
+    assert t.loc["extras", "measured on intel (min)"] == pytest.approx(15) and t.loc["extras", "jobs"] == 2
+    assert t.loc["followups", "measured on intel (min)"] == pytest.approx(10)
+    budgets["all"]["amd"] = 149
+    t = target_lines(jobs, {"exact": 2.0}, lambda j: stage(j, "other"), rule_of, "intel", budgets, False).set_index("target")
+    assert t.loc["all", "outcome"] == "FAIL" and t.loc["extras", "outcome"] == "pass"
+    t = target_lines(jobs.iloc[:2], {}, lambda j: "other", rule_of, "amd", budgets, True).set_index("target")
+    assert t.loc["all", "outcome"] == "contended (no verdict)" and t.loc["extras", "outcome"] == "not run"
+
+
+def test_contention_compares_the_run_with_the_machine(tmp_path):
+    """other_share = 1 − the run's CPU time / the machine's busy CPU time over the finished local invocations;
+    above 10 % the run is contended; killed (no end reading) and cluster invocations are counted apart."""
+    import json
+
+    from knnlm.report.budget import contention, machine_cpu_seconds, own_cpu_seconds
+
+    assert machine_cpu_seconds() > 0 and own_cpu_seconds() > 0
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 20 900 40 1 2 3 0 0\ncpu0 1 1 1 1 1 1 1 1 0 0\n")
+    import os
+    assert machine_cpu_seconds(str(stat)) == pytest.approx((100 + 5 + 20 + 1 + 2 + 3) / os.sysconf("SC_CLK_TCK"))
+    root = tmp_path / "run"
+    (root / "invocations").mkdir(parents=True)
+
+    def rec(name, machine, own, end=True, local=True):
+        r = {"local": local, "start": {"machine_cpu_s": 1000.0, "own_cpu_s": 5.0},
+             "end": {"machine_cpu_s": 1000.0 + machine, "own_cpu_s": 5.0 + own} if end else None}
+        (root / "invocations" / f"{name}.json").write_text(json.dumps(r))
+
+    rec("a", 100.0, 95.0)
+    rec("b", 100.0, 93.0)
+    c = contention(root)
+    assert c["invocations"] == 2 and c["other_share"] == pytest.approx(0.06) and not c["contended"]
+    rec("c", 100.0, 70.0)
+    rec("d", 500.0, 0.0, end=False)
+    rec("e", 500.0, 0.0, local=False)
+    c = contention(root)
+    assert c["other_share"] == pytest.approx(42 / 300) and c["contended"] and c["unmeasured"] == 2
+    assert contention(tmp_path / "none")["other_share"] is None
+
+
+def test_an_invocation_record_reads_the_machine_at_start_and_end(tmp_path):
+    """invocation_start writes the targets, budgets and first reading; invocation_end the second and the outcome;
+    budgets_of reads the latest record's budgets over the schema's defaults."""
+    from knnlm.io import read_json
+    from knnlm.report.budget import budgets_of, invocation_end, invocation_start
+
+    root = tmp_path / "run"
+    assert budgets_of(root)["all"] == {"intel": 120, "amd": 150}
+    p = invocation_start(root, ["all"], {"all": {"intel": 90}})
+    assert p.parent == root / "invocations" and read_json(p)["end"] is None
+    sum(i * i for i in range(200000))  # some CPU time of this process
+    invocation_end(p, ok=True)
+    r = read_json(p)
+    assert r["ok"] and r["targets"] == ["all"] and r["end"]["own_cpu_s"] > r["start"]["own_cpu_s"]
+    assert r["end"]["machine_cpu_s"] >= r["start"]["machine_cpu_s"]
+    assert budgets_of(root)["all"] == {"intel": 90, "amd": 150}

@@ -59,6 +59,8 @@ PATTERNS: dict[str, str] = {
     "scope": "lms/{lm}/queries/{split}/scope.npy",
     # the valid tokens of the stores scored on every token (config 'retrieval.tuning_documents': whole documents)
     "tuning_sample": "lms/{lm}/queries/{split}/tuning_sample.npy",
+    # the tokens of the stores scored on every token when config 'retrieval.table3_fraction' < 1: a block sample
+    "table3_sample": "lms/{lm}/queries/{split}/table3_sample.npy",
     # features of every scored token of a split (knnlm.scoring.quality: retrieval quality, the LM's entropy)
     "token_features": "lms/{lm}/queries/{split}/token_features.npz",
     # one datastore variant (store) of that LM
@@ -102,6 +104,8 @@ PATTERNS: dict[str, str] = {
     "findings": "lms/{lm}/findings.md",
     "log": "logs/{job}.log",
     "benchmark": "benchmarks/{job}.tsv",
+    # one Snakemake invocation: its targets, budgets and CPU readings at start and end (knnlm.report.budget)
+    "invocation": "invocations/{stamp}.json",
 }
 
 # The LMs a config ships (config 'pretrained', knnlm.lm.shipped), relative to that folder (pretrained/<config>/).

@@ -64,6 +64,10 @@ GAINS_KEY = TABLE3_KEY
 # The real mask in shards (config 'retrieval.exact_shards'): rules/retrieval.smk and rules/datastore_size.smk
 EXACT_SHARDS = RETRIEVAL["exact_shards"]
 FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETRIEVAL["max_queries"] else None
+# The share of their tokens the '-alltokens' stores score (a block sample, rule table3_sample, when below 1; sized by
+# docs/statistics.md's rule, target 'sample_size'); FULL_EVERY_TOKEN: the full store is scored on every test token
+TABLE3_FRACTION = RETRIEVAL["table3_fraction"]
+FULL_EVERY_TOKEN = FULL_ALL_TOKENS if TABLE3_FRACTION >= 1 else None
 
 wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
@@ -354,6 +358,17 @@ def tuning_sample_of(both_splits=False):
     return fn
 
 
+def table3_sample_of(both_splits=False):
+    """Input function: for a store scored on every token while config 'retrieval.table3_fraction' < 1, the block
+    sample of the job's split (of both splits, in EVAL_SPLITS order, when `both_splits`; rule table3_sample); else
+    nothing."""
+    def fn(wc):
+        if TABLE3_FRACTION >= 1 or not scores_every_token(wc.store):
+            return []
+        return per_split("table3_sample", lm=wc.lm) if both_splits else artifact("table3_sample", lm=wc.lm, split=wc.split)
+    return fn
+
+
 def nested_shards_of(name):
     """Input function: artifact `name` of the nested scan's shards (knnlm.datastore.stores.nested_shards of the datastore sizes,
     config 'retrieval.exact_shards') up to the end of store {store}, one of the sizes' stores in ascending order."""
@@ -381,7 +396,7 @@ def search_of(name, both_splits=False):
 
 SETTINGS_INPUTS = {
     **datastore(), **queries(), "store": artifact("store_prep"), "scope": scope_of(both_splits=True),
-    "tuning_sample": tuning_sample_of(both_splits=True),
+    "tuning_sample": tuning_sample_of(both_splits=True), "table3_sample": table3_sample_of(both_splits=True),
     **{n: search_of(n, both_splits=True) for n in ("nb_ids", "nb_dists", "nb_meta")},
     **{n: per_split(n) for n in ("real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
@@ -409,10 +424,11 @@ def settings_inputs(store, key, metric):
 # and the Snakefile turns every entry into a target (`snakemake <name>`) and `all` into all of them.
 TARGETS = {}
 
-# The costliest follow-ups (config 'followups'): target 'followups', and part of 'all' and of the findings only when
-# 'followups.in_all'.
+# The extras (config 'extras'): our own robustness checks and the costliest follow-ups, target 'extras' (the
+# follow-ups also 'followups'), part of 'all' and of the findings only when 'extras.in_all'.
 FOLLOWUP_TARGETS = ("retomaton", "pruning", "generation")
-FOLLOWUPS_IN_ALL = CFG["followups"]["in_all"]
+EXTRAS_TARGETS = ("variance", "probe_sweep") + FOLLOWUP_TARGETS
+EXTRAS_IN_ALL = CFG["extras"]["in_all"]
 
 # Tables that compare stores, all written by write_store_table in the Snakefile. A file under rules/ registers
 # STORE_TABLES[name] = the settings files the table reads; knnlm.experiments.<name>.table writes it.

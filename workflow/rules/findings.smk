@@ -38,16 +38,16 @@ knnlm_rule(
         k_sweep=artifact("table", table="k_sweep_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 4
         leakage=artifact("table", table="leakage_comparisons", ext="csv"),  # Borgeaud et al. 2022, Figure 6
         ngram=artifact("table", table="ngram_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 7
-        # the costliest follow-ups: only when 'followups.in_all' (else their rows say 'not run')
-        retomaton=artifact("table", table="retomaton_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # Alon et al. 2022, Figure 3
-        pruning=artifact("table", table="pruning_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # He et al. 2021, Table 3
-        generation=artifact("table", table="generation_comparisons", ext="csv") if FOLLOWUPS_IN_ALL else [],  # Wang et al. 2023
+        # the costliest follow-ups: only when 'extras.in_all' (else their rows say 'not run')
+        retomaton=artifact("table", table="retomaton_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # Alon et al. 2022, Figure 3
+        pruning=artifact("table", table="pruning_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # He et al. 2021, Table 3
+        generation=artifact("table", table="generation_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # Wang et al. 2023
         **SMALL_SETTINGS,
     ),
     output=files(
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
     ),
-    cfg=quoted_cfg("stats", "followups", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
+    cfg=quoted_cfg("stats", "extras", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
 )
 
 

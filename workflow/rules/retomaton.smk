@@ -4,7 +4,7 @@
 # skipping at the same fraction of saved searches (table, figure and comparisons 'retomaton'). On the store, keys and
 # metric of Table 3's claims, FAISS neighbours with real scores: reads the search and real-score caches, no new search.
 RETOMATON = dict(store=FULL_ALL_TOKENS or "full", **TABLE3_KEY)
-RETOMATON_READS = ("manifest", "vals", "queries_manifest", "targets", "lm_logprobs", "scope", "tuning_sample",
+RETOMATON_READS = ("manifest", "vals", "queries_manifest", "targets", "lm_logprobs", "scope", "tuning_sample", "table3_sample",
                    "nb_ids", "nb_meta", "real_dists", "documents")
 
 

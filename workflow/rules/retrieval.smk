@@ -31,6 +31,22 @@ knnlm_rule(
 )
 
 
+# The tokens of the stores scored on every token when 'retrieval.table3_fraction' < 1: a block sample of that share of
+# every test token and of valid's tuning sample (sized by the rule of docs/statistics.md, target 'sample_size').
+knnlm_rule(
+    "table3_sample", "retrieval.table3_sample",
+    input=files(
+        documents=artifact("documents"),
+        tuning_sample=lambda wc: artifact("tuning_sample", lm=wc.lm, split="valid")
+        if RETRIEVAL["tuning_documents"] and wc.split == "valid" else [],
+    ),
+    output=files(
+        out=artifact("table3_sample"),
+    ),
+    cfg=cfg_with_keys("retrieval", ["table3_fraction", "tuning_documents", "scope_seed"]),
+)
+
+
 knnlm_rule(
     "prepare_store", "retrieval.prepare_store",
     input=files(
@@ -72,6 +88,7 @@ knnlm_rule(
         index_meta=index_of("index_meta"),
         scope=scope_of(full_is_all=True),
         tuning_sample=tuning_sample_of(),
+        table3_sample=table3_sample_of(),
     ),
     output=files(
         ids=artifact("nb_ids"),
@@ -91,6 +108,7 @@ knnlm_rule(
         store=artifact("store_prep"),
         scope=scope_of(),
         tuning_sample=tuning_sample_of(),
+        table3_sample=table3_sample_of(),
         nb_ids=search_of("nb_ids"),
         nb_meta=search_of("nb_meta"),
     ),
@@ -118,6 +136,7 @@ knnlm_rule(
         store=artifact("store_prep"),
         scope=scope_of(),
         tuning_sample=tuning_sample_of(),
+        table3_sample=table3_sample_of(),
     ),
     output=files(
         **(EXACT_OUTPUTS if EXACT_SHARDS == 1 else

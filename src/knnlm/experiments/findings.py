@@ -7,8 +7,8 @@ docs/statistics.md) and a verdict computed from the CI:
   inconclusive (N articles, n_eff E) -- the comparison's documents count fewer than 'stats.min_documents' as the
                    interval counts them (Kish's effective number n_eff), whatever its CI
   reported      -- a number shown without a verdict (see below)
-  not run       -- the run has no table for the claim ('not run (target 'followups'; ...)': a follow-up that config
-                   'followups.in_all' leaves out of 'all', built by target 'followups')
+  not run       -- the run has no table for the claim ('not run (target 'extras')': a check or follow-up that
+                   config 'extras.in_all' leaves out of 'all', built by target 'extras'); counted in the Summary
   not tested (premise absent: ...) -- the paper's premise fails in this run (E.6.1: the overfitted LM did not
                    memorise as the paper's did): no verdict, counted apart
   lower / higher -- (in the comparison tables, not here) the CI of a / b − 1 lies below / above 0
@@ -402,9 +402,15 @@ def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _every_token(settings: dict | None) -> bool:
-    """Whether a settings JSON (rule settings) was scored on every test token (an '-alltokens' store; on valid, every
-    token or its tuning sample)."""
-    return settings is not None and settings.get("scope") == "all tokens"
+    """Whether a settings JSON (rule settings) was scored on every test token or a block sample of them (an
+    '-alltokens' store, config 'retrieval.table3_fraction'; on valid, every token or its tuning sample)."""
+    return settings is not None and settings.get("scope", "retrieval scope") != "retrieval scope"
+
+
+def _every_label(settings: dict | None) -> str:
+    """', all tokens' (or ', a 40 % block sample of all tokens') for a store scored on every token (_every_token),
+    else ''."""
+    return f", {settings['scope']}" if _every_token(settings) else ""
 
 
 def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
@@ -412,8 +418,8 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     `s`: the settings JSON of input 'small_store', or None without one."""
     t3 = pd.read_csv(job.path("table3"))
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
-    every = ", all tokens" if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     t = read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None
+    every = _every_label(t) if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     probe = _probe_label(t, job.cfg["knn"]["k"]) if t is not None else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
            "table3": (t3, f"{t3['h_ds'].iloc[0]}/{t3['⊗'].iloc[0]}{probe}{every}" if len(t3) else "")}
@@ -427,7 +433,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     if s is not None:
         rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
         label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store{_probe_label(s, job.cfg['knn']['k'])}"
-        every = ", all tokens" if _every_token(s) else ""
+        every = _every_label(s)
         out["small_store"] = (pd.DataFrame(rows), label + every)
         out["small_tuning"] = (tuning_contrasts(s, job.cfg["stats"]), label + every)
         if job.input.get("full_store"):  # on the retrieval scope, the full store's ('size_store')
@@ -437,7 +443,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
-FOLLOWUP_SOURCES = ("retomaton", "pruning", "generation")  # the sources of target 'followups' (config 'followups.in_all')
+FOLLOWUP_SOURCES = ("retomaton", "pruning", "generation")  # the sources of target 'extras' (config 'extras.in_all')
 PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
 
 
@@ -513,8 +519,8 @@ def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
     text = (f"Scope of Table 3 and the store claims: {docs} test documents, {tokens:,} tokens. The median 95 % CI "
             f"half-width of Table 3's test comparisons is {100 * half:.2f} % of perplexity; {verdict}.")
     if _every_token(s):
-        text += (f" The {s['ratio']:.0%} store's claims use every test token ({len(s['doc_ids']['test'])} "
-                 f"documents, {s['scope_tokens']['test']:,} tokens).")
+        text += (f" The {s['ratio']:.0%} store's claims use {s['scope'].replace('all tokens', 'every test token')} "
+                 f"({len(s['doc_ids']['test'])} documents, {s['scope_tokens']['test']:,} tokens).")
     return text
 
 
@@ -699,11 +705,12 @@ def findings(job: Job) -> dict:
         if (sel is None or sel.empty) and c["kind"] in ("ours", "tau*"):
             continue  # an extra comparison this run does not have (e.g. no kNN-LM other than the paper's)
         if sel is None or sel.empty:
-            left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("followups", {}).get("in_all", True)
+            left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
                          "comparison (a vs b)": c["comparison"], "paper": _paper(c, None)[0],
                          "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
-                         "verdict": "not run (target 'followups'; config followups.in_all)" if left_out else "not run"})
+                         "verdict": "not run (target 'extras')" if left_out else "not run"})
+            counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1
             continue
         if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
@@ -729,7 +736,7 @@ def findings(job: Job) -> dict:
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
             "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows and rows whose 'on' "
-            "says 'all tokens' use all tokens of the split, the others the retrieval scope.\n"]
+            "says 'all tokens' use all tokens of the split (or the block sample it names), the others the retrieval scope.\n"]
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))
     return {"metrics": {"n_" + re.sub(r"[^0-9A-Za-z_]+", "_", k).strip("_"): n for k, n in counts.items()},

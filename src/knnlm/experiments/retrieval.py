@@ -25,7 +25,7 @@ from ..scoring.results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
                                 SETTINGS, TUNED, settings_ci_caption, settings_rows, store_vs_store)
-from ..search.scope import scope_caption, scope_tokens, tuning_caption
+from ..search.scope import block_sample, scope_caption, scope_tokens, tuning_caption
 from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scoped_documents
 
 log = logging.getLogger(__name__)
@@ -43,12 +43,16 @@ def scope_file(job: Job, split: str | None = None) -> Path | None:
     """The token indices file of the tokens the job scores on `split` (the job's own split when None), or None for
     every token. A store scored on every token (knnlm.datastore.stores.scores_every_token) reads no retrieval scope:
     every test token, and on valid its input 'tuning_sample' when config 'retrieval.tuning_documents' gives one (whole
-    valid documents, where λ and τ are tuned); any other store reads the retrieval scope (input 'scope', a list per
-    split for a job of both splits)."""
+    valid documents, where λ and τ are tuned), or, when config 'retrieval.table3_fraction' < 1, its input
+    'table3_sample' (a block sample of those tokens; a list per split for a job of both splits); any other store
+    reads the retrieval scope (input 'scope', a list per split for a job of both splits)."""
     from ..datastore.stores import scores_every_token
 
     split = split or job.wildcards["split"]
     if scores_every_token(job.wildcards.get("store", "")):  # a nested exact search has no store wildcard: scoped
+        block = job.input.get("table3_sample")  # config 'retrieval.table3_fraction' < 1: a block sample of them
+        if block:
+            return by_split(job, "table3_sample")[split] if isinstance(block, list) else Path(block)
         sample = job.input.get("tuning_sample")
         return Path(sample) if sample and split == "valid" else None
     return by_split(job, "scope")[split] if isinstance(job.input.get("scope"), list) else job.path("scope")
@@ -101,6 +105,22 @@ def tuning_sample(job: Job) -> dict:
     sc = document_sample(docs["doc"], r["tuning_documents"], r["scope_seed"])
     save_npy(job.path("out"), sc)
     return {"metrics": {"tokens": len(sc), "documents": len(np.unique(docs["doc"][sc])),
+                        "split_tokens": len(docs["doc"]), "split_documents": len(docs["tokens"])}}
+
+
+def table3_sample(job: Job) -> dict:
+    """The tokens of the stores scored on every token when config 'retrieval.table3_fraction' < 1: a seeded
+    proportional block sample of that share (knnlm.search.scope.scope_tokens: one block of whole words per
+    document) of every token of the split, on valid of its tuning sample (input 'tuning_sample', when
+    'retrieval.tuning_documents' gives one). Its size follows docs/statistics.md ("How large a sample")."""
+    docs = np.load(job.path("documents"))
+    r = job.cfg["retrieval"]
+    base = (np.load(job.path("tuning_sample")).astype(np.int64) if job.input.get("tuning_sample")
+            else np.arange(len(docs["doc"]), dtype=np.int64))
+    sc = base[block_sample(np.asarray(docs["doc"])[base], np.asarray(docs["words"])[base], r["table3_fraction"],
+                           r["scope_seed"])]
+    save_npy(job.path("out"), sc)
+    return {"metrics": {"tokens": len(sc), "of_tokens": len(base), "documents": len(np.unique(docs["doc"][sc])),
                         "split_tokens": len(docs["doc"]), "split_documents": len(docs["tokens"])}}
 
 
@@ -487,7 +507,9 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
-            "scope": "all tokens" if scores_every_token(job.wildcards["store"]) else "retrieval scope",
+            "scope": ("retrieval scope" if not scores_every_token(job.wildcards["store"]) else "all tokens"
+                      if not job.input.get("table3_sample") else
+                      f"a {job.cfg['retrieval']['table3_fraction']:.0%} block sample of all tokens"),
             "tuning_sample": _tuning_sample_counts(job, docs),
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,
@@ -573,7 +595,7 @@ def table3(job: Job) -> dict:
     stores = sorted({s["store"] for s in jsons})
     on = ("" if [same_index_store(x) for x in stores] == ["full"] else
           f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})")
-    scope = (tuning_caption(cfg, jsons[0].get("tuning_sample")) if all(s.get("scope") == "all tokens" for s in jsons)
+    scope = (tuning_caption(cfg, jsons[0].get("tuning_sample")) if all(s.get("scope") != "retrieval scope" for s in jsons)
              else scope_caption(cfg))
     for s in jsons:
         key, metric = s["key_type"], s["metric"]

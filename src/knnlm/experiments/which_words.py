@@ -92,9 +92,12 @@ def which_words(job: Job) -> dict:
     _figures(job, points, rows)
     store, key, metric = job.wildcards["store"], job.wildcards["key"], job.wildcards["metric"]
     label = scheme_label(documents_scheme(job), {SPLIT: n_docs})
+    every = cfg["retrieval"]["max_queries"] is None or "alltokens" in store
+    frac = cfg["retrieval"].get("table3_fraction", 1.0) if "alltokens" in store else 1.0
+    scope = ("retrieval scope" if not every else "all tokens" if frac >= 1
+             else f"a {frac:.0%} block sample of all tokens")
     where = (f"{key}/{METRIC_NAME[metric]} keys, store '{store}' ({len(lm):,} {SPLIT} tokens of the "
-             f"{'split' if cfg['retrieval']['max_queries'] is None or 'alltokens' in store else 'retrieval scope'}, "
-             f"{n_docs} documents), τ = {tau:g}")
+             f"{'split' if scope == 'all tokens' else scope}, {n_docs} documents), τ = {tau:g}")
     cap = (f"Which words gain from approximate neighbours ({cfg['name']}; Xu et al. 2023, App. D, Figures 6 and 7): "
            f"per word type with ≥ {hyp['min_occurrences']} occurrences ('types'), y = the share of its occurrences "
            f"with p_kNN > p_LM under real mask + real score minus that under FAISS mask + real score; the "
@@ -115,7 +118,6 @@ def which_words(job: Job) -> dict:
             f"paired difference. {where}. {ci_caption(st, label)} (here on the linear scale).")
     write_table(freq, job.path("freq_csv"), job.path("freq_md"), "kNN-LM gains by training frequency", fcap,
                 note=lm_training_label(job))
-    scope = "all tokens" if "alltokens" in store or cfg["retrieval"]["max_queries"] is None else "retrieval scope"
     write_csv(df.assign(on=f"{key}/{METRIC_NAME[metric]}, store {store}, {scope}"), job.path("cmp_csv"))
     write_json(job.path("points"), {"store": store, "key": key, "metric": metric, "documents": n_docs, **points})
     return {"metrics": {f"slope_{n}": r["relative difference"] for n, r in zip(ATTRIBUTES, rows)},

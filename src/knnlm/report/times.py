@@ -169,25 +169,40 @@ def budget_shares(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None) -> str:
-    """Markdown: the run's stages on the other CPU kind by knnlm.report.cost (measured minutes here, GEMM work, the
-    estimate there), with the rates used, and the run's elapsed time here and there; rate: this machine's fp32 GEMM
-    GFLOP/s (None: measured now, knnlm.report.cost.gemm_rate). A sentence instead where this machine is not of the
-    kind that ran the run's exact searches, or of neither kind."""
+def other_kind_estimate(root: Path, jobs: pd.DataFrame, rate: float | None = None):
+    """(the stages on the other CPU kind, knnlm.report.cost.other_kind_table; this machine's kind; its GEMM rate;
+    the stage work) of the run at root, or None where this machine is of neither kind or not of the kind that ran
+    the run's exact searches. rate: this machine's fp32 GEMM GFLOP/s (None: measured now, cost.gemm_rate)."""
     from . import cost
 
     _, _, cpus = cost.exact_work(root)
     here = cost.kind_of_this_machine()
     run_kinds = {cost.cpu_kind(c) for c in cpus}
     if here is None or (run_kinds and run_kinds != {here}):
-        return (f"No estimate for the other CPU kind: the run's exact searches ran on {', '.join(sorted(cpus)) or '?'}, "
-                f"this machine is {here or 'of neither kind'}; run the report where the run ran.")
-    cores = len(os.sched_getaffinity(0))
-    rate = rate if rate is not None else cost.gemm_rate(threads=cores)
+        return None
+    rate = rate if rate is not None else cost.gemm_rate(threads=len(os.sched_getaffinity(0)))
     work, _ = cost.stage_work(root, rate, here)
+    return cost.other_kind_table(stage_shares(jobs), work, here), here, rate, work
+
+
+def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None, est=None) -> str:
+    """Markdown: the run's stages on the other CPU kind by knnlm.report.cost (measured minutes here, GEMM work, the
+    estimate there), with the rates used, and the run's elapsed time here and there; rate: this machine's fp32 GEMM
+    GFLOP/s (None: measured now, knnlm.report.cost.gemm_rate); est: other_kind_estimate's result when already
+    computed. A sentence instead where this machine is not of the kind that ran the run's exact searches, or of
+    neither kind."""
+    from . import cost
+
+    est = est if est is not None else other_kind_estimate(root, jobs, rate)
+    if est is None:
+        _, _, cpus = cost.exact_work(root)
+        return (f"No estimate for the other CPU kind: the run's exact searches ran on {', '.join(sorted(cpus)) or '?'}, "
+                f"this machine is {cost.kind_of_this_machine() or 'of neither kind'}; run the report where the run ran.")
+    df, here, rate, work = est
+    _, _, cpus = cost.exact_work(root)
+    cores = len(os.sched_getaffinity(0))
     other = next(k for k in cost.REFERENCE_RATES if k != here)
     ref = cost.REFERENCE_RATES[other]
-    df = cost.other_kind_table(stage_shares(jobs), work, here)
     table = df.to_markdown(index=False, floatfmt=".1f")
     total = df.iloc[-1]
     f_exact, s_exact, _ = work[cost.EXACT_STAGE]
@@ -204,6 +219,39 @@ def other_kind_section(root: Path, jobs: pd.DataFrame, rate: float | None = None
             f"(the jobs' wall times sum to {total['measured here (min)']:.1f}: with 2 cores some overlap); on {other}: "
             f"{busy:.1f} {delta:+.1f} = {busy + delta:.1f} min (the GEMM-bound jobs hold every core, so their "
             f"difference adds to the elapsed time).")
+
+
+def budget_section(root: Path, jobs: pd.DataFrame, est) -> str:
+    """Markdown: each target's job time against its budgets (knnlm.report.budget.target_lines: measured on this CPU
+    kind, estimated on the other by est's stage factors, other_kind_estimate) and whether the run was timed on an
+    idle machine (knnlm.report.budget.contention)."""
+    from . import budget, cost
+
+    c = budget.contention(root)
+    if c["other_share"] is None:
+        idle = ("Contention: not measured (no finished local invocation recorded its CPU readings"
+                + (f"; {c['unmeasured']} unmeasured" if c["unmeasured"] else "") + ").")
+    else:
+        idle = (f"Contention: over {c['invocations']} invocation(s) the machine was busy {c['machine_cpu_min']:.1f} "
+                f"CPU-min, of which Snakemake and its jobs used {c['run_cpu_min']:.1f}: other processes took "
+                f"{100 * c['other_share']:.1f} % " + ("(more than" if c["contended"] else "(at most")
+                + f" {100 * budget.CONTENDED:.0f} %: the run is " + ("**contended**: its times are upper bounds and "
+                "pass no budget)." if c["contended"] else "idle enough for its times to count).")
+                + (f" {c['unmeasured']} invocation(s) unmeasured (killed, on a cluster or without /proc/stat)."
+                   if c["unmeasured"] else ""))
+    if est is None:
+        factors, here = {}, cost.kind_of_this_machine()
+    else:
+        df, here, _, _ = est
+        other = next(k for k in cost.REFERENCE_RATES if k != here)
+        factors = {r["stage"]: r[f"estimate on {other} (min)"] / r["measured here (min)"]
+                   for _, r in df.iterrows() if r["stage"] != "total" and r["measured here (min)"] > 0}
+    stage = {r: st for st, rs in STAGES.items() for r in rs}
+    lines = budget.target_lines(jobs, factors, lambda j: stage.get(rule_of(j), "other"), rule_of, here,
+                                budget.budgets_of(root), c["contended"])
+    return (f"{lines.to_markdown(index=False, floatfmt='.1f')}\n\nEach target's job time is the sum of its jobs' "
+            f"wall times (knnlm.report.budget.target_of: 'extras' counts its own jobs and the follow-ups'); the "
+            f"estimate on the other kind scales each stage as the table below does. Budgets: config 'budget'. {idle}")
 
 
 def dir_size(path: Path) -> int:
@@ -232,6 +280,7 @@ def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -
         text = ("\n" + p.read_text()).replace("\n### ", "\n#### ").replace("\n## ", "\n### ").replace("\n# ", "\n## ")
         parts.append(text.strip())
     jobs = stage_table(root)
+    est = other_kind_estimate(root, jobs, gemm_rate)
     stages = stage_shares(jobs).to_markdown(index=False, floatfmt=".1f")
     budgets = budget_shares(jobs).to_markdown(index=False, floatfmt=".1f")
     resumed = ("; resumed training timed from its own logs over every segment: " + ", ".join(jobs.job[jobs.from_log])
@@ -243,10 +292,11 @@ def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -
             f"files; no number here is typed by hand. Every table with its intervals is under `{root}/lms/{lm}/"
             f"tables/`, and `snakemake --report` renders them with their captions. Machine of the report: "
             f"{platform.processor() or platform.machine()}, {cores} cores.\n\n" + "\n\n".join(parts) + "\n\n"
+            f"## Budgets per target\n\n{budget_section(root, jobs, est)}\n\n"
             f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
             f"\n\n{stages}\n\n"
             f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n\n"
-            f"## The same stages on the other CPU kind (estimate)\n\n{other_kind_section(root, jobs, gemm_rate)}\n")
+            f"## The same stages on the other CPU kind (estimate)\n\n{other_kind_section(root, jobs, gemm_rate, est)}\n")
 
 
 def write_results_page(out: Path, root: Path) -> None:
@@ -285,8 +335,11 @@ def main(argv=None) -> None:
     print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
     print("\nBudgets (the paper's main tables on the primary LM; the extras budgeted separately):\n")
     print(budget_shares(df).to_markdown(index=False, floatfmt=".1f"))
+    est = other_kind_estimate(root, df)
+    print("\nBudgets per target:\n")
+    print(budget_section(root, df, est))
     print("\nThe same stages on the other CPU kind (estimate):\n")
-    print(other_kind_section(root, df))
+    print(other_kind_section(root, df, est=est))
     for lm_dir in sorted((layout.root / "lms").glob("*")):
         for sub in sorted(p for p in lm_dir.iterdir() if p.is_dir()):
             print(f"{sub.relative_to(layout.root)}: {dir_size(sub) / 2**20:.1f} MiB on disk")

@@ -61,6 +61,18 @@ def scope_tokens(doc: np.ndarray, max_tokens: int | None, seed: int, words: np.n
     return np.sort(np.concatenate(out)).astype(np.int64)
 
 
+def block_sample(doc: np.ndarray, words: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """[t'] sorted int64 positions into a scored token list: the proportional block sample of `fraction` of its
+    tokens (knnlm.search.scope.scope_tokens over its documents; every token when fraction ≥ 1).
+
+    doc: [t] document index of each scored token, each document contiguous (scoped_documents); words: [t] words
+    starting at each token. Raises ValueError for a fraction ≤ 0."""
+    if not fraction > 0:
+        raise ValueError(f"a sample's fraction must be > 0, found {fraction}")
+    t = len(doc)
+    return scope_tokens(doc, None if fraction >= 1 else max(1, int(round(fraction * t))), seed, words)
+
+
 def scope_caption(cfg: dict) -> str:
     """The scope of config key 'retrieval.max_queries' in words, for captions."""
     mq = cfg["retrieval"]["max_queries"]
@@ -88,11 +100,15 @@ def document_sample(doc: np.ndarray, n_documents: int | None, seed: int) -> np.n
 
 def tuning_caption(cfg: dict, documents: dict | None = None) -> str:
     """What the stores scored on every token ('-alltokens') score, in words, for captions: every test token, and on
-    valid every token or the tuning sample of config 'retrieval.tuning_documents'. documents: optional {'valid':
+    valid every token or the tuning sample of config 'retrieval.tuning_documents'; a block sample of those when
+    config 'retrieval.table3_fraction' < 1. documents: optional {'valid':
     (sampled, all)} document counts of the run."""
     n = cfg["retrieval"].get("tuning_documents")
+    f = cfg["retrieval"].get("table3_fraction", 1.0)
+    block = ("" if f >= 1 else f"a seeded proportional block sample of {f:.0%} (one block of whole words per document, "
+             f"retrieval.table3_fraction, sized by the rule of docs/statistics.md) of ")
     if not n:
-        return "all tokens of valid and test"
+        return f"{block}all tokens of valid and test"
     got = f" ({documents['valid'][0]} of its {documents['valid'][1]})" if documents and "valid" in documents else ""
-    return (f"all tokens of test; on valid, where λ and τ are tuned, a seeded sample of {n} whole documents{got} "
-            f"(seed retrieval.scope_seed)")
+    return (f"{block}all tokens of test; on valid, where λ and τ are tuned, {'of ' if block else ''}a seeded sample "
+            f"of {n} whole documents{got} (seed retrieval.scope_seed)")
