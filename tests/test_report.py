@@ -190,7 +190,7 @@ def test_contention_compares_the_run_with_the_machine(tmp_path):
     def rec(name, machine, own, end=True, local=True):
         r = {"local": local, "start": {"machine_cpu_s": 1000.0, "own_cpu_s": 5.0},
              "end": {"machine_cpu_s": 1000.0 + machine, "own_cpu_s": 5.0 + own} if end else None}
-        (root / "invocations" / f"{name}.json").write_text(json.dumps(r))
+        (root / "invocations" / f"{name}.invocation.json").write_text(json.dumps(r))
 
     rec("a", 100.0, 95.0)
     rec("b", 100.0, 93.0)

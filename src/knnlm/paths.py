@@ -105,7 +105,7 @@ PATTERNS: dict[str, str] = {
     "log": "logs/{job}.log",
     "benchmark": "benchmarks/{job}.tsv",
     # one Snakemake invocation: its targets, budgets and CPU readings at start and end (knnlm.report.budget)
-    "invocation": "invocations/{stamp}.json",
+    "invocation": "invocations/{stamp}.invocation.json",
 }
 
 # The LMs a config ships (config 'pretrained', knnlm.lm.shipped), relative to that folder (pretrained/<config>/).
