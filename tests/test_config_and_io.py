@@ -574,3 +574,32 @@ def test_fairseq_lm_with_foreign_objects_is_refused(tiny_run, tmp_path):
     torch.save(st, bad)
     with pytest.raises(ArtifactError, match=r"config key 'lms.base': .*checkpoint.pt: refused to load"):
         load_fairseq_lm(bad, tiny_run["root"] / "data-bin", "lms.base")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("results_dir", "out$(touch PWNED)"), ("results_dir", "out`touch PWNED`"), ("results_dir", "a b"),
+    ("results_dir", "out;touch PWNED"), ("results_dir", "../elsewhere"), ("results_dir", "a/../../b"),
+    ("results_dir", ".."), ("results_dir", "."), ("name", ".."), ("name", "."), ("name", "a b"), ("name", "x/y"),
+    ("name", "$(touch PWNED)"), ("lms", {"..": {"source": "train"}}), ("lms", {"a;b": {"source": "train"}}),
+])
+def test_names_and_paths_that_would_leave_their_folder_or_reach_a_shell_are_refused(key, value):
+    """results_dir, name and the LMs' names refuse '.', '..', spaces and shell metacharacters, naming the key and
+    the value; ordinary paths (absolute, with './', '+' or dots inside a name) pass."""
+    cfg = yaml.safe_load((PROJECT_ROOT / "configs" / "tiny.yaml").read_text())
+    with pytest.raises(ConfigError, match=f"config key '{key}'.*found"):
+        validate_config({**cfg, key: value})
+    for ok in ("/tmp/pytest-of-root/results_1.x", "./results", "runs/2026+a"):
+        validate_config({**cfg, "results_dir": ok})
+    validate_config({**cfg, "name": "tiny.v2"})
+
+
+@pytest.mark.dag  # runs Snakemake
+def test_an_injected_results_dir_runs_nothing(tmp_path):
+    """`--config results_dir='out$(touch PWNED)'` fails before any job, naming the key, and runs no shell command:
+    no file PWNED appears."""
+    r = subprocess.run(SNAKEMAKE + ["-s", str(PROJECT_ROOT / "workflow" / "Snakefile"), "--cores", "1",
+                                    "--configfile", str(PROJECT_ROOT / "configs" / "tiny.yaml"),
+                                    "--config", "results_dir=out$(touch PWNED)"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "config key 'results_dir'" in r.stdout + r.stderr
+    assert not (tmp_path / "PWNED").exists() and not list(tmp_path.glob("out*"))

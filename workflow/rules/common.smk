@@ -150,7 +150,7 @@ def io(fixed=None, **extra):
 
 def knnlm(job):
     """Shell command of knnlm job `job` (knnlm.cli.resolve); the rule gives params cfg and io, and a log."""
-    return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} > {{log}} 2>&1"
+    return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} > {{log:q}} 2>&1"
 
 
 def log_of(rule, *wildcards):
