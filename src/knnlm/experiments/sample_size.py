@@ -3,8 +3,9 @@ Sec. 5.1-5.2) on proportional block samples of the every-token store, against ev
 
 The rule the configs follow (docs/statistics.md, "How large a sample"): a measurement made on part of a split
 takes the smallest proportional block sample (knnlm.search.scope.scope_tokens: every document gives one
-word-aligned block, its share of the budget) at which every interval that rests on it is at most
-`retrieval.sample_rule.max_width_ratio` (1.15) times as wide as on every token, with the same verdict. This job
+word-aligned block, its share of the budget) at which every interval that rests on it is at most 1.15 times as
+wide as on every token (or 1.25, 1.5 where the budget needs it: `retrieval.sample_rule.ratios`), with the same
+verdict. This job
 measures that on a run whose '-alltokens' store is scored on every token: it reads the store's caches once
 (knnlm.experiments.retrieval.load_settings) and, for each fraction of the tokens in `retrieval.sample_rule.fractions`,
 draws the block sample of test and of the store's valid tokens, tunes τ and λ on the sample's valid tokens as the
@@ -52,16 +53,18 @@ def _intervals(job: Job, lp_lm, words, docs, lp_knn, per_tau, taus) -> dict:
     st, steps = stats_options(job), job.cfg["knn"]["lambda_steps"]
     sweep = temperature_sweep(lp_lm, per_tau, words, taus, job.cfg["temperature"]["lambda_steps"])
     ev = {n: evaluate(lp_lm, by, words, steps) for n, by in lp_knn.items()}
-    tuned = {n: (v["best"]["tau"], v.pop("lp_best")) for n, v in sweep.items()}
+    tuned = {}  # per setting (τ*, λ at τ*, log p_kNN at τ*)
+    for n, v in sweep.items():
+        lp_best = v.pop("lp_best")
+        tuned[n] = (v["best"]["tau"], evaluate(lp_lm, lp_best, words, steps)["lambda"], lp_best)
     out = {}
     for split, (doc, doc_words, _) in docs.items():
         lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
-        for n, (_, lp_best) in tuned.items():
-            lam = evaluate(lp_lm, lp_best, words, steps)["lambda"]
+        for n, (_, lam, lp_best) in tuned.items():
             lps[n + TUNED] = interpolate(lp_lm[split], lp_best[split], lam)
         nll = per_document(-np.stack(list(lps.values())), doc, len(doc_words))
         out[split] = compare(nll, doc_words, list(lps), [p for p in SETTING_PAIRS if p[0] in lps and p[1] in lps], st)
-    out["tau"] = {n: t for n, (t, _) in tuned.items()}
+    out["tau"] = {n: t for n, (t, _, _) in tuned.items()}
     return out
 
 
