@@ -295,7 +295,7 @@ def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -
             f"## Budgets per target\n\n{budget_section(root, jobs, est)}\n\n"
             f"## Wall time per stage (sum of the jobs' wall times from `benchmarks/*.tsv`{resumed})"
             f"\n\n{stages}\n\n"
-            f"The same jobs by budget (the paper's main tables, and the extras budgeted separately):\n\n{budgets}\n\n"
+            f"The same jobs by what they serve (the paper's main tables on the primary LM, and each extra):\n\n{budgets}\n\n"
             f"## The same stages on the other CPU kind (estimate)\n\n{other_kind_section(root, jobs, gemm_rate, est)}\n")
 
 
@@ -333,7 +333,7 @@ def main(argv=None) -> None:
           f"{busy_seconds(root) / 60:.1f} min; max peak RSS {df['peak_rss_mb'].max():.0f} MB")
     print("\nStages (sum of job wall times; with 2+ cores some jobs overlap):\n")
     print(stage_shares(df).to_markdown(index=False, floatfmt=".1f"))
-    print("\nBudgets (the paper's main tables on the primary LM; the extras budgeted separately):\n")
+    print("\nBy what the jobs serve (the paper's main tables on the primary LM, and each extra):\n")
     print(budget_shares(df).to_markdown(index=False, floatfmt=".1f"))
     est = other_kind_estimate(root, df)
     print("\nBudgets per target:\n")
