@@ -154,7 +154,7 @@ def test_target_lines_check_each_budget_here_and_there():
     from knnlm.report.budget import target_lines
     from knnlm.report.times import rule_of
 
-    jobs = _budget_jobs({"exact_search_base_full_att_l2_test": 60 * 60, "bpe": 30 * 60,
+    jobs = _budget_jobs({"exact_search_base_full_att_l2_test": 60 * 60, "bpe": 30 * 60 - 1, "write_findings_base": 1,
                          "write_retomaton_base": 10 * 60, "build_index_base_full-ivf2_att_l2": 5 * 60})
     stage = {"exact_search_base_full_att_l2_test": "exact"}.get
     budgets = {"all": {"intel": 100, "amd": 150}, "extras": {"intel": None, "amd": 45},
@@ -162,7 +162,7 @@ def test_target_lines_check_each_budget_here_and_there():
     t = target_lines(jobs, {"exact": 2.0}, lambda j: stage(j, "other"), rule_of, "intel", budgets, False).set_index("target")
     assert t.loc["all", "measured on intel (min)"] == pytest.approx(90)
     assert t.loc["all", "estimate on amd (min)"] == pytest.approx(150)  # 60 · 2 + 30
-    assert t.loc["all", "outcome"] == "pass" and t.loc["all", "jobs"] == 2
+    assert t.loc["all", "outcome"] == "pass" and t.loc["all", "jobs"] == 3
     assert t.loc["extras", "measured on intel (min)"] == pytest.approx(15) and t.loc["extras", "jobs"] == 2
     assert t.loc["followups", "measured on intel (min)"] == pytest.approx(10)
     budgets["all"]["amd"] = 149
@@ -170,6 +170,11 @@ def test_target_lines_check_each_budget_here_and_there():
     assert t.loc["all", "outcome"] == "FAIL" and t.loc["extras", "outcome"] == "pass"
     t = target_lines(jobs.iloc[:2], {}, lambda j: "other", rule_of, "amd", budgets, True).set_index("target")
     assert t.loc["all", "outcome"] == "contended (no verdict)" and t.loc["extras", "outcome"] == "not run"
+    t = target_lines(jobs, {}, lambda j: "other", rule_of, "amd", budgets, False, measured=False).set_index("target")
+    assert t.loc["all", "outcome"] == "unmeasured (no verdict)"
+    unfinished = jobs[jobs["job"] != "write_findings_base"]
+    t = target_lines(unfinished, {}, lambda j: "other", rule_of, "amd", budgets, False).set_index("target")
+    assert t.loc["all", "outcome"] == "incomplete (no verdict)"  # no findings job: 'all' did not finish
 
 
 def test_contention_compares_the_run_with_the_machine(tmp_path):
@@ -188,8 +193,8 @@ def test_contention_compares_the_run_with_the_machine(tmp_path):
     (root / "invocations").mkdir(parents=True)
 
     def rec(name, machine, own, end=True, local=True):
-        r = {"local": local, "start": {"machine_cpu_s": 1000.0, "own_cpu_s": 5.0},
-             "end": {"machine_cpu_s": 1000.0 + machine, "own_cpu_s": 5.0 + own} if end else None}
+        r = {"local": local, "start": {"machine_cpu_s": 1000.0, "own_cpu_s": 5.0, "time": 1000.0},
+             "end": {"machine_cpu_s": 1000.0 + machine, "own_cpu_s": 5.0 + own, "time": 2000.0} if end else None}
         (root / "invocations" / f"{name}.invocation.json").write_text(json.dumps(r))
 
     rec("a", 100.0, 95.0)
@@ -202,6 +207,13 @@ def test_contention_compares_the_run_with_the_machine(tmp_path):
     c = contention(root)
     assert c["other_share"] == pytest.approx(42 / 300) and c["contended"] and c["unmeasured"] == 2
     assert contention(tmp_path / "none")["other_share"] is None
+    # the jobs whose benchmark file was written inside a measured invocation's span count as covered
+    (root / "benchmarks").mkdir()
+    for job, end in (("bpe", 1500.0), ("dump_datastore_base", 1e9)):
+        (root / "benchmarks" / f"{job}.tsv").write_text("s\n1\n")
+        os.utime(root / "benchmarks" / f"{job}.tsv", (end, end))
+    c = contention(root, _budget_jobs({"bpe": 30, "dump_datastore_base": 90}))
+    assert c["covered"] == pytest.approx(0.25)
 
 
 def test_an_invocation_record_reads_the_machine_at_start_and_end(tmp_path):

@@ -84,16 +84,19 @@ def invocation_end(path: str | Path, ok: bool) -> None:
     write_json(path, rec)
 
 
-def contention(root: str | Path) -> dict:
+def contention(root: str | Path, jobs=None) -> dict:
     """How idle the machine was while the run at root ran: over its finished local invocations, {'invocations',
     'machine_cpu_min' (the machine's busy CPU minutes over their spans), 'run_cpu_min' (what Snakemake and its jobs
     used), 'other_share' (the rest's share of the busy time, 0 when the machine was idle otherwise), 'contended'
     (other_share > CONTENDED), 'unmeasured' (invocations without both readings: killed, on a cluster, or without
-    /proc/stat)}. With no measured invocation, other_share is None and contended False."""
+    /proc/stat), 'covered' (with `jobs`, knnlm.report.times.stage_table(): the share of the jobs' wall time whose job
+    ended inside a measured invocation, by its benchmark file's time; None without)}. With no measured invocation,
+    other_share is None and contended False."""
     from ..io import read_json
 
     machine_s = run_s = 0.0
     n = unmeasured = 0
+    spans = []
     for _, p in _layout(root).find("invocation"):
         rec = read_json(p)
         a, b = rec.get("start") or {}, rec.get("end") or {}
@@ -101,11 +104,20 @@ def contention(root: str | Path) -> dict:
             unmeasured += 1
             continue
         n += 1
+        spans.append((a["time"], b["time"]))
         machine_s += b["machine_cpu_s"] - a["machine_cpu_s"]
         run_s += b["own_cpu_s"] - a["own_cpu_s"]
     share = max(0.0, 1.0 - run_s / machine_s) if machine_s > 0 else None
+    covered = None
+    if jobs is not None and len(jobs):
+        bench = _layout(root)
+        ends = [bench.path("benchmark", job=j).stat().st_mtime if bench.path("benchmark", job=j).exists() else None
+                for j in jobs["job"]]
+        inside = [e is not None and any(a <= e <= b for a, b in spans) for e in ends]
+        total = float(jobs["wall_s"].sum())
+        covered = float(jobs["wall_s"][inside].sum()) / total if total > 0 else 1.0
     return {"invocations": n, "machine_cpu_min": machine_s / 60, "run_cpu_min": run_s / 60, "other_share": share,
-            "contended": bool(share is not None and share > CONTENDED), "unmeasured": unmeasured}
+            "contended": bool(share is not None and share > CONTENDED), "unmeasured": unmeasured, "covered": covered}
 
 
 def target_of(job: str, rule: str) -> str:
@@ -135,16 +147,19 @@ def budgets_of(root: str | Path) -> dict:
 
 
 def target_lines(jobs, factors: dict[str, float], stage_of, rule_of, kind_here: str | None,
-                 budgets: dict, contended: bool):
+                 budgets: dict, contended: bool, measured: bool = True):
     """One row per target: its jobs, the measured job minutes here, the estimate on the other CPU kind, each
     against its budget, and the outcome.
 
     jobs: knnlm.report.times.stage_table(); factors: {stage: estimate there / measured here} (from
     knnlm.report.cost.other_kind_table; a stage without one keeps its time); stage_of: job -> stage; rule_of: job ->
     its rule (knnlm.report.times.rule_of); kind_here:
-    'intel' | 'amd' | None; budgets: budgets_of(); contended: contention()['contended']. 'extras' counts its own jobs
-    and the follow-ups'. Outcome: 'pass' when every known budget holds, 'FAIL' when one does not, 'contended (no
-    verdict)' when the run was contended and its times pass, 'no budget' when none applies."""
+    'intel' | 'amd' | None; budgets: budgets_of(); contended: contention()['contended']; measured: whether the
+    invocations' readings cover the run's jobs (contention()['covered'] ≥ 0.99). 'extras' counts its own jobs and
+    the follow-ups'. Outcome: 'pass' when every known budget holds, 'FAIL' when one does not, 'contended (no
+    verdict)' when the run was contended and its times pass, 'unmeasured (no verdict)' when they pass but the
+    machine's idleness was not measured over the jobs, 'incomplete (no verdict)' when they pass but 'all' has no
+    findings job, 'no budget' when none applies, 'not run' for a target other than 'all' without a job in the run."""
     import pandas as pd
 
     other = {"intel": "amd", "amd": "intel"}.get(kind_here or "")
@@ -158,8 +173,10 @@ def target_lines(jobs, factors: dict[str, float], stage_of, rule_of, kind_here: 
         b_there = budgets[target].get(other) if other else None
         fails = [(v, b) for v, b in ((here, b_here), (there, b_there)) if b is not None and v > b]
         known = [b for b in (b_here, b_there) if b is not None]
+        complete = target != "all" or any(r == "write_findings" for r in map(rule_of, g["job"]))
         outcome = ("not run" if g.empty and target != "all" else "no budget" if not known else "FAIL" if fails
-                   else "contended (no verdict)" if contended else "pass")
+                   else "contended (no verdict)" if contended else "unmeasured (no verdict)" if not measured
+                   else "incomplete (no verdict)" if not complete else "pass")
         rows.append({"target": target, "jobs": len(g), f"measured on {kind_here or '?'} (min)": here,
                      "budget here (min)": b_here if b_here is not None else "-",
                      f"estimate on {other or '?'} (min)": there,

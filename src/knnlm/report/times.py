@@ -227,7 +227,11 @@ def budget_section(root: Path, jobs: pd.DataFrame, est) -> str:
     idle machine (knnlm.report.budget.contention)."""
     from . import budget, cost
 
-    c = budget.contention(root)
+    c = budget.contention(root, jobs)
+    measured = c["covered"] is not None and c["covered"] >= 0.99
+    cover = ("" if c["covered"] is None else f" The measured invocations cover {100 * c['covered']:.0f} % of the "
+             f"jobs' wall time" + ("." if measured else ": the rest ran in invocations that recorded no readings, so "
+                                    "the times pass no budget."))
     if c["other_share"] is None:
         idle = ("Contention: not measured (no finished local invocation recorded its CPU readings"
                 + (f"; {c['unmeasured']} unmeasured" if c["unmeasured"] else "") + ").")
@@ -248,10 +252,11 @@ def budget_section(root: Path, jobs: pd.DataFrame, est) -> str:
                    for _, r in df.iterrows() if r["stage"] != "total" and r["measured here (min)"] > 0}
     stage = {r: st for st, rs in STAGES.items() for r in rs}
     lines = budget.target_lines(jobs, factors, lambda j: stage.get(rule_of(j), "other"), rule_of, here,
-                                budget.budgets_of(root), c["contended"])
+                                budget.budgets_of(root), c["contended"], measured)
     return (f"{lines.to_markdown(index=False, floatfmt='.1f')}\n\nEach target's job time is the sum of its jobs' "
             f"wall times (knnlm.report.budget.target_of: 'extras' counts its own jobs and the follow-ups'); the "
-            f"estimate on the other kind scales each stage as the table below does. Budgets: config 'budget'. {idle}")
+            f"estimate on the other kind scales each stage as the table below does. Budgets: config 'budget'. "
+            f"{idle}{cover}")
 
 
 def dir_size(path: Path) -> int:
