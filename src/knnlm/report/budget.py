@@ -60,10 +60,10 @@ def _layout(root: str | Path):
 
 
 def invocation_start(root: str | Path, targets: list[str], budget: dict | None = None, local: bool = True) -> Path:
-    """Record the start of one Snakemake invocation of the run at root (<root>/invocations/<time>-<pid>.invocation.json):
-    its targets, the config's budgets (config 'budget'), whether its jobs run on this machine (`local`; a cluster's
-    jobs cannot be measured here), the CPU model and the first reading. Returns the record's path (written
-    atomically)."""
+    """Record the start of one Snakemake invocation of the run at root (artifact 'invocation',
+    <root>/invocations/<time>-<pid>.invocation.json): its targets, the config's budgets (config 'budget'), whether
+    its jobs run on this machine (`local`; a cluster's jobs cannot be measured here), the CPU model and the first
+    reading. Returns the record's path (written atomically)."""
     from ..io import machine, write_json
 
     start = _reading()
