@@ -34,10 +34,14 @@ def test_a_failed_job_leaves_a_failed_run_under_its_parent(tmp_path, monkeypatch
     handler = logging.Handler()
     handler.emit = lambda record: logs.append(record.getMessage())
     tracking.log.addHandler(handler)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking.tracking_uri(tmp_path))  # as MLflow sets it for a local store
     try:
         tracking.end_parent_run(cfg, parent, ok=False)
     finally:
         tracking.log.removeHandler(handler)
+    hint = next(m for m in logs if "browse them with" in m)
+    assert f"`mlflow ui --backend-store-uri sqlite:///{tmp_path.resolve()}/mlflow.db`" in hint
+    assert "tracking server" not in hint
     runs = _runs(tmp_path)
     assert runs["m.broken"].info.status == "FAILED"
     assert runs["m.broken"].data.tags["error"] == "ValueError: config key 'x': expected 1, found 2"

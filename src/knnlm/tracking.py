@@ -167,11 +167,12 @@ def end_parent_run(cfg: dict, run_id: str, ok: bool) -> None:
     results_dir = Path(cfg["results_dir"])
     with _lock(results_dir):
         MlflowClient(tracking_uri(results_dir)).set_terminated(run_id, "FINISHED" if ok else "FAILED")
-    try:
-        where = ("`mlflow ui --backend-store-uri " + tracking_uri(results_dir) + "`, then "
-                 if not os.environ.get("MLFLOW_TRACKING_URI") else "the tracking server's UI: ")
+    try:  # a server's own UI for an http(s) store; `mlflow ui` on a local store (which MLflow may have put in the env)
+        uri = tracking_uri(results_dir)
+        server = uri.startswith(("http://", "https://"))
+        where = "the tracking server's UI: " if server else f"`mlflow ui --backend-store-uri {uri}`, then "
         log.warning("MLflow: this run's jobs are under run %s; browse them with %s%s", run_id, where,
-                    ui_url(run_id, cfg))
+                    ui_url(run_id, cfg, uri.rstrip("/") + "/") if server else ui_url(run_id, cfg))
     except Exception as e:  # a hint only: never fail the DAG over it
         log.debug("MLflow UI address not resolved: %s", e)
 
