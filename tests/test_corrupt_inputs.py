@@ -152,3 +152,48 @@ def test_a_corrupt_input_is_named_and_nothing_is_written(commands, tracking, tmp
     assert any(p in str(err) for p in inputs), f"{case}: the error names none of the job's input files: {err}"
     left = [p for p in outs if os.path.exists(p)] + [str(p) for p in (tmp_path / "out").iterdir()]
     assert not left, f"{case}: outputs left behind: {left}"
+
+
+SEALED = {  # (job log-name prefix, its input damaged in place: size and mtime kept)
+    "index": ("search_base_full_ffn_l2_test", "index"),
+    "keys": ("build_index_base_full_ffn_l2", "key_file"),
+    "neighbour ids": ("real_score_base_full_ffn_l2_test", "nb_ids"),
+    "checkpoint": ("dump_queries_base_test", "checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SEALED))
+def test_an_artifact_damaged_in_place_stops_its_reader(commands, tracking, tmp_path, monkeypatch, case):
+    """A finished job's output damaged in place (16 4-byte words reversed and bumped, size and mtime put back: what a
+    shuffled FAISS centroid region looks like) stops the next job that reads it with an error naming the file and the
+    rule that made it, before any output (the file's checksum record, knnlm.io.verify_checksum), never a number."""
+    from knnlm.io import ArtifactError, checksum_path, read_json
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
+    prefix, name = SEALED[case]
+    job = _find(commands, prefix)
+    assert name in commands[job][2]["input"], f"{job} reads no input {name!r}: {sorted(commands[job][2]['input'])}"
+    damaged, makers = [], []
+
+    def damage(io, t):
+        v = io["input"][name]
+        src = v[0] if isinstance(v, list) else v
+        src = src if os.path.isabs(src) else os.path.join(PROJECT_ROOT, src)
+        makers.append(read_json(checksum_path(src))["maker"]["rule"])  # every finished job's output has its record
+        dst = t / f"in_{os.path.basename(src)}"
+        shutil.copy2(src, dst)
+        shutil.copy2(checksum_path(src), checksum_path(dst))
+        st = dst.stat()
+        data = np.fromfile(dst, dtype=np.uint8)
+        mid = len(data) // 2 // 4 * 4
+        words = data[mid:mid + 64].view(np.uint32).copy()
+        data[mid:mid + 64] = words[::-1].view(np.uint8) + np.uint8(1)
+        data.tofile(dst)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        io["input"][name] = [str(dst)] + list(v[1:]) if isinstance(v, list) else str(dst)
+        damaged.append(str(dst))
+
+    err, outs = _run(commands, job, tmp_path, damage)
+    assert isinstance(err, ArtifactError), f"{case}: expected an ArtifactError, got {err!r}"
+    assert damaged[0] in str(err) and "changed" in str(err) and f"job {makers[0]}" in str(err), str(err)
+    assert not [p for p in outs if os.path.exists(p)]

@@ -12,6 +12,7 @@ and wildcards as tags.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import logging
@@ -40,15 +41,58 @@ def resolve(name: str):
     return getattr(mod, fn)
 
 
+def _files(named: dict) -> list[str]:
+    return [p for v in named.values() for p in (v if isinstance(v, list) else [v])]
+
+
+def verify_inputs(job: Job) -> int:
+    """Check every named input of `job` against its checksum record (knnlm.io.verify_checksum) before the job reads
+    it: an input under the run's folder (<results_dir>/<name>, where every file is a finished job's output) must have
+    one; a file from elsewhere (a corpus, a published LM) is checked when it has one. Returns how many were checked.
+    Raises ArtifactError naming the file and the job that made it."""
+    from pathlib import Path
+
+    from .io import verify_checksum
+
+    root = Path(job.cfg["results_dir"], job.cfg["name"]).resolve() if "results_dir" in job.cfg and "name" in job.cfg else None
+    n = 0
+    for p in _files(job.input):
+        path = Path(p)
+        if not path.exists():
+            continue  # the reader names it
+        inside = root is not None and path.resolve().is_relative_to(root)
+        n += verify_checksum(path, required=inside)
+    return n
+
+
+def seal_outputs(job: Job) -> None:
+    """Write the checksum record of every output of `job` that exists (knnlm.io.write_checksum), naming the rule,
+    the job and its wildcards, once the job has written them all."""
+    from pathlib import Path
+
+    from .io import write_checksum
+
+    maker = {"rule": job.snakemake_rule or job.rule, "job": job.rule, "wildcards": job.wildcards}
+    for p in _files(job.output):
+        if Path(p).exists():
+            write_checksum(p, maker)
+
+
 def run_job(name: str, job: Job) -> dict:
-    """Run job `name` ('<module>.<function>') and log its MLflow run; returns what the job returned."""
+    """Run job `name` ('<module>.<function>') and log its MLflow run; returns what the job returned.
+
+    Its inputs are checked against their checksum records first (verify_inputs) and its outputs get theirs once it
+    has finished (seal_outputs): a damaged or edited artifact stops the next job that reads it with an error naming
+    the file and its maker, never a number."""
     from .tracking import log_run
 
     fn = resolve(name)
     start = time.time()
     params = {k: v for k, v in job.cfg.items() if k not in ("name", "results_dir", "threads")}
     try:
+        verify_inputs(job)
         out = fn(job) or {}
+        seal_outputs(job)
     except BaseException as e:  # the job failed (or was interrupted): a FAILED run says so, then re-raise
         try:
             log_run(job.cfg, job.rule or name, job.wildcards, params=params, start_time=start, status="FAILED",
@@ -71,7 +115,9 @@ def main(argv=None) -> None:
     p.add_argument("--cfg", required=True, help="JSON of the config sections the rule uses (validated by the Snakefile)")
     p.add_argument("--io", default="{}", help='JSON {"input": {...}, "output": {...}, "wildcards": {...}, "extra": {...}}')
     p.add_argument("--threads", type=int, default=1, help="threads Snakemake gave the job")
+    p.add_argument("--rule", default="", help="the Snakemake rule that runs the job (named by a failed checksum check)")
     args = p.parse_args(argv)
+    faulthandler.enable()  # a fatal signal (a SIGBUS from a memory map on a full disk) leaves a traceback in the job log
     # every library the job imports (torch, faiss, numpy's BLAS) uses the threads Snakemake scheduled, no more
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -83,7 +129,8 @@ def main(argv=None) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     io = json.loads(args.io)
     job = Job(cfg=json.loads(args.cfg), input=io.get("input", {}), output=io.get("output", {}),
-              wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.job)
+              wildcards=io.get("wildcards", {}), extra=io.get("extra", {}), threads=args.threads, rule=args.job,
+              snakemake_rule=args.rule)
     run_job(args.job, job)
 
 

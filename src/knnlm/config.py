@@ -212,6 +212,28 @@ def lm_tokens_per_sample(cfg: dict, name: str) -> int:
     return cfg["lms"][name].get("tokens_per_sample") or lm_section(cfg, name)["tokens_per_sample"]
 
 
+def yaml_overrides(overrides: dict) -> dict:
+    """`snakemake --config key=value ...` overrides with every string leaf read as a YAML value (PyYAML safe_load,
+    YAML 1.1), so that `knn={k: 32}` sets an integer and `pretrained=null` or `data={archive: null}` a null.
+
+    Snakemake reads a value's top level itself but leaves every value inside a mapping or a list a string ('32',
+    'null'). A leaf that is not valid YAML stays the string it was. Returns a new dict; `overrides` is unchanged.
+    """
+    def value(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [value(x) for x in v]
+        if isinstance(v, str):
+            try:
+                return yaml.safe_load(v) if v.strip() else v
+            except yaml.YAMLError:
+                return v
+        return v
+
+    return {k: value(v) for k, v in (overrides or {}).items()}
+
+
 def validate_config(config: dict, source: str = "<config>") -> dict:
     """Validate `config` against the schema and return a deep copy with defaults filled in.
 

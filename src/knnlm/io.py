@@ -80,11 +80,20 @@ def _json_default(o: Any) -> Any:
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON value in file `path`. Raises ArtifactError naming the file if it is missing, not UTF-8 or not valid
+    JSON (a half-written or damaged record: the error says where it stops)."""
     path = Path(path)
     if not path.is_file():
         raise ArtifactError(f"missing file {path}")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}; the file has "
+                            f"{path.stat().st_size} bytes): damaged or half-written; delete it and rerun the job "
+                            "that makes it") from e
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path}: not UTF-8 text (byte {e.start}): expected a JSON file") from e
 
 
 def save_npy(path: str | Path, arr: np.ndarray) -> None:
@@ -128,9 +137,206 @@ def create_npy(path: str | Path, shape: tuple[int, ...], dtype: Any) -> Iterator
     """Create a writable .npy memmap at a temporary name; flushed and renamed to `path` on success."""
     with atomic_path(path) as tmp:
         arr = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=shape)
+        reserve_space(tmp, path)
         yield arr
         arr.flush()
         del arr
+
+
+def reserve_space(path: str | Path, final: str | Path | None = None) -> None:
+    """Allocate the disk blocks of file `path` (as long as it is now, e.g. a memmap just created sparse) before
+    anything is written into it: on a full disk, a write through a memory map is a SIGBUS that kills the job with
+    no message, while this raises at once.
+
+    Uses fallocate(2); where the file system has none, compares the free space with the file's size instead.
+    final: the artifact's final name, for the message (default `path`). Raises ArtifactError naming the file, the
+    bytes it needs and the bytes free when the device has too little space.
+    """
+    import errno
+
+    path = Path(path)
+    size = path.stat().st_size
+    name = final or path
+    if size == 0:
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        err = _fallocate(fd, size)
+    finally:
+        os.close(fd)
+    if err == 0:
+        return
+    free = shutil.disk_usage(path.parent).free
+    if err == errno.ENOSPC or (err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL) and free < size):
+        raise ArtifactError(f"no space left on the device of {name}: it needs {size} bytes, {free} are free; free "
+                            "some space (or point config 'results_dir' elsewhere) and rerun")
+    if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        raise OSError(err, f"could not allocate {size} bytes for {name}: {os.strerror(err)}")
+
+
+def _fallocate(fd: int, size: int) -> int:
+    """fallocate(2) of bytes 0..size of file descriptor `fd`; returns 0 or the errno (EOPNOTSUPP without it)."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fallocate = getattr(libc, "fallocate64", None) or getattr(libc, "fallocate", None)
+    if fallocate is None:
+        return errno.EOPNOTSUPP
+    fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return 0 if fallocate(fd, 0, 0, size) == 0 else ctypes.get_errno()
+
+
+CHECKSUM_SUFFIX = ".sha256.json"
+
+
+def checksum_path(path: str | Path) -> Path:
+    """The checksum record of artifact `path` (a file or a folder): `<path>.sha256.json` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def _artifact_files(path: Path) -> dict[str, Path]:
+    """{name: file} of artifact `path`: the file itself (by its name), or every file under a folder (by its path
+    relative to the folder), in sorted order."""
+    if path.is_dir():
+        return {str(f.relative_to(path)): f for f in sorted(path.rglob("*")) if f.is_file()}
+    return {path.name: path}
+
+
+def _stat_of(f: Path) -> dict[str, int]:
+    st = f.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
+
+
+def write_checksum(path: str | Path, maker: dict) -> Path:
+    """Record the sha256 of artifact `path` (a file, or every file of a folder) with each file's size, mtime,
+    ctime and inode, in `<path>.sha256.json` (checksum_path; written atomically), for verify_checksum.
+
+    maker: who wrote it, {'rule': the Snakemake rule, 'job': the knnlm job, 'wildcards': {...}}, named by a failed
+    check. Returns the record's path. Raises ArtifactError if `path` does not exist.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ArtifactError(f"cannot record the checksum of {path}: it does not exist")
+    files = {}
+    for name, f in _artifact_files(path).items():
+        digest = sha256_file(f)
+        files[name] = {"sha256": digest, **_stat_of(f)}  # the stat after the read: what the checksum was taken of
+    out = checksum_path(path)
+    write_json(out, {"maker": maker, "files": files})
+    return out
+
+
+def _maker_hint(maker: dict) -> str:
+    rule = maker.get("rule") or maker.get("job") or "?"
+    wc = ", ".join(f"{k}={v}" for k, v in sorted((maker.get("wildcards") or {}).items()))
+    return f"job {rule}" + (f" ({wc})" if wc else "") + f"; rerun it: snakemake -R {rule} …"
+
+
+def verify_checksum(path: str | Path, required: bool = False) -> bool:
+    """Check artifact `path` against its checksum record (write_checksum) before it is trusted.
+
+    A file whose size, mtime, ctime and inode are those the checksum was taken of is not read again (an edit in
+    place changes its ctime even when its mtime is put back); any other is hashed and compared. Returns True when
+    checked, False when there is no record and `required` is false.
+    Raises ArtifactError naming the file and the job that made it if its content differs from the record, a file
+    of the record is missing or new, the record is unreadable, or (required) there is no record.
+    """
+    path = Path(path)
+    rec_path = checksum_path(path)
+    if not rec_path.is_file():
+        if required:
+            raise ArtifactError(f"{path}: no checksum record ({rec_path.name} beside it): it was not written by a "
+                                "finished job of this pipeline (or by an older version); delete it and rerun the job "
+                                "that makes it")
+        return False
+    rec = read_json(rec_path)
+    try:
+        files, maker = rec["files"], rec.get("maker") or {}
+    except (KeyError, TypeError) as e:
+        raise ArtifactError(f"{rec_path}: not a checksum record (no 'files'); delete {path} and rerun the job that "
+                            "makes it") from e
+    have = _artifact_files(path) if path.exists() else {}
+    if set(have) != set(files):
+        gone, new = sorted(set(files) - set(have)), sorted(set(have) - set(files))
+        raise ArtifactError(f"{path}: its files differ from what {_maker_hint(maker)} wrote (missing {gone[:5]}, "
+                            f"not written by it {new[:5]})")
+    for name, f in have.items():
+        want = files[name]
+        st = _stat_of(f)
+        if all(want.get(k) == v for k, v in st.items()):
+            continue  # untouched since its checksum was taken
+        if st["size"] != want["size"]:
+            raise ArtifactError(f"{f}: {st['size']} bytes, but {want['size']} were written by {_maker_hint(maker)}: "
+                                "the file was truncated or replaced")
+        got = sha256_file(f)
+        if got != want["sha256"]:
+            raise ArtifactError(f"{f}: its content changed after it was written (sha256 {got[:16]}…, written as "
+                                f"{want['sha256'][:16]}…): damaged or edited in place; made by {_maker_hint(maker)}")
+    return True
+
+
+def sweep_checksums(root: str | Path) -> int:
+    """Remove every checksum record under folder `root` whose artifact is gone (a temporary output Snakemake deleted
+    once its readers had run, a failed job's output). Returns how many were removed."""
+    n = 0
+    for rec in Path(root).rglob(f"*{CHECKSUM_SUFFIX}"):
+        if not rec.with_name(rec.name[: -len(CHECKSUM_SUFFIX)]).exists():
+            rec.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def sha256_files(paths: list[str | Path], cache: str | Path | None = None) -> dict[str, str]:
+    """{str(path): sha256} of files `paths`. With `cache` (a JSON file, rewritten atomically), a file whose size,
+    mtime, ctime and inode match its cached entry is not read again. Raises ArtifactError naming a missing file."""
+    old = {}
+    if cache is not None and Path(cache).is_file():
+        try:
+            old = read_json(cache)
+        except ArtifactError:
+            old = {}  # a damaged cache is rebuilt
+    out, entries = {}, {}
+    for p in map(Path, paths):
+        if not p.is_file():
+            raise ArtifactError(f"missing file {p}")
+        st = _stat_of(p)
+        entry = old.get(str(p)) if isinstance(old, dict) else None
+        if not (isinstance(entry, dict) and all(entry.get(k) == v for k, v in st.items()) and entry.get("sha256")):
+            entry = {"sha256": sha256_file(p), **_stat_of(p)}
+        out[str(p)], entries[str(p)] = entry["sha256"], entry
+    if cache is not None and entries != old:
+        write_json(cache, entries)
+    return out
+
+
+_LOCKS: dict[str, int] = {}  # the lock files this process holds (hold_lock), by path
+
+
+def hold_lock(path: str | Path, what: str) -> None:
+    """Take an exclusive lock on file `path` (flock; created if missing) for the rest of this process's life, so that
+    no other process (in any checkout, on this machine or through a file system that supports flock) takes it at the
+    same time. The file records this process's pid and host. Raises ArtifactError naming `what`, the file and the
+    holder's pid and host when another process holds it. Taking a lock this process holds does nothing."""
+    import fcntl
+    import socket
+
+    path = Path(path)
+    if str(path) in _LOCKS:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the jobs (PEP 446)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "unknown"
+        os.close(fd)
+        raise ArtifactError(f"{what} is in use by another invocation ({holder}; lock file {path}): wait for it to "
+                            "end, or give this one another config 'results_dir'") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, cwd {os.getcwd()}\n".encode(), 0)
+    _LOCKS[str(path)] = fd
 
 
 def iter_chunks(n: int, chunk: int, *release: np.ndarray) -> Iterator[tuple[int, int]]:

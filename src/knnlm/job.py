@@ -9,7 +9,8 @@ from pathlib import Path
 class Job:
     """One job: cfg (the config sections its rule passes), input / output ({name: path or [paths]}, as the
     rule's named `input:` / `output:`), wildcards, extra (named paths that are neither, e.g. a resumable work
-    dir), threads (as Snakemake schedules them), rule (the job name, an MLflow tag)."""
+    dir), threads (as Snakemake schedules them), rule (the job name, an MLflow tag), snakemake_rule (the rule's name
+    in the Snakefile)."""
 
     cfg: dict
     input: dict = field(default_factory=dict)
@@ -18,6 +19,7 @@ class Job:
     extra: dict = field(default_factory=dict)
     threads: int = 1
     rule: str = ""
+    snakemake_rule: str = ""  # the Snakemake rule that runs it (named in its outputs' checksum records)
     run_id: str | None = None  # the MLflow run, once the job logged a live curve point (curve)
     live: set = field(default_factory=set)  # the metrics logged live (not logged again at the end)
 

@@ -106,6 +106,11 @@ PATTERNS: dict[str, str] = {
     "benchmark": "benchmarks/{job}.tsv",
     # one Snakemake invocation: its targets, budgets and CPU readings at start and end (knnlm.report.budget)
     "invocation": "invocations/{stamp}.invocation.json",
+    # the sha256 of an own corpus's raw files (config 'data.sha256' empty), by size, mtime, ctime and inode: read when
+    # the DAG is built, so that an edited raw file reruns what rests on it (knnlm.io.sha256_files)
+    "raw_checksums": "raw_checksums.json",
+    # held by the Snakemake process of an invocation while it runs: one invocation per run folder (knnlm.io.hold_lock)
+    "lock": "invocation.lock",
 }
 
 # The LMs a config ships (config 'pretrained', knnlm.lm.shipped), relative to that folder (pretrained/<config>/).

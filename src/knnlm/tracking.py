@@ -149,15 +149,43 @@ def start_parent_run(cfg: dict, targets: Iterable[str] = ()) -> str:
     groups a whole run of the DAG."""
     from mlflow.tracking import MlflowClient
 
+    import socket
+
     results_dir = Path(cfg["results_dir"])
     uri = tracking_uri(results_dir)
     with _lock(results_dir):
         client = MlflowClient(uri)
         exp_id = _experiment(client, cfg, uri, results_dir)
+        close_abandoned_parents(client, exp_id)
         run = client.create_run(exp_id, run_name=f"snakemake {time.strftime('%Y-%m-%d %H:%M:%S')}",
                                 tags={"rule": "snakemake", "config": cfg["name"], "git_commit": git_commit(),
-                                      "targets": " ".join(targets)[:5000]})
+                                      "targets": " ".join(targets)[:5000], "pid": str(os.getpid()),
+                                      "host": socket.gethostname()})
     return run.info.run_id
+
+
+def close_abandoned_parents(client, exp_id: str) -> list[str]:
+    """Mark KILLED every parent run of experiment `exp_id` left RUNNING by an invocation of this machine whose process
+    is gone (killed, or ended without its onsuccess/onerror), tagging why; returns their ids. A parent run of
+    another host, or without the 'pid' and 'host' tags, is left as it is (its process cannot be checked here)."""
+    import socket
+
+    host = socket.gethostname()
+    closed = []
+    runs = client.search_runs([exp_id], filter_string="tags.rule = 'snakemake' and attributes.status = 'RUNNING'",
+                              max_results=1000)
+    for r in runs:
+        tags = r.data.tags
+        if tags.get("host") != host or not tags.get("pid", "").isdigit():
+            continue
+        if int(tags["pid"]) == os.getpid() or _alive(int(tags["pid"])):
+            continue
+        client.set_tag(r.info.run_id, "ended_by", "a later invocation: its Snakemake process was gone")
+        client.set_terminated(r.info.run_id, "KILLED")
+        closed.append(r.info.run_id)
+    if closed:
+        log.warning("MLflow: %d parent run(s) of killed invocations marked KILLED: %s", len(closed), ", ".join(closed))
+    return closed
 
 
 def end_parent_run(cfg: dict, run_id: str, ok: bool) -> None:
@@ -330,9 +358,39 @@ def _write_record(spool: Path, cfg: dict, rule: str, wildcards: dict[str, Any] |
               "tags": _job_tags(cfg, rule, wildcards), "pid": os.getpid(), **fields}
     path = spool / f"{time.time_ns()}-{os.getpid()}.json"
     tmp = spool / f".{path.name}.tmp"
-    tmp.write_text(json.dumps(record, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record, default=str))
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a kill: no partial record stays behind
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def _sweep_partial_records(folder: Path) -> int:
+    """Remove the temporaries of spool records ('.<ns>-<pid>.json.tmp') whose writer is gone (killed while writing);
+    returns how many."""
+    n = 0
+    for tmp in folder.glob(".*.json.tmp"):
+        try:
+            pid = int(tmp.name[1:].split(".", 1)[0].rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if not _alive(pid):
+            tmp.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict | None = None) -> None:
@@ -445,6 +503,9 @@ def start_spool(cfg: dict) -> SpoolLogger:
     Snakefile's onstart; stop_spool ends it."""
     spool = Path(cfg["results_dir"]).resolve() / SPOOL_DIR
     spool.mkdir(parents=True, exist_ok=True)
+    for folder in (spool, Path(cfg["results_dir"]).resolve() / PENDING_DIR):
+        if folder.is_dir():
+            _sweep_partial_records(folder)
     logger = SpoolLogger(spool).start()
     _SPOOL_LOGGER.append(logger)
     os.environ[SPOOL_ENV] = str(spool)

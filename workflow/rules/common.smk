@@ -2,6 +2,7 @@
 # constraints, and the helpers that turn a rule into a `python -m knnlm <job>` call.
 # Parsing the DAG imports no torch: only knnlm.config, knnlm.paths and knnlm.datastore.stores (numpy).
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
 from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
                           interpolated_loss_reference, lm_tokens_per_sample, parametric_tables, parametric_variants,
-                          split_files, table4_lms, temperatures, validate_config)
+                          split_files, table4_lms, temperatures, validate_config, yaml_overrides)
+from knnlm.io import sha256_files
 from knnlm.lm import backend
+from snakemake.utils import update_config
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.report.front_page import front_page
 from knnlm.datastore.stores import (ALL_TOKENS, TRAINING_SUBSET, nested_shards, probe_store, same_index_store,
@@ -19,6 +22,8 @@ from knnlm.datastore.stores import (ALL_TOKENS, TRAINING_SUBSET, nested_shards, 
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
+# --config key=value: Snakemake leaves the values inside a mapping or list strings; read each as YAML (knnlm.config)
+update_config(config, yaml_overrides(getattr(workflow.config_settings, "overwrite_config", None) or {}))
 CFG = validate_config(config, source="snakemake config (--configfile / --config)")
 check_data(CFG)
 
@@ -26,7 +31,12 @@ LAYOUT = Layout.of(CFG)
 # The software of every job (each rule's `conda:`): the project's pinned environment, used with --sdm conda;
 # by default jobs run in the environment snakemake itself runs in (.venv from scripts/setup.sh).
 ENV = str(Path(workflow.basedir).parent.joinpath("environment.yml"))
-PY = shlex.quote(sys.executable)
+# Jobs run `python` from the environment Snakemake runs in (its folder first on PATH, which the jobs inherit; a conda
+# env of --sdm conda comes before it in a job's shell): no job's command names the interpreter's path, so a moved or
+# rebuilt environment reruns nothing.
+_BIN = Path(sys.executable).parent
+os.environ["PATH"] = os.pathsep.join([str(_BIN)] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != str(_BIN)])
+PY = "python" if (_BIN / "python").exists() else shlex.quote(Path(sys.executable).name)
 THREADS = CFG["threads"]
 SPLITS = ["train", "valid", "test"]
 EVAL_SPLITS = ["valid", "test"]  # the order of every per-split input list (knnlm.experiments.common.SPLITS)
@@ -150,7 +160,7 @@ def io(fixed=None, **extra):
 
 def knnlm(job):
     """Shell command of knnlm job `job` (knnlm.cli.resolve); the rule gives params cfg and io, and a log."""
-    return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} > {{log:q}} 2>&1"
+    return f"{PY} -m knnlm {job} --threads {{threads}} --rule {{rule}} --cfg {{params.cfg}} --io {{params.io}} > {{log:q}} 2>&1"
 
 
 def log_of(rule, *wildcards):

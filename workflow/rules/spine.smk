@@ -39,8 +39,12 @@ for _name in [n for n in LMS if not BACKEND[n].weights_artifact and CFG["lms"][n
 
 
 # ancient(): the raw corpus (a folder or one archive) is often a shared, re-mounted directory or a fresh clone whose
-# mtimes change; its content is pinned by data.sha256 (checked by this job), so a newer mtime alone does not rerun
-# the whole DAG.
+# mtimes change, so a newer mtime alone does not rerun the whole DAG. Its content is pinned by data.sha256 (checked
+# by this job); without it (an own corpus), the raw files' sha256, read when the DAG is built (cached by size, mtime,
+# ctime and inode once the run's folder exists), are in this job's params, so an edited raw file reruns it and
+# everything that rests on it.
+RAW_SHA256 = ({} if CFG["data"].get("sha256") or CFG["data"].get("download")
+              else sha256_files(data_inputs(CFG), LAYOUT.path("raw_checksums") if LAYOUT.root.is_dir() else None))
 knnlm_rule(
     "prepare_data", "spine.prepare_data",
     input=files(
@@ -50,7 +54,7 @@ knnlm_rule(
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
         wordcounts=artifact("wordcounts"),
     ),
-    cfg=cfg_json("data"),
+    cfg=quoted_cfg("data", raw_sha256=RAW_SHA256) if RAW_SHA256 else cfg_json("data"),
 )
 
 

@@ -229,6 +229,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
             faiss.cvar.indexIVF_stats.reset()
             dd, ii, more, keys = search_filled(index, ivf, q, k, nprobe, nlist, probed_keys)
+            check_neighbours(ii, dd, int(index.ntotal), index_path, s)
             refilled += more
             from_lists += keys
             scanned += faiss.cvar.indexIVF_stats.ndis
@@ -239,6 +240,23 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             "keys_scanned_per_query": from_lists / t if t else None,
             "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
             "device": "gpu" if gpu is not None else "cpu"}
+
+
+def check_neighbours(ids: np.ndarray, dists: np.ndarray, ntotal: int, index_path: str | Path, first_row: int = 0) -> None:
+    """Raise ArtifactError naming the index if a search returned an id outside 0..ntotal-1 (−1, FAISS's "no
+    neighbour", allowed) or a non-finite distance for a found neighbour: what a damaged index gives instead of an
+    error. ids, dists: [B, k] from index.search; first_row: the batch's first query (for the message)."""
+    bad = (ids < -1) | (ids >= ntotal)
+    if bad.any():
+        r, c = np.argwhere(bad)[0]
+        raise ArtifactError(f"{index_path}: the search returned neighbour id {int(ids[r, c])} for query "
+                            f"{first_row + int(r)}, outside the index's {ntotal} keys ({int(bad.sum())} such ids in "
+                            "this batch): the index is damaged; delete it and rerun the job that builds it")
+    nonfinite = (ids >= 0) & ~np.isfinite(dists)
+    if nonfinite.any():
+        r, c = np.argwhere(nonfinite)[0]
+        raise ArtifactError(f"{index_path}: the search returned distance {float(dists[r, c])} for query "
+                            f"{first_row + int(r)}: the index is damaged; delete it and rerun the job that builds it")
 
 
 def search_filled(index, ivf, q: np.ndarray, k: int, nprobe: int, nlist: int, probed_keys=None):
