@@ -25,7 +25,7 @@ from ..scoring.results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
                                 SETTINGS, TUNED, settings_ci_caption, settings_rows, store_vs_store)
-from ..search.scope import block_sample, scope_caption, scope_tokens, tuning_caption
+from ..search.scope import block_sample, every_token_label, scope_caption, scope_tokens, tuning_caption
 from .common import lm_training_label, by_split, documents_scheme, open_datastore, open_split, scoped_documents
 
 log = logging.getLogger(__name__)
@@ -477,25 +477,25 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
 
-def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | None = None) -> dict:
-    """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings at the
-    config τ (evaluate); with `sweep` (temperature_sweep) also each setting at its tuned τ ('tuned', λ re-tuned on
-    valid) and the sweep itself ('tau_sweep'); per-document NLL (doc_nll, for paired comparisons across stores)
-    and the CIs over documents of each perplexity and of SETTING_PAIRS (knnlm.statistics.intervals.compare; config 'stats')."""
+def tuned_intervals(lp_lm: dict, words: dict, lp_knn: dict, docs: dict, sweep: dict | None, st: dict,
+                    lambda_steps: int) -> tuple[dict, dict, dict, dict]:
+    """The three settings of one store tuned as Table 3 tunes them, and their paired intervals.
+
+    lp_lm {split: [t] log p_LM}, words {split: words}, lp_knn {setting: {split: [t] log p_kNN at the config τ}},
+    docs {split: (doc [t], doc_words, doc ids)} (load_settings), sweep: temperature_sweep's result (its 'lp_best',
+    log p_kNN at τ*, is taken out of it) or None; st: config 'stats'; lambda_steps: config 'knn.lambda_steps'.
+    Returns (ev {setting: evaluate() at the config τ, λ tuned on valid}, tuned {setting: {'tau', 'tau_edge',
+    **evaluate() at τ*}}, doc_nll {split: {row: per-document NLL}}, ci {split: compare() of the base LM and every
+    setting at both τ over SETTING_PAIRS}) (Xu et al. 2023, Sec. 5.1, Table 3; docs/statistics.md)."""
     from ..scoring.interpolation import interpolate
     from ..statistics.intervals import compare, per_document
-    from ..datastore.stores import scores_every_token
 
-    from .common import stats_options
-
-    st, steps = stats_options(job), job.cfg["knn"]["lambda_steps"]
-    meta = read_json(job.path("store") / "store.json")
-    ev = {name: evaluate(lp_lm, by, words, steps) for name, by in lp_knn.items()}
+    ev = {name: evaluate(lp_lm, by, words, lambda_steps) for name, by in lp_knn.items()}
     tuned, lp_tuned = {}, {}
     for name, v in (sweep or {}).items():
         lp_tuned[name] = v.pop("lp_best")
         tuned[name] = {"tau": v["best"]["tau"], "tau_edge": v["best"].get("tau_edge", ""),
-                       **evaluate(lp_lm, lp_tuned[name], words, steps)}
+                       **evaluate(lp_lm, lp_tuned[name], words, lambda_steps)}
     doc_nll, ci = {}, {}
     for split, (doc, doc_words, _) in docs.items():
         lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
@@ -504,12 +504,26 @@ def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | 
         doc_nll[split] = dict(zip(lps, nll.tolist()))
         pairs = [(a, b) for a, b in SETTING_PAIRS if a in lps and b in lps]
         ci[split] = compare(nll, doc_words, list(lps), pairs, st)
+    return ev, tuned, doc_nll, ci
+
+
+def settings_result(job: Job, lp_lm, words, lp_knn, docs, recall, sweep: dict | None = None) -> dict:
+    """The settings JSON of one (store, key, metric) on the scope: the base LM and the three settings at the
+    config τ (evaluate); with `sweep` (temperature_sweep) also each setting at its tuned τ ('tuned', λ re-tuned on
+    valid) and the sweep itself ('tau_sweep'); per-document NLL (doc_nll, for paired comparisons across stores)
+    and the CIs over documents of each perplexity and of SETTING_PAIRS (knnlm.statistics.intervals.compare; config 'stats')."""
+    from ..datastore.stores import scores_every_token
+
+    from .common import stats_options
+
+    meta = read_json(job.path("store") / "store.json")
+    ev, tuned, doc_nll, ci = tuned_intervals(lp_lm, words, lp_knn, docs, sweep, stats_options(job),
+                                             job.cfg["knn"]["lambda_steps"])
     return {"store": job.wildcards["store"], "ratio": meta.get("ratio", meta["size"] / meta["N"]),
             "size": meta["size"], "dim": meta["dim"], "store_meta": meta, "key_type": job.wildcards["key"],
             "metric": job.wildcards["metric"], "temperature": job.cfg["knn"]["temperature"],
-            "scope": ("retrieval scope" if not scores_every_token(job.wildcards["store"]) else "all tokens"
-                      if not job.input.get("table3_sample") else
-                      f"a {job.cfg['retrieval']['table3_fraction']:.0%} block sample of all tokens"),
+            "scope": ("retrieval scope" if not scores_every_token(job.wildcards["store"]) else
+                      every_token_label(job.cfg["retrieval"]["table3_fraction"] if job.input.get("table3_sample") else 1)),
             "tuning_sample": _tuning_sample_counts(job, docs),
             "scope_tokens": {s: len(v) for s, v in lp_lm.items()}, "words": words,
             "base": {s: summarize(lp_lm[s], words[s]) for s in lp_lm}, "settings": ev, "tuned": tuned,

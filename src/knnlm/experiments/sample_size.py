@@ -42,30 +42,15 @@ def _subset(sub: dict, lp_lm, words_tok, docs_all, lp_knn, per_tau):
 
 
 def _intervals(job: Job, lp_lm, words, docs, lp_knn, per_tau, taus) -> dict:
-    """{split: compare() of the store's settings at the config τ and at τ*} on the given tokens: the settings job's
-    tuning (τ* and λ on valid) and intervals (knnlm.experiments.retrieval.settings_result) without its file."""
-    from ..scoring.interpolation import interpolate, temperature_sweep
-    from ..scoring.results import evaluate
-    from ..scoring.settings import SETTING_PAIRS, TUNED
-    from ..statistics.intervals import compare, per_document
+    """{split: compare() of the store's settings at the config τ and at τ*} on the given tokens, with {'tau': τ*
+    per setting}: the settings job's tuning and intervals (knnlm.experiments.retrieval.tuned_intervals)."""
+    from ..scoring.interpolation import temperature_sweep
     from .common import stats_options
+    from .retrieval import tuned_intervals
 
-    st, steps = stats_options(job), job.cfg["knn"]["lambda_steps"]
     sweep = temperature_sweep(lp_lm, per_tau, words, taus, job.cfg["temperature"]["lambda_steps"])
-    ev = {n: evaluate(lp_lm, by, words, steps) for n, by in lp_knn.items()}
-    tuned = {}  # per setting (τ*, λ at τ*, log p_kNN at τ*)
-    for n, v in sweep.items():
-        lp_best = v.pop("lp_best")
-        tuned[n] = (v["best"]["tau"], evaluate(lp_lm, lp_best, words, steps)["lambda"], lp_best)
-    out = {}
-    for split, (doc, doc_words, _) in docs.items():
-        lps = {"base": lp_lm[split], **{n: interpolate(lp_lm[split], lp_knn[n][split], ev[n]["lambda"]) for n in ev}}
-        for n, (_, lam, lp_best) in tuned.items():
-            lps[n + TUNED] = interpolate(lp_lm[split], lp_best[split], lam)
-        nll = per_document(-np.stack(list(lps.values())), doc, len(doc_words))
-        out[split] = compare(nll, doc_words, list(lps), [p for p in SETTING_PAIRS if p[0] in lps and p[1] in lps], st)
-    out["tau"] = {n: t for n, (t, _, _) in tuned.items()}
-    return out
+    _, tuned, _, ci = tuned_intervals(lp_lm, words, lp_knn, docs, sweep, stats_options(job), job.cfg["knn"]["lambda_steps"])
+    return {**ci, "tau": {n: v["tau"] for n, v in tuned.items()}}
 
 
 def measure(job: Job) -> list[dict]:

@@ -29,12 +29,13 @@ from ..statistics.intervals import effective_documents, jackknife_sums
 from ..report.tables import write_csv, write_table
 from .common import lm_training_label, scheme_label, documents_scheme, stats_options, token_strings
 from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL
+from ..search.scope import every_token_label
 from .retrieval import load_settings, scoped_targets
 
 SPLIT = "test"
 ATTRIBUTES = {"length": "word length (characters)", "entropy_fwd": "forward bigram entropy (nats)",
               "entropy_bwd": "backward bigram entropy (nats)"}
-SLOPE = "slope of share(real) − share(FAISS) vs {}"  # the comparisons of findings (App. D)
+SLOPE = "slope of share(real) − share(FAISS) vs {}"  # the comparisons the findings read (App. D; claims.yaml)
 
 
 def _attributes(job: Job, vocab: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -94,8 +95,7 @@ def which_words(job: Job) -> dict:
     label = scheme_label(documents_scheme(job), {SPLIT: n_docs})
     every = cfg["retrieval"]["max_queries"] is None or "alltokens" in store
     frac = cfg["retrieval"].get("table3_fraction", 1.0) if "alltokens" in store else 1.0
-    scope = ("retrieval scope" if not every else "all tokens" if frac >= 1
-             else f"a {frac:.0%} block sample of all tokens")
+    scope = every_token_label(frac) if every else "retrieval scope"
     where = (f"{key}/{METRIC_NAME[metric]} keys, store '{store}' ({len(lm):,} {SPLIT} tokens of the "
              f"{'split' if scope == 'all tokens' else scope}, {n_docs} documents), τ = {tau:g}")
     cap = (f"Which words gain from approximate neighbours ({cfg['name']}; Xu et al. 2023, App. D, Figures 6 and 7): "

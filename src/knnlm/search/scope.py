@@ -73,6 +73,12 @@ def block_sample(doc: np.ndarray, words: np.ndarray, fraction: float, seed: int)
     return scope_tokens(doc, None if fraction >= 1 else max(1, int(round(fraction * t))), seed, words)
 
 
+def every_token_label(fraction: float = 1.0) -> str:
+    """What a store scored on every token scores, in words: 'all tokens', or for a block sample of them (config
+    'retrieval.table3_fraction' < 1, block_sample) 'a 40% block sample of all tokens'."""
+    return "all tokens" if fraction >= 1 else f"a {fraction:.0%} block sample of all tokens"
+
+
 def scope_caption(cfg: dict) -> str:
     """The scope of config key 'retrieval.max_queries' in words, for captions."""
     mq = cfg["retrieval"]["max_queries"]
