@@ -941,6 +941,17 @@ def test_findings_without_the_followups(tiny_run, tmp_path):
     assert len(full) - len(kept) >= len(left)  # the follow-ups' tested rows (one per pruned share) are gone
 
 
+def test_every_claim_of_the_paper_has_a_row(tiny_run):
+    """The findings come from the claims table (knnlm.experiments.claims.yaml): every claim of the paper or a follow-up
+    shows in the tiny run's findings, tested or 'not run'."""
+    from knnlm.experiments.findings import CLAIMS
+
+    text = art(tiny_run, "findings").read_text()
+    missing = [c["id"] for c in CLAIMS if c["kind"] in ("paper", "follow-up")
+               and not all(part in text for part in c["claim"].split("5 % datastore"))]
+    assert not missing, missing
+
+
 def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text

@@ -485,11 +485,12 @@ def test_claims_about_a_value_equal_settings_and_tuning_contrasts():
     contrast of two gains of tuning."""
     import pandas as pd
 
-    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, FAISS_REAL as FR, PAPER_SHARE, TUNED as T,
-                                            _tested, tuning_contrasts)
+    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, FAISS_REAL as FR, TUNED as T, _tested,
+                                            tuning_contrasts)
     from knnlm.statistics.verdicts import band_verdict
 
-    assert PAPER_SHARE == pytest.approx(0.526, abs=1e-3)  # Table 2's pair: W_ds att (IP) of the att/IP kNN-LM
+    share = next(c for c in CLAIMS if c["share"] is not None and "about 55 %" in c["claim"])["share"]
+    assert share == pytest.approx(0.526, abs=1e-3)  # Table 2's pair: W_ds att (IP) of the att/IP kNN-LM
     assert band_verdict(0.50, 0.60, 0.426, 0.626) == "reproduced"
     assert band_verdict(0.10, 0.30, 0.426, 0.626) == "contradicted"
     assert band_verdict(0.40, 0.70, 0.426, 0.626) == "inconclusive"
@@ -586,9 +587,11 @@ def test_finding_one_is_tested_for_its_size():
     paper's reproduces it, and an interval across the band's edge is inconclusive."""
     import pandas as pd
 
-    from knnlm.experiments.findings import CLAIMS, FFN_SHARE, _tested
+    from knnlm.experiments.findings import CLAIMS, _tested
 
-    assert FFN_SHARE["L2"] == pytest.approx(0.3944, abs=1e-4) and FFN_SHARE["IP"] == pytest.approx(0.2444, abs=1e-4)
+    shares = {m: next(c["share"] for c in CLAIMS if c["share"] is not None and c["source"] == "table1" and f"({m})" in c["claim"])
+              for m in ("L2", "IP")}
+    assert shares["L2"] == pytest.approx(0.3944, abs=1e-4) and shares["IP"] == pytest.approx(0.2444, abs=1e-4)
     claim = next(c for c in CLAIMS if c["share"] is not None and c["source"] == "table1" and "(L2)" in c["claim"])
     row = {"split": "test", "comparison": "share of the gain: ffn/L2 of att/L2", "verdict": "-", "documents": 60}
 
@@ -606,10 +609,10 @@ def test_a_stated_size_is_tested_against_its_band():
     though its sign agrees; a gain of 3.5 % [2.5, 4.5] reproduces it; one straddling the band's edge is inconclusive."""
     import pandas as pd
 
-    from knnlm.experiments.findings import CLAIMS, SIZE_MARGIN, _tested
+    from knnlm.experiments.findings import CLAIMS, _tested
 
     claim = next(c for c in CLAIMS if c["size"] is not None and "distance" in c["claim"])
-    assert claim["size"] == -0.04 and claim["about"] == SIZE_MARGIN
+    assert claim["size"] == -0.04 and claim["about"] == 0.02  # "nearly 4 %": ± 2 percentage points
     row = {"split": "test", "comparison": "λ by nearest neighbour's distance vs global λ", "verdict": "lower",
            "documents": 60}
 
@@ -787,3 +790,26 @@ def test_findings_verdict_qualifiers_in_every_branch():
     r = pd.Series({"comparison": "kNN-LM att/IP on the subset vs 3V embeddings att"})
     assert _tau1_off(gap, r, {"parametric": (par, "")}) == "att/IP on the subset"
     assert _tau1_off(gap, r, {"parametric": (par.assign(verdict="inconclusive"), "")}) == ""
+
+
+def test_the_claims_table_is_checked_when_read(tmp_path):
+    """The claims table (claims.yaml) is data: each entry is read with its defaults, and a malformed one is named with
+    the file and its id."""
+    from knnlm.experiments.findings import CLAIMS, CLAIMS_FILE, load_claims
+
+    assert load_claims() == CLAIMS and len({c["id"] for c in CLAIMS}) == len(CLAIMS)
+    table1 = next(c for c in CLAIMS if c["id"] == "table1.1")
+    assert table1["paper"] == (19.174, 21.75) and table1["tau1"] and table1["kind"] == "paper" and table1["sign"] is None
+    bc = next(c for c in CLAIMS if isinstance(c["paper"], dict))
+    assert bc["paper"]["2V embeddings att"] == (19.095, 20.529)
+    cases = {"claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x}\n"
+             "- {id: a, section: s, claim: c, source: table1, comparison: y}\n": "expected a unique 'id', found 'a'",
+             "claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x, paper: nope}\n":
+                 "'paper' names no table of 'paper_numbers'",
+             "claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x, margin: 3}\n": "unexpected keyword"}
+    for text, msg in cases.items():
+        bad = tmp_path / "claims.yaml"
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=f"{bad}: claim 'a': .*{msg}"):
+            load_claims(bad)
+    assert CLAIMS_FILE.name == "claims.yaml"

@@ -62,6 +62,7 @@ auto' probes a small store more densely (at least index.scan_factor × k keys pe
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pandas as pd
 
@@ -69,53 +70,58 @@ from ..job import Job
 from ..io import atomic_path, read_json
 from ..statistics.captions import ci_caption, comparison_rows
 from .common import lm_training_label
-from .adaptive_retrieval import ADAPTIVE, GLOBAL, skip_name
-from .k_sweep import SMALL_K as K_SMALL
-from .leakage import ALPHAS as LEAK_ALPHAS, SLOPE as LEAK_SLOPE
-from .ngram import BEST as NGRAM_BEST, KNN as NGRAM_KNN
-from .pruning import FULL as PRUNE_FULL, PRUNE_MARGIN, greedy_label
-from .generation import CITE as GEN_CITE, EXPOSURE as GEN_EXPOSURE, KNN as GEN_KNN, PER_STEPS as GEN_STEPS, slope_name as gen_slope
-from .retomaton import BEST as RETO_BEST, EVERY as RETO_EVERY, KNN as RETO_KNN, RANDOM as RETO_RANDOM
-from ..statistics.verdicts import (MARGIN, MEMORISED, QUARTER_MARGIN, SHARE_MARGIN,
-                                   band_verdict, paper_verdict, within_verdict)
+from ..statistics.verdicts import band_verdict, paper_verdict, within_verdict
 from ..datastore.stores import TRAINING_SUBSET_LABEL
 from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
-from .which_words import ATTRIBUTES as WW_ATTRIBUTES, SLOPE as WW_SLOPE
 
-LEAK_LOW = LEAK_ALPHAS[0]  # RETRO's lowest leakage level (12.5 %)
+CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what each claim is and how it is tested
 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, equivalent_gain=None):
-    """One claim: its `source` table ('table1', 'table3', 'parametric', 'small_store': the settings of the
-    smallest store of config 'temperature.ratios', 'size': that store against the full one, 'tuning': the gain of
-    tuning τ compared between two settings of the Table 3 store, 'small_tuning': the same on the small store),
-    the `comparison` (a vs b; a regular expression if `regex`, every matching row is tested) in it, the paper's
-    (a, b) perplexities (or {b: (a, b)} when a regular expression matches several b), or the sign of a / b − 1 it
-    states without numbers. Kinds of test: `within` = a margin m for "tuning gains less than m" (one-sided);
-    `equivalent` = a margin m for "a and b are about as good" (two-sided: the CI inside ±m); `share` = the
-    paper's share of a gain, with `about` = the stated margin around it (reproduced when the CI lies inside the
-    band, contradicted when outside it); `size` = the relative difference a / b − 1 the paper states ("nearly
-    4 % better": −0.04), with `about` its band, tested the same way; `reported` = a number the paper states, reported
-    without a verdict. `equivalent_gain`: "about as good" with a margin that scales with the effect, this share of
-    b's own gain over the base LM (its row 'b vs base' in the same table); the row states the margin it got.
-    `kind`: 'paper' (the paper's own comparison: setting, τ, table), 'ours' (an extra comparison of this run) or
-    'follow-up' (a claim of the follow-up paper named in `section`, tested on this run);
-    `ref`: a substring the row's 'reference' column must hold (parametric rows: which kNN-LM it compares with).
-    `paper_text`: what the paper says, for a claim without numbers or sign (a reported number). `unit`: (scale,
-    text) of a statistic that is not a relative difference (a slope, a correlation), shown as scale × value and
-    text. `count_zero`: a count that the paper finds to be zero (E.4), exact rather than estimated: reproduced when
-    the row's verdict is 'none', contradicted when 'some', inconclusive when 'unresolved'. `verdicts`: {the row's
-    verdict: ours} for a property checked rather than estimated (E.6.1's memorisation). `tau1`: the paper measured the
-    claim at τ = 1, near-optimal at its distance scale; where this run's τ* of a setting it compares is better than
-    τ = 1 beyond the CI, the row is reported (labelled) and the verdict is the twin claim's with each side at its τ*
-    (kind 'tau*')."""
-    return {"section": section, "claim": claim, "source": source, "paper": paper, "sign": sign, "within": within,
-            "share": share, "size": size, "about": about, "equivalent_gain": equivalent_gain, "equivalent": equivalent,
-            "reported": reported, "kind": kind, "ref": ref,
+           count_zero=False, verdicts=None, tau1=False, size=None, equivalent_gain=None, id=None):
+    """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
+    fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, and 'pattern', the regular
+    expression of the comparison rows it is tested on."""
+    return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
+            "within": within, "share": share, "size": size, "about": about, "equivalent_gain": equivalent_gain,
+            "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
+
+
+def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
+    """The claims of the claims table at `path` (YAML: 'paper_numbers', tables of the paper's perplexities by name,
+    and 'claims', the entries), each as _claim gives it. Raises ValueError naming the file and the entry for an
+    unknown field, a missing one, a duplicate id or an unknown table of paper numbers."""
+    import yaml
+
+    path = Path(path)
+    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    tables = doc.get("paper_numbers") or {}
+    out, seen = [], set()
+    for n, entry in enumerate(doc["claims"]):
+        where = f"{path}: claim {entry.get('id', n)!r}"
+        e = dict(entry)
+        if e.get("id") in seen or not e.get("id"):
+            raise ValueError(f"{where}: expected a unique 'id', found {e.get('id')!r}")
+        seen.add(e["id"])
+        if isinstance(e.get("paper"), str):
+            if e["paper"] not in tables:
+                raise ValueError(f"{where}: 'paper' names no table of 'paper_numbers' ({sorted(tables)})")
+            e["paper"] = {b: tuple(ab) for b, ab in tables[e["paper"]].items()}
+        elif isinstance(e.get("paper"), list):
+            e["paper"] = tuple(e["paper"])
+        if isinstance(e.get("share"), dict):
+            g, o = e["share"]["gain"], e["share"]["of"]
+            e["share"] = (g[0] - g[1]) / (o[0] - o[1])
+        if isinstance(e.get("unit"), list):
+            e["unit"] = tuple(e["unit"])
+        try:
+            out.append(_claim(**e))
+        except TypeError as err:
+            raise ValueError(f"{where}: {err}") from None
+    return out
 
 
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
@@ -123,274 +129,8 @@ KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the 
 TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 # A row whose premise fails in this run (an LM that did not memorise as the paper's did): no verdict, counted apart
 PREMISE_ABSENT = "not tested (premise absent)"
-# Finding 1's size (Table 1): the share of att keys' gain over the base LM that ffn keys keep, L2 and IP
-FFN_SHARE = {"L2": (21.750 - 20.734) / (21.750 - 19.174), "IP": (21.750 - 21.101) / (21.750 - 19.095)}  # 39 %, 24 %
-PAPER_SHARE = (21.750 - 20.353) / (21.750 - 19.095)  # Table 2: W_ds att (IP) vs the att/IP kNN-LM: 52.6 %, "about 55 %"
-GAIN_MARGIN = 0.10  # "about as good as" a model whose own gain is small: within ±10 % of that gain
-SIZE_MARGIN = 0.02  # "nearly 4 %" (Drozdov et al. 2022): a relative difference of −4 % ± 2 percentage points
-ALTERNATIVES = r"(\d+V embeddings|adaptive counts by .+|MoS .+|clustered datastore .+) \S+"
 SUBSET = TRAINING_SUBSET_LABEL  # the kNN-LM on the alternatives' training rows
-APP_BC = {"2V embeddings att": (19.095, 20.529), "3V embeddings att": (19.095, 20.395),
-          "4V embeddings att": (19.095, 20.521), "adaptive counts by frequency att": (19.095, 20.387),
-          "adaptive counts by base-LM loss att": (19.095, 20.440), "MoS R=2 (+ embed) att": (19.095, 20.720),
-          "MoS R=3 (+ embed) att": (19.095, 20.779), "MoS R=2 (only) att": (19.095, 21.011),
-          "MoS R=3 (only) att": (19.095, 21.024)}
-
-CLAIMS = [
-    _claim("Sec. 3, Table 1", "the kNN-LM (att, L2) beats the base LM", "table1", "att/L2 vs base", (19.174, 21.750), tau1=True),
-    _claim("Sec. 3, Table 1", "the kNN-LM (att, IP) beats the base LM", "table1", "att/IP vs base", (19.095, 21.750), tau1=True),
-    _claim("Sec. 3, Table 1", "att keys beat ffn keys (L2)", "table1", "att/L2 vs ffn/L2", (19.174, 20.734), tau1=True),
-    _claim("Sec. 3, Table 1", "att keys beat ffn keys (IP)", "table1", "att/IP vs ffn/IP", (19.095, 21.101), tau1=True),
-    _claim("Sec. 3, Table 1", f"IP is about as good as L2 for att keys (within ±{100 * MARGIN:.0f} %)", "table1",
-           "att/IP vs att/L2", (19.095, 19.174), equivalent=MARGIN, tau1=True),
-    _claim("Sec. 3, Table 1", "the kNN-LM (att, L2) beats the base LM, at τ*", "table1", "att/L2 τ* vs base", (19.174, 21.750),
-           kind="tau*"),
-    _claim("Sec. 3, Table 1", "the kNN-LM (att, IP) beats the base LM, at τ*", "table1", "att/IP τ* vs base", (19.095, 21.750),
-           kind="tau*"),
-    _claim("Sec. 3, Table 1", "att keys beat ffn keys (L2), each at its τ*", "table1", "att/L2 τ* vs ffn/L2 τ*",
-           (19.174, 20.734), kind="tau*"),
-    _claim("Sec. 3, Table 1", "att keys beat ffn keys (IP), each at its τ*", "table1", "att/IP τ* vs ffn/IP τ*",
-           (19.095, 21.101), kind="tau*"),
-    _claim("Sec. 3, Table 1", f"IP is about as good as L2 for att keys, each at its τ* (within ±{100 * MARGIN:.0f} %)",
-           "table1", "att/IP τ* vs att/L2 τ*", (19.095, 19.174), equivalent=MARGIN, kind="tau*"),
-    *[_claim("Sec. 3, Table 1", f"ffn keys keep a small share of att keys' gain ({m}): the second representation is "
-             f"crucial", "table1", f"share of the gain: ffn/{m} of att/{m}", share=FFN_SHARE[m], about=SHARE_MARGIN,
-             tau1=True) for m in ("L2", "IP")],
-    *[_claim("Sec. 3, Table 1", f"ffn keys keep a small share of att keys' gain ({m}), each at its τ*", "table1",
-             f"share of the gain: ffn/{m} τ\\* of att/{m} τ\\*", share=FFN_SHARE[m], about=SHARE_MARGIN, regex=True,
-             kind="tau*") for m in ("L2", "IP")],
-    _claim("Sec. 5.2, Figure 5", "tuning τ matters: τ tuned on valid beats τ = 1 (att, L2, full datastore, Table 1)",
-           "table1", "att/L2 τ* vs att/L2", sign=-1, kind="ours"),
-    _claim("Sec. 4, Table 2", "the learned W_ds (att) beats the base LM", "parametric", r"W_ds \(learned\) att vs base",
-           (20.353, 21.750), regex=True),
-    _claim("Sec. 4, Table 2", "the kNN-LM (att, IP) still beats the learned W_ds (att)", "parametric",
-           r"kNN-LM att/IP vs W_ds \(learned\) att", (19.095, 20.353), regex=True, ref="the paper's", tau1=True),
-    _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers about 55 % of the kNN-LM's (att, IP) gain", "parametric",
-           r"share of the gain: W_ds \(learned\) att of kNN-LM att/IP", share=PAPER_SHARE, about=SHARE_MARGIN,
-           regex=True, ref="the paper's", tau1=True),
-    _claim("Sec. 4, Table 2", "the kNN-LM (att, IP) still beats the learned W_ds (att), the kNN-LM at its τ*", "parametric",
-           r"kNN-LM att/IP τ\* vs W_ds \(learned\) att", (19.095, 20.353), regex=True, ref="the paper's (att/IP, τ*)",
-           kind="tau*"),
-    _claim("Sec. 4, Table 2", "the learned W_ds (att) recovers about 55 % of the kNN-LM's (att, IP) gain, the kNN-LM at "
-           "its τ*", "parametric", r"share of the gain: W_ds \(learned\) att of kNN-LM att/IP τ\*", share=PAPER_SHARE,
-           about=SHARE_MARGIN, regex=True, ref="the paper's (att/IP, τ*)", kind="tau*"),
-    _claim("Sec. 4, Table 2", "beside the share: the learned W_ds (att) alone vs the base LM alone (reported: how much of "
-           "the share the second softmax achieves without interpolation)", "parametric",
-           r"W_ds \(learned\) att alone vs base", regex=True, kind="ours", reported=True, paper_text="not stated"),
-    _claim("Sec. 4, Table 2", "the best kNN-LM (chosen on valid) still beats the learned W_ds (att)", "parametric",
-           r"kNN-LM \S+ vs W_ds \(learned\) att", sign=-1, regex=True, kind="ours", ref="best on valid"),
-    _claim("Sec. 4, Table 2", "the learned W_ds (att)'s share of the best kNN-LM's gain", "parametric",
-           r"share of the gain: W_ds \(learned\) att of kNN-LM \S+", share=PAPER_SHARE, about=SHARE_MARGIN,
-           regex=True, kind="ours", ref="best on valid"),
-    _claim("Sec. 4, Table 2", "at its tuned τ too, the best kNN-LM beats the learned W_ds (att)", "parametric",
-           r"kNN-LM \S+ τ\* vs W_ds \(learned\) att", sign=-1, regex=True, kind="tau*", ref="best on valid, τ*"),
-    _claim("Sec. 4, Table 2", "the learned W_ds (att)'s share of the τ-tuned kNN-LM's gain", "parametric",
-           r"share of the gain: W_ds \(learned\) att of kNN-LM \S+ τ\*", share=PAPER_SHARE, about=SHARE_MARGIN,
-           regex=True, kind="tau*", ref="best on valid, τ*"),
-    # App. B/C, Tables 5-7 (h_ds = att, IP): the kNN-LM's 19.095 against each alternative's interpolated perplexity
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity (nV, adaptive counts, MoS, clustered datastore) "
-           "closes the gap to the kNN-LM (att, IP)", "parametric", r"kNN-LM att/IP vs " + ALTERNATIVES, APP_BC,
-           sign=-1, regex=True, ref="the paper's", tau1=True),
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP) at its τ*",
-           "parametric", r"kNN-LM att/IP τ\* vs " + ALTERNATIVES, APP_BC, sign=-1, regex=True,
-           ref="the paper's (att/IP, τ*)", kind="tau*"),
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP), the "
-           "kNN-LM searching exactly the rows each alternative was trained on (equal rows)", "parametric",
-           r"kNN-LM \S+ on the subset vs " + ALTERNATIVES, APP_BC, sign=-1, regex=True, ref="on the subset, config τ",
-           tau1=True),
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the kNN-LM (att, IP) on the same "
-           "rows, each side at its τ*", "parametric", r"kNN-LM \S+ on the subset τ\* vs " + ALTERNATIVES, APP_BC,
-           sign=-1, regex=True, ref="on the subset, τ*", kind="tau*"),
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the best kNN-LM at its τ*",
-           "parametric", r"kNN-LM \S+ τ\* vs " + ALTERNATIVES, sign=-1, regex=True, kind="tau*", ref="best on valid, τ*"),
-    _claim("Sec. 4, App. B, Table 5", f"at equal training rows, nV (n > 1) is about as good as W_ds (within "
-           f"±{100 * GAIN_MARGIN:.0f} % of W_ds's own gain over the base LM; nV contains 1V, so a worse nV means "
-           f"training, not capacity)", "parametric", r"\d+V embeddings \S+ vs W_ds \(learned\)( on the subset)? \S+",
-           regex=True, equivalent_gain=GAIN_MARGIN, kind="ours",
-           paper_text="Table 5 (att, all rows): 2V 20.529, 3V 20.395, 4V 20.521 vs 1V 20.353"),
-    _claim("Sec. 4, App. B-C", "no other way to add softmax capacity closes the gap to the best kNN-LM", "parametric",
-           r"kNN-LM \S+ vs " + ALTERNATIVES, sign=-1, regex=True, kind="ours", ref="best on valid"),
-    _claim("Sec. 4, Figure 2", "a larger datastore is better: the smallest swept store vs the full one (FAISS mask "
-           "+ FAISS score, τ = 1)", "size", f"{FAISS_FAISS} (small store vs full)", sign=+1, tau1=True),
-    _claim("Sec. 4, Figure 2", "a larger datastore is better, at the tuned τ too", "size",
-           f"{FAISS_FAISS}{TUNED} (small store vs full)", sign=+1, kind="tau*"),
-    _claim("Sec. 5.1, Table 3", "the FAISS score beats the real score (FAISS mask)", "table3", f"{FAISS_REAL} vs {FAISS_FAISS}",
-           (19.672, 19.174), tau1=True),
-    _claim("Sec. 5.1, Table 3", "the FAISS mask beats the real mask (real score)", "table3", f"{REAL_REAL} vs {FAISS_REAL}",
-           (19.735, 19.672), tau1=True),
-    _claim("Sec. 5.1, Table 3", "approximate retrieval beats exact retrieval", "table3", f"{REAL_REAL} vs {FAISS_FAISS}",
-           (19.735, 19.174), tau1=True),
-    _claim("Sec. 5.1, Table 3", "approximate retrieval beats exact retrieval, each at its τ*", "table3",
-           f"{REAL_REAL}{TUNED} vs {FAISS_FAISS}{TUNED}", sign=+1, kind="tau*"),
-    _claim("Sec. 5.2, Figure 5b", "τ = 1 is close to optimal for FAISS mask + FAISS score (full datastore; in the "
-           "paper a coincidence of its distance scale: reported, not tested)", "table3", f"{FAISS_FAISS}{TUNED} vs {FAISS_FAISS}",
-           reported=True),
-    _claim("Sec. 5.2, Figure 5b", "tuning τ helps FAISS mask + FAISS score less than FAISS mask + real score (full "
-           "datastore)", "tuning", f"τ*/τ=1 of {FAISS_FAISS} minus τ*/τ=1 of {FAISS_REAL}", sign=+1),
-    _claim("Sec. 5.2, Figure 5b", "τ = 1 is not optimal with a real score: tuning τ helps (FAISS mask, real score)",
-           "table3", f"{FAISS_REAL}{TUNED} vs {FAISS_REAL}", sign=-1),
-    _claim("Sec. 5.2, Figure 5b", "τ = 1 is not optimal with a real score: tuning τ helps (real mask, real score)",
-           "table3", f"{REAL_REAL}{TUNED} vs {REAL_REAL}", sign=-1),
-    _claim("Sec. 5.2, Figure 5b", "even at the tuned τ, the real mask underperforms the FAISS mask (real score)",
-           "table3", f"{REAL_REAL}{TUNED} vs {FAISS_REAL}{TUNED}", sign=+1),
-    _claim("Sec. 5.2, Figure 5b", "full datastore, tuned τ: the real score beats the FAISS score (FAISS mask)", "table3",
-           f"{FAISS_REAL}{TUNED} vs {FAISS_FAISS}{TUNED}", sign=-1),
-    _claim("Sec. 5.1, Figure 4", "5 % datastore, τ = 1: the FAISS mask beats the real mask (real score)",
-           "small_store", f"{REAL_REAL} vs {FAISS_REAL}", sign=+1, tau1=True),
-    _claim("Sec. 5.1, Figure 4", "5 % datastore, τ = 1: the FAISS score beats the real score (FAISS mask)",
-           "small_store", f"{FAISS_REAL} vs {FAISS_FAISS}", sign=+1, tau1=True),
-    _claim("Sec. 5.2, Figure 5a", "5 % datastore, tuned τ: the FAISS score beats the real score (FAISS mask)",
-           "small_store", f"{FAISS_REAL}{TUNED} vs {FAISS_FAISS}{TUNED}", sign=+1),
-    _claim("Sec. 5.2, Figure 5a", "τ = 1 is close to optimal for FAISS mask + FAISS score (5 % datastore; reported, "
-           "not tested)", "small_store", f"{FAISS_FAISS}{TUNED} vs {FAISS_FAISS}", reported=True),
-    _claim("Sec. 5.2, Figure 5a", "tuning τ helps FAISS mask + FAISS score less than FAISS mask + real score (5 % "
-           "datastore)", "small_tuning", f"τ*/τ=1 of {FAISS_FAISS} minus τ*/τ=1 of {FAISS_REAL}", sign=+1),
-    _claim("Sec. 5.2, Figure 5a", "5 % datastore, tuned τ: approximate retrieval beats exact retrieval", "small_store",
-           f"{REAL_REAL}{TUNED} vs {FAISS_FAISS}{TUNED}", sign=+1),
-    # App. D: which words gain from approximate neighbours (slopes over word types; knnlm.experiments.which_words)
-    _claim("App. D, Figure 6", "longer words gain more from approximate neighbours (negative slope)", "which_words",
-           WW_SLOPE.format(WW_ATTRIBUTES["length"]), sign=-1, unit=(100, "pp per character"),
-           paper_text="negative trend"),
-    _claim("App. D, Figure 7", "words with a higher forward bigram entropy gain more from approximate neighbours",
-           "which_words", WW_SLOPE.format(WW_ATTRIBUTES["entropy_fwd"]), sign=-1, unit=(100, "pp per nat"),
-           paper_text="negative trend"),
-    _claim("App. D, Figure 7", "words with a higher backward bigram entropy gain more from approximate neighbours",
-           "which_words", WW_SLOPE.format(WW_ATTRIBUTES["entropy_bwd"]), sign=-1, unit=(100, "pp per nat"),
-           paper_text="negative trend"),
-    # App. E.1-E.4 (knnlm.experiments.hypotheses): rejected hypotheses, tested as the paper rejects them
-    _claim("Sec. 6, E.1", "ensembling two distance metrics is not the key: the kNN-LM beats its twin that scores the "
-           "same neighbours by −‖W_sm[v] − h_ds‖² (the LM's output embeddings instead of the keys); both tuned on valid",
-           "hypotheses", r"kNN-LM (\S+) τ\* vs W_sm distance \1", regex=True, sign=-1, paper_text="none of these helped"),
-    _claim("Sec. 6, E.1", "the W_sm-distance twin vs the base LM (reported: what the retrieved tokens give without the "
-           "keys' distances)", "hypotheses", r"W_sm distance \S+ vs base", regex=True, reported=True, kind="ours",
-           paper_text="not stated"),
-    _claim("Sec. 6, E.2", f"sparsifying the LM to its top k tokens does not help (gain under {100 * MARGIN:.0f} %)",
-           "hypotheses", r"LM top-\d+ vs base", regex=True, within=MARGIN, paper_text="does not help at all"),
-    _claim("Sec. 6, E.2", "the kNN-LM beats the LM restricted to the retrieved tokens (distances ignored); both tuned "
-           "on valid", "hypotheses", r"kNN-LM (\S+) τ\* vs retrieved set \1( \(dedup\))?", regex=True, sign=-1,
-           paper_text="best case −0.5 perplexity, the kNN-LM nearly −2"),
-    _claim("Sec. 6, E.3", f"the base LM's NLL and the kNN-LM's gain do not change with the position in the context "
-           f"window: last minus first quarter of positions within ±{QUARTER_MARGIN:g} nats per token", "hypotheses",
-           r".+: last minus first quarter of positions in the context window", regex=True, equivalent=QUARTER_MARGIN,
-           unit=(1, "nats per token"), paper_text="no significant correlation"),
-    _claim("Sec. 6, E.3", f"the base LM's NLL and the kNN-LM's gain do not change with the position in the document: "
-           f"last minus first quarter of positions within ±{QUARTER_MARGIN:g} nats per token", "hypotheses",
-           r".+: last minus first quarter of positions in the document", regex=True, equivalent=QUARTER_MARGIN,
-           unit=(1, "nats per token"), paper_text="no correlation"),
-    _claim("Sec. 6, E.3", "beside the effect: Pearson's r of the base LM's NLL and the kNN-LM's gain with the position "
-           "(reported: per-token NLL is so noisy that r stays small even for a large trend)", "hypotheses",
-           r"correlation of .+ with position in the (context window|document)", regex=True, reported=True,
-           kind="ours", unit=(1, "(Pearson r)"), paper_text="no correlation"),
-    _claim("Sec. 6, E.4", "no word of W_sm is un-argmaxable (stolen probabilities)", "hypotheses",
-           "un-argmaxable words of W_sm", count_zero=True, unit=(1, "words"), paper_text="none, in both models"),
-    # App. E.5-E.6.2: extra LMs, tested when hypotheses.ensemble_lms, overfit_lms and soft_label_lms name some
-    _claim("Sec. 6, E.5", "the kNN-LM's gain is orthogonal to ensembling LMs: K−1 LMs + kNN beat K LMs", "ensembling",
-           r"\d+ LMs? \+ kNN vs \d+ LMs", regex=True, sign=-1, paper_text="Figure 8: up to K = 4"),
-    _claim("Sec. 6, E.5", "the base LM ensembled with another LM vs the kNN-LM (reported: Table 8, where the paper's "
-           "second LM beats the kNN-LM)", "ensembling", r"base \+ \S+ vs kNN-LM", regex=True, reported=True,
-           kind="ours", paper_text="Table 8: 18.941 vs 19.095"),
-    _claim("Sec. 6, E.6.1", f"the overfitted LM memorised its training set (training perplexity under {MEMORISED:g}× its "
-           f"valid perplexity; the premise of the paper's test)", "overfitting", r"memorisation of \S+: .+", regex=True,
-           verdicts={"memorised": "reproduced", "not memorised": PREMISE_ABSENT}, unit=(1, "(train / valid PPL)"),
-           paper_text="trained until the training loss was near zero (92 and 129 epochs)"),
-    _claim("Sec. 6, E.6.1", f"an LM overfitted to the training set helps little when interpolated with the base LM "
-           f"(gain under {100 * MARGIN:.0f} %)", "overfitting", r"base \+ \S+ vs base alone", regex=True,
-           within=MARGIN, paper_text="Table 9: 21.732 / 21.733 vs 21.750"),
-    _claim("Sec. 6, E.6.1", "the kNN-LM beats the base LM interpolated with an overfitted LM", "overfitting",
-           r"base \+ \S+ vs kNN-LM", regex=True, sign=+1, paper_text="Table 9: 21.732 vs 19.174"),
-    _claim("Sec. 6, E.6.2", f"soft labels do not help: a soft-label LM interpolated with the base LM gains under "
-           f"{100 * MARGIN:.0f} % over its one-hot twin interpolated with the base LM", "soft_labels",
-           r"base \+ \S+ vs base \+ \S+ \(one-hot\)", regex=True, within=MARGIN, paper_text="does not help at all"),
-    _claim("Sec. 6, E.6.2", "a soft-label LM interpolated with the base LM vs the base LM alone (reported: any second "
-           "LM helps by ensembling, Table 8)", "soft_labels", r"base \+ \S+ vs base alone", regex=True, reported=True,
-           kind="ours", paper_text="not stated"),
-    _claim("Sec. 6, E.6.2", "the kNN-LM beats the base LM interpolated with a soft-label LM", "soft_labels",
-           r"base \+ \S+ vs kNN-LM", regex=True, sign=+1, paper_text="not stated"),
-    _claim("Sec. 6, E.6.3", f"training W_ds on the interpolated loss (Eq. 12) does not beat the plain loss (gain under "
-           f"{100 * MARGIN:.0f} %)", "interpolated_loss", r"W_ds interpolated loss (\S+) vs W_ds \1", regex=True,
-           within=MARGIN, paper_text="no gain"),
-    # Beyond Xu et al.: when retrieval helps (knnlm.experiments.token_gains, lambda_by_quality), the follow-up's claims
-    _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the nearest neighbour is close: mean Δ of the "
-           "closest decile of its distance minus the farthest", "token_gains",
-           r"FAISS mask: mean Δ, closest minus farthest .+", regex=True, sign=+1, unit=(1, "nats per token"),
-           paper_text="gains come from neighbours with high semantic similarity", kind="follow-up"),
-    _claim("Drozdov et al. 2022, Sec. 4", "the kNN-LM gains more where the context overlaps the top neighbour's: mean "
-           "Δ of the largest n-gram overlap bucket minus no overlap", "token_gains",
-           r"FAISS mask: mean Δ, n-gram overlap .+", regex=True, sign=+1, unit=(1, "nats per token"),
-           paper_text="gains come from large n-gram overlaps", kind="follow-up"),
-    _claim("Drozdov et al. 2022, Sec. 5", "λ by the nearest neighbour's distance (tuned on valid) beats one global λ",
-           "lambda_by_quality", "λ by nearest neighbour's distance vs global λ", sign=-1,
-           paper_text="nearly 4 % better test perplexity (WikiText-103)", kind="follow-up"),
-    _claim("Drozdov et al. 2022, Sec. 5", "λ by the n-gram overlap with the top neighbour (tuned on valid) beats one "
-           "global λ", "lambda_by_quality", "λ by n-gram overlap with the top neighbour (tokens) vs global λ", sign=-1,
-           paper_text="λ by retrieval quality: nearly 4 % better (WikiText-103)", kind="follow-up"),
-    *[_claim("Drozdov et al. 2022, Sec. 5", f"λ by {what} gains nearly 4 % of test perplexity over one global λ (the "
-             f"size, within ±{100 * SIZE_MARGIN:.0f} pp)", "lambda_by_quality", f"λ by {what} vs global λ",
-             size=-0.04, about=SIZE_MARGIN, paper_text="nearly 4 % better test perplexity (WikiText-103)",
-             kind="follow-up")
-      for what in ("nearest neighbour's distance", "n-gram overlap with the top neighbour (tokens)")],
-    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", "more neighbours help: doubling k (each k with its τ and λ tuned "
-           "on valid) lowers perplexity, at every doubling", "k_sweep", r"k=\d+ vs k=\d+", regex=True, sign=-1,
-           paper_text="perplexity improves monotonically with k up to 1,024 (WikiText-103)", kind="follow-up"),
-    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", f"a small k already helps: the kNN-LM with k = {K_SMALL} beats the "
-           f"base LM", "k_sweep", f"k={K_SMALL} vs base", sign=-1,
-           paper_text=f"even k = {K_SMALL} is enough for a new state of the art (WikiText-103)", kind="follow-up"),
-    _claim("Khandelwal et al. 2020, Sec. 5, Fig. 4", f"the share of the largest k's gain that k = {K_SMALL} keeps "
-           f"(reported: the paper gives no share)", "k_sweep", rf"share of the gain: k={K_SMALL} of k=\d+", regex=True,
-           reported=True, paper_text="not stated (Figure 4 only)", kind="follow-up"),
-    _claim("Borgeaud et al. 2022, Sec. 4.4, Fig. 6", f"retrieval still helps where the test text does not overlap the "
-           f"datastore: the kNN-LM beats the base LM on the chunks whose longest run shared with the datastore is at "
-           f"most {LEAK_LOW:.1%} of the chunk", "leakage", f"kNN-LM (overlap ≤ {LEAK_LOW:.1%}) vs base (overlap ≤ "
-           f"{LEAK_LOW:.1%})", sign=-1, paper_text="RETRO gains at every leakage level (C4, Wikipedia)", kind="follow-up"),
-    _claim("Borgeaud et al. 2022, Sec. 4.4, Fig. 6", "the kNN-LM gains more the more a test chunk overlaps the "
-           "datastore: slope of the per-token gain on the chunk's overlap", "leakage", LEAK_SLOPE, sign=+1,
-           unit=(1, "nats per token per unit of overlap"), paper_text="the gain grows with the chunk overlap",
-           kind="follow-up"),
-    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "an n-gram LM of the datastore's tokens (Kneser–Ney, the order "
-           "chosen on valid) interpolated with the base LM improves on the base LM", "ngram", f"{NGRAM_BEST} vs base",
-           sign=-1, paper_text="n-gram LMs interpolated with the Transformer LM improve it only slightly "
-           "(WikiText-103, a strong LM)", kind="follow-up"),
-    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "the kNN-LM is not just an n-gram LM: it beats the base LM "
-           "interpolated with the n-gram LM of the same tokens (the difference of their gains)", "ngram",
-           f"{NGRAM_KNN} vs {NGRAM_BEST}", sign=-1, paper_text="the kNN-LM gains far more than the n-gram "
-           "interpolation (WikiText-103, a strong LM)", kind="follow-up"),
-    _claim("Khandelwal et al. 2020, Sec. 6, Fig. 7", "the share of the kNN-LM's gain over the base LM that the n-gram "
-           "interpolation gets (reported: the paper states the two gains only for a strong LM)", "ngram",
-           f"share of the gain: {NGRAM_BEST} of {NGRAM_KNN}", reported=True,
-           paper_text="a small share (WikiText-103, a strong LM)", kind="follow-up"),
-    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "RetoMaton saves searches without hurting perplexity: the kNN-LM "
-           "with a search at every token gains less than 1 % over RetoMaton at the threshold chosen on valid (the most "
-           "searches saved at a valid perplexity no higher than the kNN-LM's)", "retomaton", f"{RETO_KNN} vs {RETO_BEST}",
-           within=MARGIN, paper_text="saves up to 83 % of the searches without hurting perplexity", kind="follow-up"),
-    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "RetoMaton beats the kNN-LM skipping as many searches at random (the "
-           "base LM alone where it skips), at the threshold chosen on valid", "retomaton", f"{RETO_BEST} vs {RETO_RANDOM}",
-           sign=-1, paper_text="below random skipping at every fraction of saved searches", kind="follow-up"),
-    _claim("Alon et al. 2022, Sec. 5.1, Fig. 3", "with a search at every token, the pointed-to entries joining the "
-           "searched ones lower the kNN-LM's perplexity", "retomaton", f"{RETO_EVERY} vs {RETO_KNN}", sign=-1,
-           paper_text="lowers perplexity by up to 1.85 points with no search saved", kind="follow-up"),
-    _claim("He et al. 2021, Sec. 4.2, Table 3", "greedy merging beats a random subset of the datastore of the same "
-           "size (each pruned share)", "pruning", r"greedy merging, \S+ % pruned vs random subset, \S+ % pruned",
-           regex=True, sign=-1, paper_text="greedy merging beats random pruning at equal size", kind="follow-up"),
-    _claim("He et al. 2021, Sec. 4.2, Table 3", "pruning 40 % of the datastore by greedy merging costs little: the "
-           f"full datastore gains less than {100 * PRUNE_MARGIN:g} % over it", "pruning",
-           f"{PRUNE_FULL} vs {greedy_label(0.4)}", within=PRUNE_MARGIN,
-           paper_text="+0.2 perplexity on WikiText-103 (+0.7 on a 19M-key store) with 40 % pruned", kind="follow-up"),
-    _claim(GEN_CITE, "along the kNN-LM's own samples the entropy of p_kNN rises faster with the decoding step than "
-           "p_LM's: the slope of H(p_kNN) − H(p_LM) on the step is positive", "generation", gen_slope(GEN_KNN), sign=+1,
-           unit=(1, f"nats per {GEN_STEPS} steps"), paper_text="the entropy of the retrieval distribution increases "
-           "faster than the base LM's as the generated sequence grows (WikiText-103)", kind="follow-up"),
-    _claim(GEN_CITE, "retrieval suffers from the model's own text (exposure bias): that slope is larger along the "
-           "kNN-LM's samples than along the true continuation (teacher forcing)", "generation", GEN_EXPOSURE, sign=+1,
-           unit=(1, f"nats per {GEN_STEPS} steps"), paper_text="retrieval is less reliable with model-generated text "
-           "as queries (exposure bias)", kind="follow-up"),
-    _claim("He et al. 2021, Sec. 3", "an adaptive λ, predicted from what the LM knows before retrieval, beats one "
-           "global λ", "adaptive_retrieval", f"{ADAPTIVE} vs {GLOBAL}", sign=-1,
-           paper_text="the retrieval adaptor's λ (all tokens retrieved) improves on a constant λ", kind="follow-up"),
-    _claim("He et al. 2021, Sec. 3", f"skipping half of the retrievals (lowest predicted λ) costs under "
-           f"{100 * MARGIN:.0f} % of perplexity against the kNN-LM with every token retrieved", "adaptive_retrieval",
-           f"{GLOBAL} vs {skip_name(0.5)}", within=MARGIN,
-           paper_text="retrieval skipped for about half of the tokens at little perplexity cost", kind="follow-up"),
-]
+CLAIMS = load_claims()
 
 
 def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

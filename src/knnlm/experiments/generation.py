@@ -96,7 +96,7 @@ def continue_prefixes(lm, retrieval: Retrieval, key: str, lam: float, prefixes: 
     (1 − λ) p_LM + λ p_kNN, 'lm' from p_LM, 'true' feeds truth [S, L] (teacher forcing); the start token goes first, as
     in the LM's passes. Returns {'tokens' [S, L] int64 (the continuation), 'h_knn', 'h_lm' [S, L] float64: the
     entropies (nats) of p_kNN and p_LM for each continuation token, given the tokens before it}."""
-    import torch  # here: the findings import this module's names and never load torch
+    import torch  # here: the module is imported (its labels, its table job) without loading torch
 
     from ..lm.decoding import start
     from ..scoring.generation import entropy, top_p_sample
