@@ -42,7 +42,7 @@ def resolve(name: str):
 
 
 def _files(named: dict) -> list[str]:
-    return [p for v in named.values() for p in (v if isinstance(v, list) else [v])]
+    return [p for v in named.values() for p in (v if isinstance(v, list) else [v]) if p]
 
 
 def verify_inputs(job: Job) -> int:
