@@ -187,7 +187,7 @@ def test_an_artifact_damaged_in_place_stops_its_reader(commands, tracking, tmp_p
         data = np.fromfile(dst, dtype=np.uint8)
         mid = len(data) // 2 // 4 * 4
         words = data[mid:mid + 64].view(np.uint32).copy()
-        data[mid:mid + 64] = words[::-1].view(np.uint8) + np.uint8(1)
+        data[mid:mid + 64] = np.ascontiguousarray(words[::-1]).view(np.uint8) + np.uint8(1)
         data.tofile(dst)
         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
         io["input"][name] = [str(dst)] + list(v[1:]) if isinstance(v, list) else str(dst)
