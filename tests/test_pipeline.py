@@ -947,7 +947,11 @@ def test_every_claim_of_the_paper_has_a_row(tiny_run):
     from knnlm.experiments.findings import CLAIMS
 
     text = art(tiny_run, "findings").read_text()
-    missing = [c["id"] for c in CLAIMS if c["kind"] in ("paper", "follow-up")
+    # (an App. B-C claim against the all-rows kNN-LM whose alternatives all trained on the subset is tested at equal
+    # rows: its rows are the equal-rows claim's)
+    equal_rows = {c["id"] for c in CLAIMS if c["source"] == "parametric" and isinstance(c["paper"], dict)
+                  and "on the subset" not in c["comparison"]}
+    missing = [c["id"] for c in CLAIMS if c["kind"] in ("paper", "follow-up") and c["id"] not in equal_rows
                and not all(part in text for part in c["claim"].split("5 % datastore"))]
     assert not missing, missing
 
