@@ -22,8 +22,9 @@ from knnlm.datastore.stores import (ALL_TOKENS, TRAINING_SUBSET, nested_shards, 
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
-# --config key=value: Snakemake leaves the values inside a mapping or list strings; read each as YAML (knnlm.config)
-update_config(config, yaml_overrides(getattr(workflow.config_settings, "overwrite_config", None) or {}))
+# --config key=value: Snakemake leaves the values inside a mapping or list strings; read each as YAML (knnlm.config).
+# config_settings.config holds the --config values alone (overwrite_config also holds the config files' contents).
+update_config(config, yaml_overrides(dict(getattr(workflow.config_settings, "config", None) or {})))
 CFG = validate_config(config, source="snakemake config (--configfile / --config)")
 check_data(CFG)
 
