@@ -196,11 +196,16 @@ def checksum_path(path: str | Path) -> Path:
     return path.with_name(path.name + CHECKSUM_SUFFIX)
 
 
+# what Snakemake itself writes into a directory() output once its job has ended: not the job's
+SNAKEMAKE_MARKERS = {".snakemake_timestamp"}
+
+
 def _artifact_files(path: Path) -> dict[str, Path]:
     """{name: file} of artifact `path`: the file itself (by its name), or every file under a folder (by its path
-    relative to the folder), in sorted order."""
+    relative to the folder, Snakemake's own markers left out), in sorted order."""
     if path.is_dir():
-        return {str(f.relative_to(path)): f for f in sorted(path.rglob("*")) if f.is_file()}
+        return {str(f.relative_to(path)): f for f in sorted(path.rglob("*"))
+                if f.is_file() and f.name not in SNAKEMAKE_MARKERS}
     return {path.name: path}
 
 
