@@ -178,7 +178,7 @@ def test_search_refuses_ids_outside_the_index():
     ids = np.array([[0, 5, -1], [9, 1, 2]])
     dists = np.array([[0.1, 0.2, np.inf], [0.3, 0.4, 0.5]], dtype=np.float32)
     check_neighbours(ids, dists, 10, "x.index")  # −1 (no neighbour) with any distance is allowed
-    with pytest.raises(ArtifactError, match=r"x\.index: the search returned neighbour id 2147071119 for query 11"):
+    with pytest.raises(ArtifactError, match=r"x\.index: the search returned neighbour id 2147071119 for query 11, outside the 10 rows"):
         check_neighbours(np.array([[0, 1], [2, 2147071119]]), np.zeros((2, 2)), 10, "x.index", first_row=10)
     with pytest.raises(ArtifactError, match=r"distance nan for query 1: the index is damaged"):
         check_neighbours(np.array([[0], [1]]), np.array([[0.0], [np.nan]]), 10, "x.index")

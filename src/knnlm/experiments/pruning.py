@@ -61,7 +61,7 @@ def neighbours(job: Job) -> dict:
     p = job.cfg["pruning"]
     t0 = time.time()
     stats = faiss_search(job.path("index"), keys, p["neighbours"] + 1, p["nprobe"], job.path("ids"),
-                         job.path("dists"), job.cfg["index"]["search_chunk"], job.threads)
+                         job.path("dists"), job.cfg["index"]["search_chunk"], job.threads, id_limit=man["N"])
     stats.update(seconds=time.time() - t0, N=man["N"], checkpoint_sha256=man["checkpoint_sha256"],
                  machine=machine(job.threads, stats["device"]))
     write_json(job.path("meta"), stats)

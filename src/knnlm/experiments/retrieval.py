@@ -202,7 +202,7 @@ def search(job: Job) -> dict:
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
                          params["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
-                         job.threads)
+                         job.threads, id_limit=man["N"])  # a subset's index holds datastore rows as its ids
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
                  store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
                  checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"], machine=machine(job.threads, stats["device"]))

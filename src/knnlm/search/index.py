@@ -187,7 +187,7 @@ def read_index(path: str | Path):
 
 
 def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
-           chunk: int = 8192, threads: int = 2) -> dict:
+           chunk: int = 8192, threads: int = 2, id_limit: int | None = None) -> dict:
     """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
 
     A query whose probed lists hold fewer than k keys is searched again with nprobe doubled until it has k
@@ -197,7 +197,9 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     (−1 ids left), 'requeried_for_k' (queries searched again), 'keys_scanned_per_query' (keys in the inverted lists
     each query probed, the searches again for k included: from the coarse quantizer's probes and the lists' sizes,
     on CPU and GPU alike), 'keys_scanned_faiss' (PQ distances faiss counted; None on GPU), 'nprobe', 'T', 'k',
-    'ntotal', 'device'.
+    'ntotal', 'device'. id_limit: the ids the index may hold are 0 … id_limit − 1 (the datastore's rows, for an
+    index of a store subset whose ids are datastore rows; default the index's size); an id outside, or a non-finite
+    distance, raises ArtifactError naming the index (check_neighbours).
     """
     import faiss
 
@@ -229,7 +231,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
             q = np.ascontiguousarray(queries[s:e], dtype=np.float32)
             faiss.cvar.indexIVF_stats.reset()
             dd, ii, more, keys = search_filled(index, ivf, q, k, nprobe, nlist, probed_keys)
-            check_neighbours(ii, dd, int(index.ntotal), index_path, s)
+            check_neighbours(ii, dd, int(id_limit or index.ntotal), index_path, s)
             refilled += more
             from_lists += keys
             scanned += faiss.cvar.indexIVF_stats.ndis
@@ -243,15 +245,16 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
 
 
 def check_neighbours(ids: np.ndarray, dists: np.ndarray, ntotal: int, index_path: str | Path, first_row: int = 0) -> None:
-    """Raise ArtifactError naming the index if a search returned an id outside 0..ntotal-1 (−1, FAISS's "no
-    neighbour", allowed) or a non-finite distance for a found neighbour: what a damaged index gives instead of an
-    error. ids, dists: [B, k] from index.search; first_row: the batch's first query (for the message)."""
+    """Raise ArtifactError naming the index if a search returned an id outside 0..ntotal-1 (ntotal: the rows its ids
+    may name; −1, FAISS's "no neighbour", allowed) or a non-finite distance for a found neighbour: what a damaged
+    index gives instead of an error. ids, dists: [B, k] from index.search; first_row: the batch's first query (for
+    the message)."""
     bad = (ids < -1) | (ids >= ntotal)
     if bad.any():
         r, c = np.argwhere(bad)[0]
         raise ArtifactError(f"{index_path}: the search returned neighbour id {int(ids[r, c])} for query "
-                            f"{first_row + int(r)}, outside the index's {ntotal} keys ({int(bad.sum())} such ids in "
-                            "this batch): the index is damaged; delete it and rerun the job that builds it")
+                            f"{first_row + int(r)}, outside the {ntotal} rows its ids may name ({int(bad.sum())} such "
+                            "ids in this batch): the index is damaged; delete it and rerun the job that builds it")
     nonfinite = (ids >= 0) & ~np.isfinite(dists)
     if nonfinite.any():
         r, c = np.argwhere(nonfinite)[0]
