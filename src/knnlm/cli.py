@@ -46,13 +46,14 @@ def _files(named: dict) -> list[str]:
 
 
 def verify_inputs(job: Job) -> int:
-    """Check every named input of `job` against its checksum record (knnlm.io.verify_checksum) before the job reads
-    it: an input under the run's folder (<results_dir>/<name>, where every file is a finished job's output) must have
-    one; a file from elsewhere (a corpus, a published LM) is checked when it has one. Returns how many were checked.
-    Raises ArtifactError naming the file and the job that made it."""
+    """Check every named input of `job` that has a checksum record (knnlm.io.verify_checksum; every output of a job of
+    this pipeline has one) against it before the job reads it. A file without one (a corpus, a published LM, an
+    artifact copied in by hand) is read as it is, and the job's log says so for one under the run's folder. Returns
+    how many were checked. Raises ArtifactError naming the file and the job that made it."""
+    import logging
     from pathlib import Path
 
-    from .io import verify_checksum
+    from .io import checksum_path, verify_checksum
 
     root = Path(job.cfg["results_dir"], job.cfg["name"]).resolve() if "results_dir" in job.cfg and "name" in job.cfg else None
     n = 0
@@ -60,8 +61,11 @@ def verify_inputs(job: Job) -> int:
         path = Path(p)
         if not path.exists():
             continue  # the reader names it
-        inside = root is not None and path.resolve().is_relative_to(root)
-        n += verify_checksum(path, required=inside)
+        if verify_checksum(path):
+            n += 1
+        elif root is not None and path.resolve().is_relative_to(root):
+            logging.getLogger(__name__).warning("%s has no checksum record (%s): read unchecked", path,
+                                                checksum_path(path).name)
     return n
 
 

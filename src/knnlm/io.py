@@ -201,12 +201,13 @@ SNAKEMAKE_MARKERS = {".snakemake_timestamp"}
 
 
 def _artifact_files(path: Path) -> dict[str, Path]:
-    """{name: file} of artifact `path`: the file itself (by its name), or every file under a folder (by its path
-    relative to the folder, Snakemake's own markers left out), in sorted order."""
+    """{name: file} of artifact `path`: the file itself (named '.', so that a copy under another name keeps its
+    record), or every file under a folder (by its path relative to the folder, Snakemake's own markers left out), in
+    sorted order."""
     if path.is_dir():
         return {str(f.relative_to(path)): f for f in sorted(path.rglob("*"))
                 if f.is_file() and f.name not in SNAKEMAKE_MARKERS}
-    return {path.name: path}
+    return {".": path}
 
 
 def _stat_of(f: Path) -> dict[str, int]:

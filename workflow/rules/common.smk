@@ -161,7 +161,7 @@ def io(fixed=None, **extra):
 
 def knnlm(job):
     """Shell command of knnlm job `job` (knnlm.cli.resolve); the rule gives params cfg and io, and a log."""
-    return f"{PY} -m knnlm {job} --threads {{threads}} --rule {{rule}} --cfg {{params.cfg}} --io {{params.io}} > {{log:q}} 2>&1"
+    return f"{PY} -m knnlm {job} --threads {{threads}} --cfg {{params.cfg}} --io {{params.io}} --rule={{params.rule}} > {{log:q}} 2>&1"
 
 
 def log_of(rule, *wildcards):
@@ -223,6 +223,7 @@ def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1
         params:
             cfg=cfg,
             io=io or _io(),
+            rule=name,  # named by the checksum records of its outputs
         threads: threads
         resources:
             **(resources or {}),
