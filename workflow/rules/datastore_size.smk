@@ -55,6 +55,7 @@ if len(NESTED_STORES) > 1:
             params:
                 cfg=cfg_json("retrieval", "knn"),
                 io=io(),
+                rule="exact_merge_nested",
             log:
                 log_of("exact_merge_nested", "lm", "store", "key", "metric", "split"),
             benchmark:

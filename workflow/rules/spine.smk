@@ -11,6 +11,7 @@ if CFG["data"]["download"]:
         params:
             cfg=cfg_json("data"),
             io=io(),
+            rule="download",
         log:
             log_of("download"),
         conda:
@@ -30,6 +31,7 @@ for _name in [n for n in LMS if not BACKEND[n].weights_artifact and CFG["lms"][n
         params:
             cfg=quoted_cfg(lms={_name: CFG["lms"][_name]}),
             io=io(fixed={"lm": _name}),
+            rule=f"download_lm_{_name.replace('-', '_').replace('.', '_')}",
         log:
             log_of(f"download_lm_{_name}"),
         conda:
