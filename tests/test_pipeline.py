@@ -324,7 +324,8 @@ def test_ngram_interpolation(tiny_run):
     base = df[(df["split"] == "valid") & (df["model"] == "base")]["PPL (token)"].iloc[0]
     absent = chosen["n-gram alone PPL (token)"] / base < PREMISE_RATIO
     for _, r in cmp.iterrows():
-        assert bool(r["premise"]) == (absent and r["comparison"] == "kNN-LM vs LM + n-gram (n tuned on valid)")
+        # a premise holds for every row that rests on it: each row of the order chosen on valid
+        assert bool(r["premise"]) == (absent and "LM + n-gram (n tuned on valid)" in r["comparison"])
     assert_figure(art(tiny_run, "figure", figure="ngram", ext="png"))
 
 
@@ -975,10 +976,10 @@ def test_findings_report(tiny_run):
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
     assert len(CLAIMS) == 93 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
-    # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by sign
-    # and two by size; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
+    # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by size,
+    # each with its sign; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
     follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021, Sec. 3"))]
-    assert len(follow) == 8 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
+    assert len(follow) == 6 and not any("not run" in r for r in follow) and all("the follow-up's" in r for r in follow)
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in follow)
     assert sum("nats per token" in r for r in follow) == 2
     # Khandelwal et al. 2020's k (tiny: k = 64): one row per doubling 1 → 2 … 32 → 64, k = 8 vs base, k = 8's share

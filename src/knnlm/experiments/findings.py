@@ -18,9 +18,14 @@ the edge of its grid.
 Every row names its resampling unit and how many it rests on ('units': WikiText articles when the text has article
 structure, else paragraphs or token blocks, with Kish's effective number n_eff), and the store and keys ('on').
 A claim that two settings are about as good ("IP is about as good as L2") is tested against a stated margin m:
-reproduced when the whole CI lies inside ±m, contradicted when it lies wholly outside. A claimed share of a gain
-("W_ds recovers about 55 %") is tested against a stated band around the paper's share (±10 percentage points) the
-same way. A statement the paper makes that depends on its own scale ("τ = 1 is near-optimal for the FAISS score",
+reproduced when the whole CI lies inside ±m, contradicted when it lies wholly outside; a claim of no effect or of a
+small one ("does not help", "only slightly") one-sided, reproduced when the CI's lower end stays above −m. Such a
+margin comes from the effect it judges: a share of its reference's own gain (a tenth for "no effect", a quarter for
+"little"; the claims table's 'margins'), measured on valid, and never narrower than what the run resolves there (the
+half-width of the row's own CI on valid); the row's claim states the margin it got and where it came from. A claimed
+share of a gain ("W_ds recovers about 55 %") is tested against a stated band around the paper's share (±10
+percentage points) the same way, and a stated size ("nearly 4 % better") against its band, with the sign it also
+states shown beside the verdict: one measurement, one row. A statement the paper makes that depends on its own scale ("τ = 1 is near-optimal for the FAISS score",
 a coincidence of its distance scale) is 'reported' with our number and no verdict; what transfers (tuning τ helps
 the FAISS score less than a real score) is tested. Column 'test' says whether a row is the paper's own comparison
 (its setting, τ and table: Tables 2 and 5-7 compare with the att/IP kNN-LM at τ = 1) or an extra one of ours. The paper
@@ -79,26 +84,31 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, equivalent_gain=None, id=None):
+           count_zero=False, verdicts=None, tau1=False, size=None, id=None):
     """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
-    fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, and 'pattern', the regular
+    fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
+    'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
     expression of the comparison rows it is tested on."""
+    for name, m in (("equivalent", equivalent), ("within", within)):
+        if isinstance(m, dict) and set(m) != {"share", "of"}:
+            raise TypeError(f"'{name}' as a mapping needs exactly 'share' and 'of', found {sorted(m)}")
     return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
-            "within": within, "share": share, "size": size, "about": about, "equivalent_gain": equivalent_gain,
-            "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
+            "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
-    """The claims of the claims table at `path` (YAML: 'paper_numbers', tables of the paper's perplexities by name,
-    and 'claims', the entries), each as _claim gives it. Raises ValueError naming the file and the entry for an
-    unknown field, a missing one, a duplicate id or an unknown table of paper numbers."""
+    """The claims of the claims table at `path` (YAML: 'margins', the shares of a reference's gain that the derived
+    margins use, by name, with their source; 'paper_numbers', tables of the paper's perplexities by name; and
+    'claims', the entries), each as _claim gives it. Raises ValueError naming the file and the entry for an unknown
+    field, a missing one, a duplicate id, an unknown table of paper numbers or margin."""
     import yaml
 
     path = Path(path)
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     tables = doc.get("paper_numbers") or {}
+    shares = {k: v["share"] for k, v in (doc.get("margins") or {}).items()}
     out, seen = [], set()
     for n, entry in enumerate(doc["claims"]):
         where = f"{path}: claim {entry.get('id', n)!r}"
@@ -117,6 +127,11 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
             e["share"] = (g[0] - g[1]) / (o[0] - o[1])
         if isinstance(e.get("unit"), list):
             e["unit"] = tuple(e["unit"])
+        for key in ("equivalent", "within"):  # a derived margin's share, by its name in 'margins'
+            if isinstance(e.get(key), dict) and isinstance(e[key].get("share"), str):
+                if e[key]["share"] not in shares:
+                    raise ValueError(f"{where}: '{key}.share' names no entry of 'margins' ({sorted(shares)})")
+                e[key] = {**e[key], "share": shares[e[key]["share"]]}
         try:
             out.append(_claim(**e))
         except TypeError as err:
@@ -267,13 +282,15 @@ def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
 def _paper(c: dict, b: str | None) -> tuple[str, int]:
     """(the paper's number as text, the sign of its a / b − 1) for claim `c` tested on a row whose b is `b`."""
     a_b = c["paper"].get(b) if isinstance(c["paper"], dict) else c["paper"]
+    derived = bool(c.get("margin_from")) or isinstance(c["within"], dict) or isinstance(c["equivalent"], dict)
     text = (f"{a_b[0]:.3f} vs {a_b[1]:.3f} ({100 * (a_b[0] / a_b[1] - 1):+.1f} %)" if a_b
-            else f"within {100 * c['within']:.0f} %" if c["within"]
+            else c["paper_text"] if derived and c["paper_text"]
+            else f"within {100 * c['within']:.2g} %" if c["within"] and not derived
             else f"{100 * c['share']:.1f} % (about: ±{100 * c['about']:.0f} pp)" if c["share"]
             else f"{100 * c['size']:+.1f} % (about: ±{100 * c['about']:.0f} pp)" if c["size"] is not None
             else c["paper_text"] if c["paper_text"] else "τ = 1 near τ*" if c["reported"] else "direction only")
-    if a_b and c["equivalent"]:
-        text += f"; about equal: within ±{100 * c['equivalent']:.0f} %"
+    if a_b and c["equivalent"] and not derived:
+        text += f"; about equal: within ±{100 * c['equivalent']:.2g} %"
     sign = c["sign"] if c["sign"] is not None else (-1 if a_b and a_b[0] < a_b[1] else 1 if a_b else 0)
     return text, sign
 
@@ -312,16 +329,38 @@ def _equal_rows_twin(r: pd.Series, df: pd.DataFrame) -> bool:
                                        c.startswith(f"share of the gain: {variant} of ")).any())
 
 
-def _with_gain_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
-    """Claim `c` with its 'equivalent' margin for row r when the margin scales with the effect (c['equivalent_gain']):
-    that share of |b vs base| on test, b the row's right side, named in the claim; a claim with no such row is tested
-    with a margin of 0 (nothing is 'about as good' as a model whose gain is not measured)."""
-    if not c.get("equivalent_gain"):
-        return c
-    b = r["comparison"].split(" vs ", 1)[1]
-    gain = df[(df["split"] == "test") & (df["comparison"] == f"{b} vs base")]["relative difference"]
-    margin = c["equivalent_gain"] * abs(float(gain.iloc[0])) if len(gain) else 0.0
-    return {**c, "equivalent": margin, "claim": f"{c['claim']}: here ±{100 * margin:.2f} %"}
+def _with_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
+    """Claim `c` with its margin for comparison row r where the claims table derives it from an effect (an
+    'equivalent' or 'within' given as {'share': s, 'of': '<comparison>' or a list of them, the first the table has;
+    '{a}' and '{b}' stand for r's two sides, '{g1}', '{g2}' … for the groups of the claim's pattern in r):
+    s × |relative difference| of comparison 'of' in the same table on valid, where the choice is made, and never
+    narrower than what the run resolves, the half-width of r's own 95 % CI on valid. The claim's text states the
+    margin it got and where it came from ('margin_from'). Without the 'of' row (or r's valid row) that part is 0."""
+    for key in ("equivalent", "within"):
+        spec = c.get(key)
+        if not isinstance(spec, dict):
+            continue
+        a, _, b = str(r["comparison"]).partition(" vs ")
+        m = re.fullmatch(c["pattern"], str(r["comparison"]))
+        groups = {f"g{i}": g for i, g in enumerate(m.groups() if m else (), start=1) if g is not None}
+        valid = df[df["split"] == "valid"] if "split" in df else df.iloc[0:0]
+
+        def first(name):
+            rows = valid[valid["comparison"] == name]
+            return rows.iloc[0] if len(rows) else None
+
+        names = [t.format(a=a, b=b, **groups) for t in ([spec["of"]] if isinstance(spec["of"], str) else spec["of"])]
+        of = next((n for n in names if first(n) is not None), names[0])  # the first reference the table has
+        ref, own = first(of), first(r["comparison"])
+        scaled = spec["share"] * abs(float(ref["relative difference"])) if ref is not None else 0.0
+        resolution = (float(own["CI high"]) - float(own["CI low"])) / 2 if own is not None else 0.0
+        margin = max(scaled, resolution)
+        how = (f"{spec['share']:.0%} of '{of}' on valid" if scaled >= resolution and ref is not None else
+               f"the half-width of its CI on valid, wider than {spec['share']:.0%} of '{of}' there" if ref is not None
+               else f"the half-width of its CI on valid; no row '{of}'")
+        sign = "±" if key == "equivalent" else ""
+        return {**c, key: margin, "margin_from": how, "claim": f"{c['claim']}: here {sign}{100 * margin:.2f} % ({how})"}
+    return c
 
 
 def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
@@ -365,6 +404,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     (TAU1_OFF), its verdict is the τ* twin's."""
     from ..statistics.documents import unit_count
 
+    if isinstance(c["within"], dict) or isinstance(c["equivalent"], dict):
+        raise ValueError(f"claim {c.get('id')!r}: its margin is derived from the run's rows; pass it through _with_margin")
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
     docs = int(r["documents"]) if "documents" in r and pd.notna(r["documents"]) else None
     eff = float(r["effective documents"]) if "effective documents" in r and pd.notna(r["effective documents"]) else None
@@ -405,6 +446,9 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     if base_undertrained and v in ("reproduced", "contradicted"):
         v = f"{v} (base LM under-trained)"
     counts[v] = counts.get(v, 0) + 1
+    if c["size"] is not None and v.startswith(("contradicted", "inconclusive")) and not v.startswith("inconclusive ("):
+        # one measurement, one row: a stated size ("nearly 4 % better") also states a sign, shown beside its verdict
+        v = f"{v} (its sign: {paper_verdict(r['verdict'], -1 if c['size'] < 0 else 1)})"
     if premise:
         v = f"not tested (premise absent: {premise})"
     elif isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
@@ -457,7 +501,7 @@ def findings(job: Job) -> dict:
             if sel.empty:
                 continue  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
         for _, r in sel.iterrows():
-            rows.append(_tested(_with_gain_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"],
+            rows.append(_tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"],
                                 scheme, undertrained, _tau1_off(c, r, sources)))
     cfg = job.cfg
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023), and of the follow-ups Drozdov et al. "
