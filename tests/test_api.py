@@ -535,3 +535,81 @@ def test_conveniences_loaded_model_peer_names_and_batches(knn_of, tmp_path):
         peer_settings({"lambda_": 0.1})
     with pytest.raises(ValueError, match="needs its tokenizer"):
         HuggingFaceLM(model)
+
+
+def _knn_of_arrays(n=16, vocab=50, **kw):
+    """A kNN-LM over n random keys of a stand-in LM (only what construction reads: its vocabulary size)."""
+    from types import SimpleNamespace
+
+    from knnlm.api import KNNLM
+
+    rng = np.random.default_rng(0)
+    lm = SimpleNamespace(vocab_size=vocab, dim=8)
+    opts = {"key": "att", "metric": "l2", "k": 4, "temperature": 1.0, "lam": 0.25, "mask": "exact", **kw}
+    vals = kw.pop("vals", None)
+    opts.pop("vals", None)
+    return KNNLM(lm, rng.standard_normal((n, 8)).astype(np.float16),
+                 rng.integers(0, vocab, n).astype(np.int32) if vals is None else vals, **opts)
+
+
+def test_every_setting_is_checked_at_construction_and_on_assignment():
+    """k, τ and λ are properties: a string, a bool, NaN or a value out of range is refused with the setting's name, at
+    construction and on assignment (knn.lam = 1.7 used to make generate return garbage); k may not exceed the
+    datastore; vals outside the LM's vocabulary are refused before any score (a silently wrong perplexity)."""
+    knn = _knn_of_arrays()
+    for name, bad, err, msg in (("lam", 1.7, ValueError, r"lam must be >= 0 and <= 1, found 1.7"),
+                                ("lam", float("nan"), ValueError, "lam must be finite"),
+                                ("temperature", 0, ValueError, r"temperature must be > 0, found 0"),
+                                ("temperature", "1.0", TypeError, "temperature must be a number, found str '1.0'"),
+                                ("k", "64", TypeError, "k must be an integer, found str '64'"),
+                                ("k", True, TypeError, "k must be an integer, found bool"),
+                                ("k", 17, ValueError, r"k must be >= 1 and <= 16, found 17")):
+        with pytest.raises(err, match=msg):
+            setattr(knn, name, bad)
+        with pytest.raises(err, match=msg):
+            _knn_of_arrays(**{name: bad})
+    knn.lam, knn.temperature, knn.k = np.float64(0.5), 2, np.int64(16)
+    assert (knn.lam, knn.temperature, knn.k) == (0.5, 2.0, 16) and type(knn.k) is int
+    with pytest.raises(ValueError, match=r"vals: token ids 0 … 50, outside the LM's vocabulary of 50"):
+        _knn_of_arrays(vals=np.append(np.zeros(15, np.int32), 50))
+
+
+def test_tune_refuses_grids_the_config_schema_refuses():
+    from knnlm.config import ConfigError
+
+    knn = _knn_of_arrays()
+    for grids, msg in (({"temperature": {"step": -0.1}}, r"'temperature\.step'.*found -0\.1"),
+                       ({"knn": {"lambda_steps": 1}}, r"'knn\.lambda_steps'.*found 1"),
+                       ({"temprature": {}}, r"grids has sections \['temprature'\]")):
+        with pytest.raises((ConfigError, ValueError), match=msg):
+            knn.tune("a b c\n", grids=grids)
+
+
+def test_a_bundle_config_is_checked_naming_the_file_and_the_key(tmp_path):
+    from knnlm.api import BUNDLE_CONFIG, BUNDLE_FORMAT, read_bundle_config
+    from knnlm.io import ArtifactError
+
+    good = {"format": BUNDLE_FORMAT, "lm": {"source": "hf", "model": str(tmp_path / "gone")}, "key": "att",
+            "metric": "l2", "k": 8, "temperature": 1.0, "lambda": 0.25, "nprobe": 4, "mask": "faiss",
+            "score": "faiss", "index": None, "context_window": 16, "max_tokens": 512}
+    path = tmp_path / BUNDLE_CONFIG
+    for change, msg in (({"k": "64"}, r"key 'k': expected int, found str '64'"),
+                        ({"k": 0}, r"key 'k': k must be >= 1, found 0"),
+                        ({"lambda": 1.5}, r"key 'lambda': lambda must be >= 0 and <= 1"),
+                        ({"metric": "cos"}, r"key 'metric': expected one of \['l2', 'ip'\], found 'cos'"),
+                        ({"k": None}, r"key 'k': expected int, found NoneType")):
+        path.write_text(json.dumps({**good, **change}))
+        with pytest.raises(ArtifactError, match=f"{BUNDLE_CONFIG}: {msg}"):
+            read_bundle_config(tmp_path)
+    path.write_text(json.dumps({k: v for k, v in good.items() if k != "k"}))
+    with pytest.raises(ArtifactError, match=r"key 'k' is missing"):
+        read_bundle_config(tmp_path)
+    path.write_text('{"format": 1, "k": ')
+    with pytest.raises(ArtifactError, match=f"{BUNDLE_CONFIG}: not valid JSON"):
+        read_bundle_config(tmp_path)
+    path.write_text(json.dumps(good))
+    assert read_bundle_config(tmp_path) == good
+    from knnlm.api import KNNLM
+
+    with pytest.raises(ArtifactError, match=r"the bundle's LM '.*gone' is not there .*pass the same weights as lm="):
+        KNNLM.from_pretrained(tmp_path)

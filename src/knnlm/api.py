@@ -57,6 +57,76 @@ def peer_settings(given: dict) -> dict:
     return out
 
 
+def check_setting(name: str, value, *, integer: bool = False, lo: float | None = None, hi: float | None = None,
+                  lo_open: bool = False) -> float | int:
+    """`value` of the kNN-LM setting `name` (k, temperature, lam, nprobe) checked: a number (an integer when `integer`;
+    not a bool or a string), finite, within [lo, hi] (lo excluded when `lo_open`). Returns it as int or float.
+    Raises TypeError or ValueError naming the setting, what it must be and what was found."""
+    import math
+    import numbers
+
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral if integer else numbers.Real):
+        raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}, found {type(value).__name__} {value!r}")
+    v = int(value) if integer else float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, found {value!r}")
+    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        low = "" if lo is None else f"{'>' if lo_open else '>='} {lo:g}"
+        high = "" if hi is None else f"<= {hi:g}"
+        raise ValueError(f"{name} must be {' and '.join(x for x in (low, high) if x)}, found {value!r}")
+    return v
+
+
+def _token_range(vals) -> tuple[int, int]:
+    """(smallest, largest) val of [N] int vals, a memmap read in chunks (its pages leave the RSS)."""
+    from .io import iter_chunks
+
+    lo, hi = None, None
+    for s, e in iter_chunks(len(vals), 1 << 24, vals):
+        part = np.asarray(vals[s:e])
+        lo = int(part.min()) if lo is None else min(lo, int(part.min()))
+        hi = int(part.max()) if hi is None else max(hi, int(part.max()))
+    return lo, hi
+
+
+# the fields of BUNDLE_CONFIG that from_pretrained reads, with their JSON types
+BUNDLE_FIELDS = {"format": (int,), "lm": (dict,), "key": (str,), "metric": (str,), "k": (int,),
+                 "temperature": (int, float), "lambda": (int, float), "nprobe": (int, type(None)), "mask": (str,),
+                 "score": (str,), "index": (dict, type(None)), "context_window": (int,), "max_tokens": (int,)}
+
+
+def read_bundle_config(bundle: str | Path) -> dict:
+    """BUNDLE_CONFIG of the bundle folder `bundle` (KNNLM.save_pretrained), checked before anything is loaded: a JSON
+    object of this version's format with every field of BUNDLE_FIELDS of its type, k ≥ 1, τ > 0, λ in [0, 1], a
+    known key type, metric, mask and score. Raises ArtifactError naming the file and the key on any fault (a missing
+    file, invalid JSON, a missing key, a wrong type or value)."""
+    path = Path(bundle) / BUNDLE_CONFIG
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no bundle config (a folder written by KNNLM.save_pretrained)")
+    c = read_json(path)
+    if not isinstance(c, dict):
+        raise ArtifactError(f"{path}: expected a JSON object, found {type(c).__name__}")
+    if c.get("format") != BUNDLE_FORMAT:
+        raise ArtifactError(f"{path}: bundle format {c.get('format')!r}, this version reads {BUNDLE_FORMAT}")
+    for name, types in BUNDLE_FIELDS.items():
+        if name not in c:
+            raise ArtifactError(f"{path}: key {name!r} is missing (KNNLM.save_pretrained writes it)")
+        if isinstance(c[name], bool) or not isinstance(c[name], types):
+            raise ArtifactError(f"{path}: key {name!r}: expected {' or '.join(t.__name__ for t in types)}, found "
+                                f"{type(c[name]).__name__} {c[name]!r}")
+    allowed = {"key": ("att", "ffn"), "metric": ("l2", "ip"), "mask": MASKS, "score": SCORES}
+    for name, values in allowed.items():
+        if c[name] not in values:
+            raise ArtifactError(f"{path}: key {name!r}: expected one of {list(values)}, found {c[name]!r}")
+    try:
+        check_setting("k", c["k"], integer=True, lo=1)
+        check_setting("temperature", c["temperature"], lo=0.0, lo_open=True)
+        check_setting("lambda", c["lambda"], lo=0.0, hi=1.0)
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"{path}: key {str(e).split()[0]!r}: {e}") from None
+    return c
+
+
 def count_words(lines: list[str]) -> int:
     """WikiText words of `lines`: whitespace words plus one <eos> per line (knnlm.data.count_words)."""
     return sum(len(x.split()) for x in lines) + len(lines)
@@ -121,14 +191,19 @@ class KNNLM:
             raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
         if mask not in MASKS or score not in SCORES:
             raise ValueError(f"mask must be one of {MASKS} and score one of {SCORES}, found {mask!r}, {score!r}")
-        if not (temperature > 0 and 0 <= lam <= 1 and k >= 1):
-            raise ValueError(f"need temperature > 0, 0 <= lam <= 1, k >= 1; found {temperature}, {lam}, {k}")
         if (mask == "exact" or score == "real") and keys is None:
             raise ValueError(f"mask {mask!r} / score {score!r} needs the datastore's keys")
         if mask == "faiss" and index is None:
             raise ValueError("mask 'faiss' needs an index (or use mask='exact')")
         self.lm, self.keys, self.vals = lm, keys, np.asarray(vals) if not isinstance(vals, np.memmap) else vals
-        self.key, self.metric, self.k, self.temperature, self.lam = key, metric, int(k), float(temperature), float(lam)
+        vocab = getattr(lm, "vocab_size", None)
+        if vocab is not None and len(self.vals):  # a val outside the LM's vocabulary: another tokenizer's datastore
+            lo, hi = _token_range(self.vals)
+            if lo < 0 or hi >= int(vocab):
+                raise ValueError(f"{getattr(self.vals, 'filename', None) or 'vals'}: token ids {lo} … {hi}, outside the "
+                                 f"LM's vocabulary of {int(vocab)} (a datastore of another tokenizer?)")
+        self.key, self.metric = key, metric
+        self.k, self.temperature, self.lam = k, temperature, lam  # checked by their setters
         self.mask, self.score_from = mask, score
         self.context_window, self.max_tokens = int(context_window), int(max_tokens)
         self.threads = threads
@@ -138,6 +213,33 @@ class KNNLM:
         self._index, self.nprobe = None, nprobe
         if index is not None:
             self._set_index(index, nprobe)
+
+    @property
+    def k(self) -> int:
+        """Neighbours per query: an integer from 1 to the datastore's size; checked on assignment."""
+        return self._k
+
+    @k.setter
+    def k(self, value) -> None:
+        self._k = check_setting("k", value, integer=True, lo=1, hi=len(self.vals) if self.vals is not None else None)
+
+    @property
+    def temperature(self) -> float:
+        """τ of Eq. 5, > 0; checked on assignment."""
+        return self._temperature
+
+    @temperature.setter
+    def temperature(self, value) -> None:
+        self._temperature = check_setting("temperature", value, lo=0.0, lo_open=True)
+
+    @property
+    def lam(self) -> float:
+        """λ of Eq. 5, in [0, 1]; checked on assignment."""
+        return self._lam
+
+    @lam.setter
+    def lam(self, value) -> None:
+        self._lam = check_setting("lam", value, lo=0.0, hi=1.0)
 
     def _set_index(self, index, nprobe):
         import faiss
@@ -310,17 +412,16 @@ class KNNLM:
         from_datastore (the LM must reproduce the stored keys). Raises ArtifactError naming BUNDLE_CONFIG when it is
         missing or of another format, and when the LM does not reproduce the keys (naming both identities)."""
         path = Path(bundle) / BUNDLE_CONFIG
-        if not path.is_file():
-            raise ArtifactError(f"{path}: no bundle config (a folder written by KNNLM.save_pretrained)")
-        c = read_json(path)
-        if c.get("format") != BUNDLE_FORMAT:
-            raise ArtifactError(f"{path}: bundle format {c.get('format')!r}, this version reads {BUNDLE_FORMAT}")
+        c = read_bundle_config(bundle)
         if lm is None:
             if c["lm"].get("source") != "hf":
                 raise ArtifactError(f"{path}: the bundle's LM is a {c['lm'].get('source')} checkpoint "
                                     f"({c['lm'].get('checkpoint')}): pass it as lm= (FairseqLM)")
-            lm = HuggingFaceLM(c["lm"]["model"], dtype=c["lm"].get("dtype") or "float32",
-                               revision=c["lm"].get("revision"))
+            model = str(c["lm"].get("model") or "")
+            if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+                raise ArtifactError(f"{path}: the bundle's LM {model!r} is not there (moved or deleted): pass the same "
+                                    "weights as lm= (HuggingFaceLM(<its new folder>))")
+            lm = HuggingFaceLM(model, dtype=c["lm"].get("dtype") or "float32", revision=c["lm"].get("revision"))
         opts = {"k": c["k"], "temperature": c["temperature"], "lam": c["lambda"], "nprobe": c["nprobe"],
                 "mask": c["mask"], "score": c["score"],
                 **peer_settings({n: v for n, v in settings.items() if n in PEER_NAMES}),
@@ -463,17 +564,24 @@ class KNNLM:
         overrides them. Sets τ, λ to (τ*, λ*) when `tuned`, else λ at the current τ, and records where they were
         tuned (saved with a bundle). Returns {'temperature', 'lambda' (at the current τ), 'tuned_temperature',
         'tuned_lambda', 'tau_grid', 'tau_edge', 'tokens', 'valid_nll_per_token' (interpolated, at each)}. Raises
-        ValueError for an empty text."""
+        ValueError for an empty text and ConfigError naming the key for a grid the config schema refuses (a step
+        ≤ 0, fewer than 2 λ steps, ...)."""
         import hashlib
 
         from .config import extend_while_on_edge, tau_edge, temperatures
         from .scoring.interpolation import (interpolate, knn_log_prob_from_cache, lambda_grid,
                                             sweep_temperature_from_cache, tune_lambda, tune_temperature)
 
+        from .config import check_section
+
         lines = text_lines(valid_text)
         if not lines:
             raise ValueError("tune: empty text")
-        c = {n: self._section(n, (grids or {}).get(n)) for n in ("knn", "temperature")}
+        unknown = sorted(set(grids or {}) - {"knn", "temperature"})
+        if unknown:
+            raise ValueError(f"tune: grids has sections {unknown}; expected 'knn' and/or 'temperature'")
+        c = {n: check_section(n, self._section(n, (grids or {}).get(n)), f"tune: grids['{n}']")
+             for n in ("knn", "temperature")}
         run = self.lm_pass(self.lm.encode(lines))
         ids, dists = self.neighbours(run["keys"])  # the one search the whole tuning reads
         lp_lm, targets = run["lp_lm"], run["targets"]
@@ -509,12 +617,13 @@ class KNNLM:
     def compare(self, text: str | list[str], against="lm", stats: dict | None = None) -> dict:
         """The paired comparison the pipeline's tables make, on a text: this kNN-LM's perplexity per word relative
         to `against` ('lm': its base LM, as Table 1's 'vs base' rows; or another KNNLM of the same LM), ppl_a / ppl_b
-        − 1, with the 95 % interval over the text's documents (found as the pipeline finds a split's: config
-        'stats.documents', WikiText articles when the text has their headings; knnlm.statistics.documents) and the
-        verdict (knnlm.statistics.intervals.compare, config section 'stats' of the run or its defaults, `stats`
-        overriding). Returns {'comparison', 'relative difference', 'CI low', 'CI high', 'verdict', 'documents',
-        'effective', 'unit', 'ppl': {name: {'value', 'lo', 'hi'}}}. Raises ValueError when `against` is a kNN-LM of
-        another tokenizer (other targets) or the text has fewer than 2 documents."""
+        − 1, with the 95 % interval over the text's documents (found as the pipeline finds a split's, config
+        'stats.documents': with 'auto', WikiText articles when the text has at least 'stats.target_documents' of
+        their headings, else paragraphs or token blocks; the result's 'unit' says which; knnlm.statistics.documents)
+        and the verdict (knnlm.statistics.intervals.compare, config section 'stats' of the run or its defaults,
+        `stats` overriding). Returns {'comparison', 'relative difference', 'CI low', 'CI high', 'verdict',
+        'documents', 'effective', 'unit', 'ppl': {name: {'value', 'lo', 'hi'}}}. Raises ValueError when `against` is
+        a kNN-LM of another tokenizer (other targets) or fewer than 2 documents are found."""
         from .statistics.documents import SCHEME_NAMES, lines_token_documents
         from .statistics.intervals import compare as paired, per_document
 
@@ -524,6 +633,9 @@ class KNNLM:
         doc, scheme, _ = lines_token_documents(lines, enc["line"], st["documents"], st["block_tokens"],
                                                st["target_documents"])
         doc_words = np.bincount(doc, weights=enc["words"]).astype(np.int64)
+        if len(doc_words) < 2:
+            raise ValueError(f"compare: the text has {len(doc_words)} document ({SCHEME_NAMES[scheme]}); an interval over "
+                             "documents needs at least 2")
         mine = self.score(lines)
         name = f"kNN-LM {self.key}/{self.metric.upper()}"
         if isinstance(against, str):

@@ -51,6 +51,19 @@ def _fill_defaults(node: Any, schema: dict) -> Any:
     return node
 
 
+def check_section(section: str, values: dict, source: str) -> dict:
+    """Config section `section` given as `values` (e.g. the grids of KNNLM.tune), with the schema's defaults filled
+    in and checked against the schema. Returns the filled section. Raises ConfigError naming `source`, the key, what
+    was expected and what was found."""
+    sub = load_schema()["properties"][section]
+    filled = _fill_defaults(copy.deepcopy(values), sub)
+    errors = sorted(jsonschema.Draft202012Validator(sub).iter_errors(filled), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(f"{source}: " + "; ".join(_describe(e).replace("config key '", f"config key '{section}.", 1)
+                                                   for e in errors))
+    return filled
+
+
 def _describe(err: jsonschema.ValidationError) -> str:
     key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
     sch = err.schema if isinstance(err.schema, dict) else {}
