@@ -613,3 +613,34 @@ def test_a_bundle_config_is_checked_naming_the_file_and_the_key(tmp_path):
 
     with pytest.raises(ArtifactError, match=r"the bundle's LM '.*gone' is not there .*pass the same weights as lm="):
         KNNLM.from_pretrained(tmp_path)
+
+
+def test_build_a_knn_lm_from_any_model_and_text(tmp_path, wikitext2_dir):
+    """KNNLM.build from a Hugging Face LM and a text file, without a pipeline run: the datastore holds a row per
+    token of the text (vals = the text's tokens), its manifest the LM's identity, the windows and the text's sha256;
+    the kNN-LM it returns scores a text, and its keys verify against the LM; a text shorter than k is refused."""
+    import hashlib
+
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM
+    from knnlm.io import ArtifactError
+
+    model = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join((wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:60]),
+                      encoding="utf-8")
+    lm = HuggingFaceLM(str(model))
+    knn = KNNLM.build(lm, corpus, tmp_path / "ds", k=16, context_window=16, max_tokens=512, threads=1)
+    ids = lm.encode(corpus.read_text(encoding="utf-8").splitlines(True))
+    np.testing.assert_array_equal(np.asarray(knn.vals), ids)
+    man = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert man["N"] == len(ids) and man["context_window"] == 16 and man["tokens_per_sample"] == lm.tokens_per_sample
+    assert man["data_sha256"] == hashlib.sha256(corpus.read_text(encoding="utf-8").encode()).hexdigest()
+    assert (knn.k, knn.temperature, knn.lam, knn.key, knn.metric) == (16, 1.0, 0.25, "att", "l2")
+    assert knn.verify()["matches"][0] == "att"
+    out = knn.score("The tower was built in 1890 .\n")
+    assert np.isfinite(out.ppl_word) and len(out.lp) == len(out.lp_lm)
+    with pytest.raises(ValueError, match=r"fewer than k = 100000"):
+        KNNLM.build(lm, "a b c\n", tmp_path / "small", k=100000)
+    with pytest.raises(ArtifactError, match="missing text file"):
+        KNNLM.build(lm, tmp_path / "absent.txt", tmp_path / "none")

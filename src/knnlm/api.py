@@ -737,48 +737,67 @@ class KNNLM:
             raise ValueError("logits_processor needs a Hugging Face LM; use KNNLM.generate for fairseq LMs")
         return KNNLogitsProcessor(self)
 
-    # ---- a datastore from other text ---------------------------------------------------------------------------
-    def build_datastore(self, text: str | list[str], out_dir: str | Path, index: dict | None = None,
-                        threads: int = 2) -> "KNNLM":
-        """Dump this LM's keys (att and ffn, [N, D] fp16) and vals ([N] int32) over `text` into out_dir with their
-        manifest (knnlm.paths.DatastoreLayout, the run's datastore files) and build an IVFPQ index of key type
-        self.key with self.metric (parameters: config section 'index',
-        `index` overriding the defaults). Returns a KNNLM with the same LM and settings on that datastore (the
-        domain-adaptation use of Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer
-        tokens than k."""
+    # ---- a datastore from any text ------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, lm, text, out_dir: str | Path, key: str = "att", metric: str = "l2", *, k: int = 1024,
+              temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
+              context_window: int = 0, max_tokens: int = 4096, index: dict | None = None, threads: int = 2,
+              verify: bool = False) -> "KNNLM":
+        """A kNN-LM from any supported LM and any text, without a pipeline run (Khandelwal et al. 2020; Xu et al.
+        2023, Eq. 5): dump the LM's keys (att and ffn, [N, D] fp16) and vals ([N] int32) over the text's tokens in its
+        sliding windows (tokens_per_sample, `context_window`), record the manifest (the LM's identity, the windows,
+        the text's sha256), build the IVFPQ index of (key, metric) (config section 'index', `index` overriding its
+        defaults) in out_dir (knnlm.paths.DatastoreLayout), and return the kNN-LM on it.
+
+        lm: FairseqLM or HuggingFaceLM; text: a string, a list of lines, or a file (a pathlib.Path) or a list of
+        files, read as UTF-8; k, temperature, lam, mask, score: the kNN-LM's settings (Khandelwal et al.'s
+        defaults; tune() sets τ and λ on a validation text); verify: recompute a sample of keys (verify()). Raises
+        ValueError for a text of fewer tokens than k, and ArtifactError naming a file that is missing."""
+        import hashlib
+
         from .lm import LMPass
         from .datastore.dump import dump_datastore
         from .lm.windows import window_states
 
+        if isinstance(text, Path) or (isinstance(text, list) and text and all(isinstance(t, Path) for t in text)):
+            files = [text] if isinstance(text, Path) else text
+            missing = [str(f) for f in files if not f.is_file()]
+            if missing:
+                raise ArtifactError(f"KNNLM.build: missing text file(s) {missing}")
+            text = "".join(f.read_text(encoding="utf-8") for f in files)
+        lines = text_lines(text)
+        ids = lm.encode(lines)
+        k = check_setting("k", k, integer=True, lo=1)
+        if len(ids) < k:
+            raise ValueError(f"KNNLM.build: the text has {len(ids)} tokens, fewer than k = {k}")
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        lines = text_lines(text)
-        ids = self.lm.encode(lines)
-        if len(ids) < self.k:
-            raise ValueError(f"build_datastore: {len(ids)} tokens, fewer than k = {self.k}")
-        stream = np.concatenate([[self.lm.start], ids])
-        d = int(self.keys.shape[1]) if self.keys is not None else None
+        stream = np.concatenate([[lm.start], ids])
 
         def states(split, lp):
-            return window_states(self.lm.forward, stream, self.lm.tokens_per_sample, self.context_window,
-                                 self.max_tokens, lp, desc="datastore")
-
-        import hashlib
+            return window_states(lm.forward, stream, lm.tokens_per_sample, context_window, max_tokens, lp,
+                                 desc="datastore")
 
         digest = hashlib.sha256("".join(lines).encode()).hexdigest()
-        if d is None:
-            d = int(next(iter(states("train", False)))[self.key].shape[1])
-        lmp = LMPass(n=lambda split: len(ids), d=d, states=states,
-                     identity=lambda split: {**self.lm.identity, "data_sha256": digest,
-                                             "context_window": self.context_window,
-                                             "tokens_per_sample": self.lm.tokens_per_sample})
+        lmp = LMPass(n=lambda split: len(ids), d=int(lm.dim), states=states,
+                     identity=lambda split: {**lm.identity, "data_sha256": digest, "context_window": context_window,
+                                             "tokens_per_sample": lm.tokens_per_sample})
         ds = DatastoreLayout(out)
-        paths = {kt: ds.path("keys", key=kt) for kt in ("att", "ffn")}
-        dump_datastore(lmp, paths, ds.path("vals"), ds.path("manifest"), threads)
-        return KNNLM.from_datastore(self.lm, out, self.key, self.metric, k=self.k, temperature=self.temperature,
-                                    lam=self.lam, mask=self.mask, score=self.score_from, nprobe=None,
-                                    index={**(self.index_params or {}), **(index or {})},
-                                    context_window=self.context_window, max_tokens=self.max_tokens, threads=threads)
+        dump_datastore(lmp, {kt: ds.path("keys", key=kt) for kt in ("att", "ffn")}, ds.path("vals"),
+                       ds.path("manifest"), threads)
+        return cls.from_datastore(lm, out, key, metric, k=k, temperature=temperature, lam=lam, mask=mask,
+                                  score=score, nprobe=None, index=index, context_window=context_window,
+                                  max_tokens=max_tokens, threads=threads, verify=verify)
+
+    def build_datastore(self, text: str | list[str], out_dir: str | Path, index: dict | None = None,
+                        threads: int = 2) -> "KNNLM":
+        """KNNLM.build with this kNN-LM's LM, key type, metric, k, τ, λ, mask, score, windows and index parameters
+        (`index` overriding them): the same settings on a datastore of other text (the domain-adaptation use of
+        Khandelwal et al. 2020, Sec. 4.3). Raises ValueError when the text has fewer tokens than k."""
+        return type(self).build(self.lm, text, out_dir, self.key, self.metric, k=self.k, temperature=self.temperature,
+                                lam=self.lam, mask=self.mask, score=self.score_from,
+                                context_window=self.context_window, max_tokens=self.max_tokens,
+                                index={**(self.index_params or {}), **(index or {})}, threads=threads)
 
 
 def load_run_lm(cfg: dict, lm: str) -> LanguageModel:
