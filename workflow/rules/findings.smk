@@ -18,6 +18,9 @@ knnlm_rule(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         documents=per_split("documents"),  # the resampling unit each row names
         table1=artifact("table", table="table1_comparisons", ext="csv"),
+        # the regime table: the base LM's perplexity (Table 1) and its vocabulary (the rows per vocabulary entry)
+        table1_table=artifact("table", table="table1", ext="csv"),
+        vocabulary=artifact("data_bin") if BACKEND[PRIMARY].run_tokens else artifact("model_card", lm=PRIMARY),
         # Table 3's claims on every token when 'retrieval.table3_all_tokens' (table3_all), else on the scope
         table3=artifact("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),
         table3_table=artifact("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),

@@ -84,7 +84,7 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, id=None):
+           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None):
     """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
     fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
     'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
@@ -95,7 +95,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
             "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
-            "comparison": comparison, "pattern": comparison if regex else re.escape(comparison)}
+            "comparison": comparison, "pattern": comparison if regex else re.escape(comparison),
+            "regime": regime}
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
@@ -109,6 +110,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
     doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     tables = doc.get("paper_numbers") or {}
     shares = {k: v["share"] for k, v in (doc.get("margins") or {}).items()}
+    axes, by_source = doc.get("regime") or {}, doc.get("regime_of_source") or {}
     out, seen = [], set()
     for n, entry in enumerate(doc["claims"]):
         where = f"{path}: claim {entry.get('id', n)!r}"
@@ -132,11 +134,24 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
                 if e[key]["share"] not in shares:
                     raise ValueError(f"{where}: '{key}.share' names no entry of 'margins' ({sorted(shares)})")
                 e[key] = {**e[key], "share": shares[e[key]["share"]]}
+        e.setdefault("regime", by_source.get(e.get("source"), []))
+        unknown = sorted(set(e["regime"]) - set(axes))
+        if unknown:
+            raise ValueError(f"{where}: 'regime' names axes {unknown} that 'regime' does not define ({sorted(axes)})")
         try:
             out.append(_claim(**e))
         except TypeError as err:
             raise ValueError(f"{where}: {err}") from None
     return out
+
+
+def load_regime(path: str | Path = CLAIMS_FILE) -> dict:
+    """The regime axes of the claims table at `path` ('regime': {axis: {'name', 'paper', 'factor', 'source'}}): what a
+    claim's outcome may depend on where this run is far from the paper's, and how far (a factor) still counts as the
+    paper's regime."""
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text(encoding="utf-8")).get("regime") or {}
 
 
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
@@ -146,6 +161,7 @@ TAU1_OFF = "reported (τ = 1 is off τ* here: the verdict is at τ*)"
 PREMISE_ABSENT = "not tested (premise absent)"
 SUBSET = TRAINING_SUBSET_LABEL  # the kNN-LM on the alternatives' training rows
 CLAIMS = load_claims()
+REGIME = load_regime()
 
 
 def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -468,6 +484,72 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
             "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens", "units": units, "verdict": v}
 
 
+def _vocabulary_size(job: Job) -> int | None:
+    """V, the base LM's vocabulary size, from input 'vocabulary': a fairseq LM's binarised data (its dict.txt and
+    fairseq's 4 special symbols) or a Hugging Face LM's model card ('vocab_size'); None without it."""
+    if not job.input.get("vocabulary"):
+        return None
+    p = job.path("vocabulary")
+    if p.is_dir():
+        with open(p / "dict.txt", encoding="utf-8") as f:
+            return 4 + sum(1 for line in f if line.strip())
+    return read_json(p).get("vocab_size")
+
+
+def regime_values(job: Job, settings: dict | None) -> dict[str, tuple[float, str]]:
+    """This run's value of each regime axis (REGIME) with its text: 'lm', the base LM's test perplexity per word
+    (input 'table1_table'); 'store', the datastore's rows per vocabulary entry (the Table 3 store's N, from its
+    settings JSON `settings`, over V, input 'vocabulary'); 'scan', the keys its FAISS search scanned per test query as
+    a multiple of k (config 'knn.k'), with its recall@k. An axis the inputs do not give is left out (not measured)."""
+    out = {}
+    if job.input.get("table1_table"):
+        t = pd.read_csv(job.path("table1_table"))
+        base = t[(t["split"] == "test") & (t["model"] == "Base LM")]
+        if len(base):
+            v = float(base["PPL (word)"].iloc[0])
+            out["lm"] = (v, f"{v:,.2f}")
+    vocab = _vocabulary_size(job)
+    n = ((settings or {}).get("store_meta") or {}).get("N")
+    if n and vocab:
+        out["store"] = (n / vocab, f"{n / vocab:,.0f} ({n:,} rows over {vocab:,} entries)")
+    scan = ((settings or {}).get("scan") or {}).get("test") or {}
+    if scan.get("keys_scanned_per_query"):
+        m = scan["keys_scanned_per_query"] / job.cfg["knn"]["k"]
+        rec = settings["recall"].get("test") if isinstance(settings.get("recall"), dict) else None
+        out["scan"] = (m, f"{m:,.1f}·k" + (f", recall@k {rec:.2f}" if rec is not None else ""))
+    return out
+
+
+def _in_regime(axis: str, values: dict) -> bool | None:
+    """Whether this run's value of regime axis `axis` lies within its factor of the paper's (None: not measured)."""
+    if axis not in values:
+        return None
+    a = REGIME[axis]
+    return a["paper"] / a["factor"] <= values[axis][0] <= a["paper"] * a["factor"]
+
+
+def regime_rows(values: dict) -> list[dict]:
+    """The regime table that heads the findings: per axis of REGIME, the paper's value, this run's, and whether it
+    counts as the paper's regime (within the axis's factor), with the paper's source."""
+    rows = []
+    for axis, a in REGIME.items():
+        inside = _in_regime(axis, values)
+        rows.append({"axis": a["name"], "the paper": f"{a['paper']:,g}", "this run": values[axis][1] if axis in values
+                     else "not measured", f"the paper's regime (within a factor)": "-" if inside is None else
+                     (f"yes (×{a['factor']:g})" if inside else f"no (×{values[axis][0] / a['paper']:.2g}; "
+                      f"within ×{a['factor']:g} counts)"), "source": a["source"]})
+    return rows
+
+
+def regime_label(c: dict, values: dict) -> str:
+    """The regime column of claim `c`'s rows: the axes its claim rests on (its 'regime') where this run is outside
+    the paper's regime, 'the paper's' where none is, and the axes not measured."""
+    out = [REGIME[a]["name"] for a in c["regime"] if _in_regime(a, values) is False]
+    unmeasured = [REGIME[a]["name"] for a in c["regime"] if _in_regime(a, values) is None]
+    text = ("differs: " + "; ".join(out)) if out else "the paper's" if c["regime"] else "-"
+    return text + (f" (not measured: {'; '.join(unmeasured)})" if unmeasured else "")
+
+
 def findings(job: Job) -> dict:
     """The findings report (Markdown): every claim of CLAIMS with the paper's number, ours (test split) with its
     95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
@@ -478,7 +560,8 @@ def findings(job: Job) -> dict:
     scheme = documents_scheme(job)["scheme"] if job.input.get("documents") else job.cfg["stats"]["documents"]
     primary = job.paths("lm_training")[0] if job.input.get("lm_training") else None
     undertrained = primary is not None and read_json(primary)["converged"].startswith("no")
-    rows, counts = [], {}
+    values = regime_values(job, read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None)
+    rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
     for c in CLAIMS:
         df, label = sources.get(c["source"], (None, ""))
         if c["source"] in ("small_store", "small_tuning") and small is not None and abs(small["ratio"] - 0.05) > 1e-9:
@@ -493,7 +576,7 @@ def findings(job: Job) -> dict:
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
                          "comparison (a vs b)": c["comparison"], "paper": _paper(c, None)[0],
                          "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
-                         "verdict": "not run (target 'extras')" if left_out else "not run"})
+                         "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-"})
             counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1
             continue
         if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
@@ -501,8 +584,13 @@ def findings(job: Job) -> dict:
             if sel.empty:
                 continue  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
         for _, r in sel.iterrows():
-            rows.append(_tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"],
-                                scheme, undertrained, _tau1_off(c, r, sources)))
+            row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
+                          undertrained, _tau1_off(c, r, sources))
+            row["regime"] = regime_label(c, values)
+            where = by_regime["the paper's" if row["regime"].startswith("the paper's") else "another"]
+            kind = row["verdict"].split(" (")[0]
+            where[kind] = where.get(kind, 0) + 1
+            rows.append(row)
     cfg = job.cfg
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023), and of the follow-ups Drozdov et al. "
             f"(2022) and He et al. (2021), tested on this run\n\n",
@@ -516,6 +604,11 @@ def findings(job: Job) -> dict:
                "W_sm, so the claims that need it (the parametric alternatives of Sec. 4 and App. B-C, App. E.1-E.4 and "
                "E.6.3, and the follow-ups' per-token features) are not run." if cfg.get("adaptive_softmax") else "")
             + "\n\n",
+            "Regime: where this run stands against the paper on what its claims may depend on (claims.yaml 'regime'; "
+            "each row's 'regime' names the axes its claim rests on where this run is outside the paper's regime). "
+            + "; ".join(f"verdicts in {w} regime: " + (", ".join(f"{n} {k}" for k, n in sorted(v.items())) or "none")
+                        for w, v in by_regime.items()) + ".\n\n",
+            pd.DataFrame(regime_rows(values)).to_markdown(index=False) + "\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
