@@ -202,7 +202,10 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
     if s is not None:
-        rows = [r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)]
+        from ..scoring.settings import tau_edges
+        from ..statistics.captions import flag_edges
+
+        rows = flag_edges([r for split, c in s["ci"].items() for r in comparison_rows(c, split=split)], tau_edges(s))
         label = f"{s['key_type']}/{s['metric'].upper()}, {s['ratio']:.0%} store{_probe_label(s, job.cfg['knn']['k'])}"
         every = _every_label(s)
         out["small_store"] = (pd.DataFrame(rows), label + every)

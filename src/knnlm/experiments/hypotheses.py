@@ -255,9 +255,10 @@ def hypotheses(job: Job) -> dict:
 
     edges = {}  # variant -> "τ* on the grid edge" and the like: flagged in its comparison rows
 
-    def edge_of(i: int, grid: list, what: str) -> str:
+    def edge_of(i: int, grid: list, what: str, lam: float) -> str:
+        # λ* = 0: the variant gets no weight, every value of the grid ties and the first is taken: not an edge
         return f"{what} on the grid edge ({grid[i]:g} of {grid[0]:g} … {grid[-1]:g})" if len(grid) > 1 and i in (
-            0, len(grid) - 1) else ""
+            0, len(grid) - 1) and lam > 0 else ""
 
     for key in keys:  # the kNN-LM of Table 1: at the config τ (for reference) and at τ* tuned on valid (like for like)
         sc = scores[key]
@@ -271,21 +272,21 @@ def hypotheses(job: Job) -> dict:
         if sc["tuned"].get("tau_edge"):
             edges[f"kNN-LM {key} τ*"] = f"the kNN-LM's τ* = {tau:g} on its grid's edge"
     for key in keys:
-        i, _ = _tune(lp_lm, {s: per[s]["e1"][key] for s in SPLITS}, words, steps)
-        edges[f"W_sm distance {key}"] = edge_of(i, taus, "the twin's τ*")
+        i, ev = _tune(lp_lm, {s: per[s]["e1"][key] for s in SPLITS}, words, steps)
+        edges[f"W_sm distance {key}"] = edge_of(i, taus, "the twin's τ*", ev["lambda"])
         add(f"W_sm distance {key}", {"section": "E.1", "variant": f"−‖W_sm[v] − h_{key}‖² of the retrieved tokens",
                                      "τ / T": f"{taus[i]:g}" + (" (grid edge)" if edges[f"W_sm distance {key}"] else "")},
             {s: per[s]["e1"][key][i] for s in SPLITS})
     for i, k in enumerate(ks):
-        j, _ = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
-        edges[f"LM top-{k}"] = edge_of(j, temps, "T*")
+        j, ev = _tune(lp_lm, {s: per[s]["topk"][i] for s in SPLITS}, words, steps)
+        edges[f"LM top-{k}"] = edge_of(j, temps, "T*", ev["lambda"])
         add(f"LM top-{k}", {"section": "E.2", "variant": f"LM's top {k} tokens, renormalised",
                             "τ / T": f"{temps[j]:g}"}, {s: per[s]["topk"][i, j] for s in SPLITS})
     for key in keys:
         for dd in (False, True):
             name = f"retrieved set {key}" + (" (dedup)" if dd else "")
-            j, _ = _tune(lp_lm, {s: per[s]["subset"][(key, dd)] for s in SPLITS}, words, steps)
-            edges[name] = edge_of(j, temps, "T*")
+            j, ev = _tune(lp_lm, {s: per[s]["subset"][(key, dd)] for s in SPLITS}, words, steps)
+            edges[name] = edge_of(j, temps, "T*", ev["lambda"])
             add(name, {"section": "E.2", "variant": f"LM restricted to the tokens retrieved with {key} keys"
                        + (", duplicates removed" if dd else ", weighted by count"),
                        "τ / T": f"{temps[j]:g}"}, {s: per[s]["subset"][(key, dd)][j] for s in SPLITS})

@@ -599,7 +599,8 @@ def table3(job: Job) -> dict:
     on every token ('<r>-alltokens'), the same table on that store ('table3_small')."""
     import pandas as pd
 
-    from ..statistics.captions import comparison_rows, fmt_ci
+    from ..statistics.captions import comparison_rows, flag_edges, fmt_ci
+    from ..scoring.settings import tau_edges
     from ..datastore.stores import same_index_store
     from ..report.tables import write_comparisons, write_table
 
@@ -635,7 +636,7 @@ def table3(job: Job) -> dict:
                                  "vs base (95% CI)": fmt_ci(c["diff"][f"{setting}{suffix} vs base"], pct=True)})
                     tag = "_tuned_tau" if suffix else ""
                     metrics[f"{split}_{key}_{metric}_{setting}{tag}_interp_ppl_word"] = rows[-1]["interp PPL (word)"]
-            comparisons += comparison_rows(c, split=split, **labels)
+            comparisons += flag_edges(comparison_rows(c, split=split, **labels), tau_edges(s))
     cols = ["split", "h_ds", "⊗", "mask", "score", "τ", "τ* on grid edge", "λ", "interp PPL (word)", "oracle PPL (word)", "interp PPL (token)",
             "oracle PPL (token)", "tokens", "words", "documents", f"FAISS recall@{cfg['knn']['k']}",
             "keys scanned / query", "95% CI (word)", "vs base (95% CI)"]

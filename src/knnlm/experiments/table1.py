@@ -106,7 +106,7 @@ def table1(job: Job) -> dict:
     import pandas as pd
 
     from ..scoring.interpolation import interpolate
-    from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
+    from ..statistics.captions import ci_caption, comparison_rows, flag_edges, fmt_ci
     from ..statistics.intervals import compare, per_document
     from ..report.tables import write_comparisons, write_table
 
@@ -137,6 +137,8 @@ def table1(job: Job) -> dict:
         doc_nll = per_document(-np.stack(lps), doc, n_docs)
         ci[split] = compare(doc_nll, doc_words, names, pairs, st, shares=shares)
         comparisons += comparison_rows(ci[split], split=split)  # the shares of a gain too
+    flag_edges(comparisons, {nt: f"{nt}: τ* = {s['tuned']['temperature']:g} on the grid's {s['tuned']['tau_edge']} edge"
+                             for s, nt in zip(scores, tuned) if s["tuned"].get("tau_edge")})
     rows = []
     for split in ("test", "valid"):
         c = ci[split]

@@ -40,6 +40,14 @@ def _pairs(suffix: str = "") -> list[tuple[str, str]]:
 SETTING_PAIRS = _pairs() + _pairs(TUNED) + [(st + TUNED, st) for st in SETTINGS]
 
 
+def tau_edges(s: dict) -> dict[str, str]:
+    """{'<setting> τ*': "<setting> τ*: τ* = 30 on the grid's upper edge"} of each setting of a settings JSON whose τ
+    tuned on valid sat on its grid's edge (knnlm.config.tau_edge): the flags of its comparison rows
+    (knnlm.statistics.captions.flag_edges)."""
+    return {n + TUNED: f"{n}{TUNED}: τ* = {v['tau']:g} on the grid's {v['tau_edge']} edge"
+            for n, v in (s.get("tuned") or {}).items() if v.get("tau_edge")}
+
+
 def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> dict:
     """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
     or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}

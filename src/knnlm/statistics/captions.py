@@ -44,3 +44,17 @@ def statistic_row(name: str, value: float, lo: float, hi: float, documents: int,
     return {**labels, "comparison": name, "relative difference": float(value), "CI low": float(lo),
             "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents, effective, scheme),
             "documents": int(documents), "effective documents": effective}
+
+
+def flag_edges(rows: list[dict], edges: dict[str, str]) -> list[dict]:
+    """Add to each comparison row's 'flag' (comparison_rows; joined with one it has) the edges of the tuned values its
+    sides rest on: `edges` {a row name: e.g. "att/L2 τ*: τ* = 30 on the grid's upper edge"}, the sides being those of
+    'a vs b' and of 'share of the gain: a of b'. A tuned value on its grid's edge may not be the optimum the claim
+    needs (Xu et al. 2023, Sec. 5.2: τ tuned). Returns `rows`, changed in place."""
+    import re
+
+    for r in rows:
+        sides = re.split(r" vs | of ", str(r["comparison"]).removeprefix("share of the gain: "))
+        found = [edges[x] for x in sides if x in edges]
+        r["flag"] = "; ".join(x for x in [r.get("flag") or ""] + found if x)
+    return rows
