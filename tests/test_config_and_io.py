@@ -603,3 +603,27 @@ def test_an_injected_results_dir_runs_nothing(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode != 0 and "config key 'results_dir'" in r.stdout + r.stderr
     assert not (tmp_path / "PWNED").exists() and not list(tmp_path.glob("out*"))
+
+
+@pytest.mark.dag  # runs Snakemake (a dry run of the DAG)
+def test_an_own_corpus_with_a_small_lm_needs_no_other_section(tmp_path):
+    """A minimal config for a new corpus (three split files) and a 2-layer LM with a 64-token window dry-runs
+    'table1': the defaults that depend on the LM's window (eval.context_window, generation's prefix and length) are
+    derived from it, not refused for a section the user never asked for."""
+    cfg = base_cfg(tmp_path)
+    cfg["lm"] = {"decoder_layers": 2, "decoder_embed_dim": 32, "decoder_ffn_embed_dim": 64,
+                 "decoder_attention_heads": 2, "tokens_per_sample": 64}
+    cfg["results_dir"] = str(tmp_path / "results")
+    filled = validate_config(cfg)
+    assert filled["eval"]["context_window"] == 32 and (filled["generation"]["prefix_tokens"],
+                                                       filled["generation"]["new_tokens"]) == (16, 32)
+    p = tmp_path / "own.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    r = subprocess.run(SNAKEMAKE + ["table1", "-n", "-s", "workflow/Snakefile", "--configfile", str(p)],
+                       cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "train_lm" in r.stdout and "table1" in r.stdout
+    # a value the user sets is still checked against the window
+    bad = {**cfg, "generation": {"prefix_tokens": 40, "new_tokens": 40}}
+    with pytest.raises(ConfigError, match=r"'generation.prefix_tokens' \+ 'generation.new_tokens' \+ 1"):
+        validate_config(bad)

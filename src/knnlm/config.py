@@ -98,12 +98,18 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
 
 
 def _check_lms(cfg: dict, schema: dict, source: str) -> None:
-    """Fill the defaults of each 'lms' entry; ConfigError for a missing 'path', 'lm' overrides of a non-'train' LM
+    """Fill the defaults of each 'lms' entry (and 'eval.context_window' when null: 128, or half the smallest LM window);
+    ConfigError for a missing 'path', 'lm' overrides of a non-'train' LM
     or of keys section 'lm' does not have, a context window not below the LM's window, or a trained LM whose
     section 'lm' (with its overrides) fails the schema or has attention heads that do not divide its width."""
     item = schema["properties"]["lms"]["additionalProperties"]["properties"]
     lm_schema = jsonschema.Draft202012Validator(schema["properties"]["lm"])
     ev = cfg["eval"]
+    for lm in cfg["lms"].values():
+        for k, sub in item.items():
+            lm.setdefault(k, copy.deepcopy(sub.get("default")))
+    if ev["context_window"] is None:  # 128, or half the smallest LM window where 128 does not fit
+        ev["context_window"] = min(128, min(lm_tokens_per_sample(cfg, n) for n in cfg["lms"]) // 2)
     for name, lm in cfg["lms"].items():
         for k, sub in item.items():
             lm.setdefault(k, copy.deepcopy(sub.get("default")))
@@ -279,6 +285,10 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
                           f"found {t['stop']}")
     g, primary = cfg["generation"], next(iter(cfg["lms"]))
     window = lm_tokens_per_sample(cfg, primary)
+    if g["prefix_tokens"] is None:  # 64, or a quarter of the primary LM's window where 64 + 128 do not fit
+        g["prefix_tokens"] = min(64, max(1, window // 4))
+    if g["new_tokens"] is None:  # 128, or half of that window
+        g["new_tokens"] = min(128, max(8, window // 2))
     if g["prefix_tokens"] + g["new_tokens"] + 1 > window:
         raise ConfigError(f"{source}: config keys 'generation.prefix_tokens' + 'generation.new_tokens' + 1 (the start "
                           f"token) must fit the window of base LM {primary!r} ({window} tokens), found "
