@@ -644,3 +644,35 @@ def test_build_a_knn_lm_from_any_model_and_text(tmp_path, wikitext2_dir):
         KNNLM.build(lm, "a b c\n", tmp_path / "small", k=100000)
     with pytest.raises(ArtifactError, match="missing text file"):
         KNNLM.build(lm, tmp_path / "absent.txt", tmp_path / "none")
+
+
+def test_a_wrapped_hugging_face_model_is_the_knn_lm(tmp_path, wikitext2_dir):
+    """knn.wrap(): the model's own forward gives Eq. 5's log-probabilities as logits and their NLL as its loss, equal
+    to score()'s on the same tokens; model.generate (greedy) equals knn.generate_ids; unwrap() gives the LM back."""
+    import torch
+
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM
+
+    model_dir = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join((wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:60]),
+                      encoding="utf-8")
+    lm = HuggingFaceLM(str(model_dir))
+    knn = KNNLM.build(lm, corpus, tmp_path / "ds", k=16, lam=0.4, context_window=16, max_tokens=512, threads=1)
+    text = "The tower was built in 1890 and rebuilt after the war .\n"
+    scored = knn.score(text)
+    ids = lm.encode([text])
+    x = torch.tensor([[lm.start, *ids.tolist()]])
+    with torch.no_grad():
+        plain = lm.model(input_ids=x).logits
+        model = knn.wrap()
+        out = model(input_ids=x, labels=x)
+    assert out.loss.item() == pytest.approx(float(-scored.lp.mean()), rel=1e-4)
+    assert torch.exp(out.logits[0, 3]).sum().item() == pytest.approx(1.0, rel=1e-4)
+    with torch.no_grad():
+        gen = model.generate(input_ids=x[:, :5], max_new_tokens=6, do_sample=False, pad_token_id=lm.start)
+    assert gen[0, 5:].tolist() == knn.generate_ids(ids[:4], 6)
+    knn.unwrap()
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(input_ids=x).logits, plain)

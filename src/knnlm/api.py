@@ -730,6 +730,57 @@ class KNNLM:
                 seq = torch.cat([seq, torch.tensor([[t]])], 1)
         return new
 
+    def wrap(self):
+        """Make the Hugging Face model's own forward this kNN-LM (HuggingFaceLM only; knn-transformers' KNNWrapper
+        .break_into does the same): the model's `logits` become Eq. 5's log-probabilities log((1 − λ) softmax(W_sm h_sm)
+        + λ p_kNN(h_ds)) at every position ([B, T, V] float32; a softmax of them is the mixture itself), and with
+        `labels` its `loss` is their mean NLL of labels[:, 1:] (−100 ignored), as the model's own loss is. So
+        Trainer.evaluate, model.generate and any code that calls the model see the kNN-LM. The keys are the inputs
+        of the hooked module (KEY_HOOKS), captured by a forward pre-hook. Feed the start token first, as score()
+        does (knn.lm.start): the loss over [start] + ids equals score()'s NLL of ids within one window. Returns the
+        model (knn.lm.model); unwrap() restores it. Raises ValueError for a fairseq LM."""
+        from .lm.hf import find_key_modules
+
+        if not isinstance(self.lm, HuggingFaceLM):
+            raise ValueError("wrap needs a Hugging Face LM; use KNNLM.score / generate for a fairseq LM")
+        model = self.lm.model
+        if getattr(self, "_wrapped", None):
+            return model
+        att_mod, out_mod = find_key_modules(model)
+        cap: dict[str, torch.Tensor] = {}
+        hook = (att_mod if self.key == "att" else out_mod).register_forward_pre_hook(
+            lambda m, a: cap.__setitem__("h", a[0]))
+        original = model.forward
+        knn = self
+
+        def forward(*args, labels=None, **kwargs):
+            kwargs["return_dict"] = True
+            out = original(*args, **kwargs)
+            logits = out.logits
+            b, t, v = logits.shape
+            h = cap["h"].reshape(b, t, -1).reshape(b * t, -1).float().cpu().numpy()
+            lp_lm = logits.float().log_softmax(-1).reshape(b * t, v).cpu().numpy()
+            mixed = torch.as_tensor(knn.mix(lp_lm, knn.knn_distribution(h)), dtype=torch.float32,
+                                    device=logits.device).reshape(b, t, v)
+            out.logits, out.loss = mixed, None
+            if labels is not None:
+                out.loss = torch.nn.functional.nll_loss(mixed[:, :-1].reshape(-1, v),
+                                                        labels[:, 1:].reshape(-1).to(mixed.device), ignore_index=-100)
+            return out
+
+        model.forward = forward
+        self._wrapped = (model, hook)
+        return model
+
+    def unwrap(self) -> None:
+        """Undo wrap(): the model's own forward and no hook of this kNN-LM."""
+        wrapped = getattr(self, "_wrapped", None)
+        if wrapped:
+            model, hook = wrapped
+            hook.remove()
+            del model.forward  # the instance's forward: the class's is the model's own again
+            self._wrapped = None
+
     def logits_processor(self):
         """A Hugging Face LogitsProcessor that mixes this kNN distribution into model.generate (HuggingFaceLM only):
         see KNNLogitsProcessor."""
