@@ -676,3 +676,30 @@ def test_a_wrapped_hugging_face_model_is_the_knn_lm(tmp_path, wikitext2_dir):
     knn.unwrap()
     with torch.no_grad():
         torch.testing.assert_close(lm.model(input_ids=x).logits, plain)
+
+
+def test_a_bundle_is_scored_and_compared_from_the_shell(tmp_path, wikitext2_dir):
+    """python -m knnlm.score / generate with --bundle: no pipeline run; its errors are one line naming the file, exit
+    status 2, no traceback."""
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM
+
+    model_dir = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    lines = (wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)
+    (tmp_path / "corpus.txt").write_text("".join(lines[:60]), encoding="utf-8")
+    (tmp_path / "test.txt").write_text((wikitext2_dir / "wiki.test.tokens").read_text(encoding="utf-8"), encoding="utf-8")
+    knn = KNNLM.build(HuggingFaceLM(str(model_dir)), tmp_path / "corpus.txt", tmp_path / "ds", k=16,
+                      context_window=16, max_tokens=512, threads=1)
+    knn.save_pretrained(tmp_path / "bundle")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    run = lambda *args: subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    r = run("knnlm.score", "--bundle", "bundle", "--text", "test.txt")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "kNN-LM att/L2 vs base" in r.stdout and "verdict" in r.stdout
+    r = run("knnlm.generate", "--bundle", "bundle", "--prompt", "The tower", "--max-new-tokens", "4")
+    assert r.returncode == 0 and r.stdout.startswith("The tower"), r.stderr[-3000:]
+    for args, msg in ((("knnlm.score", "--bundle", "absent", "--text", "test.txt"), "absent/knnlm_config.json: no bundle config"),
+                      (("knnlm.score", "--bundle", "bundle", "--text", "missing.txt"), "missing.txt")):
+        r = run(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and msg in r.stderr, r.stderr[-2000:]
+        assert len(r.stderr.strip().splitlines()) == 1 or r.stderr.strip().splitlines()[-1].startswith("error: ")

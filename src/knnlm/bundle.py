@@ -11,22 +11,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .generate import run_arguments, run_knnlm
+from .generate import cli_main, run_arguments, run_knnlm
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.bundle", description=__doc__.split("\n")[0])
-    run_arguments(ap)
+    run_arguments(ap, bundle=False)
     ap.add_argument("--out", required=True, help="the bundle folder to write")
     a = ap.parse_args(argv)
     knn = run_knnlm(a)
     out = knn.save_pretrained(a.out)
     v = knn.verify()
     s = knn.settings()
-    print(f"{out}: kNN-LM {a.lm} {s['key']}/{s['metric']}, k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.3f} "
+    print(f"{out}: kNN-LM {a.lm or 'base'} {s['key']}/{s['metric']}, k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.3f} "
           f"nprobe={s['nprobe']}; verified on {v['rows']} rows (median relative key error {v[a.key]:.1e})",
           file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    cli_main(main)

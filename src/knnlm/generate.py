@@ -1,6 +1,7 @@
 """Continue a prompt with a run's kNN-LM (knnlm.api.KNNLM.generate: Eq. 5 over the whole vocabulary).
 
     python -m knnlm.generate --config configs/wikitext2.yaml --prompt "The castle was" --max-new-tokens 30
+    python -m knnlm.generate --bundle bundles/wt2-att-l2 --prompt "The castle was"
 
 Prints the prompt and its continuation on stdout, the settings (k, τ, λ, mask) on stderr. Several --config files
 are merged in order, as Snakemake's --configfile.
@@ -26,24 +27,46 @@ def merged_config(paths: list[str]) -> tuple[str, dict]:
     return paths[0], over
 
 
-def run_arguments(ap: argparse.ArgumentParser, tuned: bool = True) -> None:
-    """The arguments naming a run's kNN-LM (--config ..., --lm, --key, --metric, and --tuned unless `tuned` is False),
-    shared by python -m knnlm.generate, knnlm.bundle and knnlm.score (run_knnlm reads them)."""
-    ap.add_argument("--config", action="append", required=True, help="config file(s), merged in order")
-    ap.add_argument("--lm", default="base", help="base LM of the config (default: base)")
-    ap.add_argument("--key", default="att", choices=["att", "ffn"])
-    ap.add_argument("--metric", default="l2", choices=["l2", "ip"])
+def run_arguments(ap: argparse.ArgumentParser, tuned: bool = True, bundle: bool = True) -> None:
+    """The arguments naming a kNN-LM: a run's (--config ..., --lm NAME, --key, --metric, and --tuned unless `tuned` is
+    False) or, with `bundle`, a saved one (--bundle DIR, and --lm a Hugging Face model folder or Hub id in place of
+    the bundle's own). Shared by python -m knnlm.generate, knnlm.bundle and knnlm.score (run_knnlm reads them)."""
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", action="append", help="a run's config file(s), merged in order")
+    if bundle:
+        src.add_argument("--bundle", help="a bundle folder (KNNLM.save_pretrained; python -m knnlm.bundle writes one)")
+    ap.add_argument("--lm", help="with --config: the run's base LM (default: base); with --bundle: a Hugging Face model "
+                                 "folder or Hub id to use instead of the bundle's (the same weights)")
+    ap.add_argument("--key", default="att", choices=["att", "ffn"], help="with --config: the key type")
+    ap.add_argument("--metric", default="l2", choices=["l2", "ip"], help="with --config: the metric")
     if tuned:
-        ap.add_argument("--tuned", action="store_true", help="τ* and λ tuned on valid (Table 1's 'τ tuned' row)")
+        ap.add_argument("--tuned", action="store_true", help="with --config: τ* and λ tuned on valid (Table 1's 'τ "
+                                                             "tuned' row)")
 
 
 def run_knnlm(a: argparse.Namespace, **settings):
-    """KNNLM.from_run of the run_arguments in `a` (its config files merged in order), with `settings`."""
-    from .api import KNNLM
+    """The kNN-LM the run_arguments in `a` name, with `settings`: KNNLM.from_run of its config files (merged in order),
+    or KNNLM.from_pretrained of its bundle (with a Hugging Face LM given as --lm)."""
+    from .api import KNNLM, HuggingFaceLM
 
+    if getattr(a, "bundle", None):
+        return KNNLM.from_pretrained(a.bundle, lm=HuggingFaceLM(a.lm) if a.lm else None, **settings)
     first, over = merged_config(a.config)
-    return KNNLM.from_run(first, lm=a.lm, key=a.key, metric=a.metric, tuned=getattr(a, "tuned", False),
+    return KNNLM.from_run(first, lm=a.lm or "base", key=a.key, metric=a.metric, tuned=getattr(a, "tuned", False),
                           overrides=over, **settings)
+
+
+def cli_main(main) -> None:
+    """Run a command-line `main()`: an error of the input (a file, a config key, a setting) is one line on stderr
+    naming it, and exit status 2; no traceback. Other errors propagate."""
+    from .config import ConfigError
+    from .io import ArtifactError
+
+    try:
+        main()
+    except (ArtifactError, ConfigError, ValueError, TypeError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main(argv=None) -> None:
@@ -62,11 +85,11 @@ def main(argv=None) -> None:
     settings = {n: v for n, v in (("temperature", a.temperature), ("lam", a.lam), ("k", a.k)) if v is not None}
     knn = run_knnlm(a, mask=a.mask, **settings)
     s = knn.settings()
-    print(f"kNN-LM {a.lm} {s['key']}/{s['metric']}: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} "
+    print(f"kNN-LM {a.lm or a.bundle or 'base'} {s['key']}/{s['metric']}: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} "
           f"mask={s['mask']} nprobe={s['nprobe']}", file=sys.stderr)
     ids = [int(i) for i in knn.lm.encode_prompt(a.prompt)]
     print(knn.lm.decode(ids + knn.generate_ids(ids, a.max_new_tokens, a.sample, a.top_k, a.seed)))
 
 
 if __name__ == "__main__":
-    main()
+    cli_main(main)
