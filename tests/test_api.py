@@ -687,7 +687,8 @@ def test_a_bundle_is_scored_and_compared_from_the_shell(tmp_path, wikitext2_dir)
     model_dir = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
     lines = (wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)
     (tmp_path / "corpus.txt").write_text("".join(lines[:60]), encoding="utf-8")
-    (tmp_path / "test.txt").write_text((wikitext2_dir / "wiki.test.tokens").read_text(encoding="utf-8"), encoding="utf-8")
+    test_lines = (wikitext2_dir / "wiki.test.tokens").read_text(encoding="utf-8").splitlines(True)[:300]
+    (tmp_path / "test.txt").write_text("".join(test_lines), encoding="utf-8")
     knn = KNNLM.build(HuggingFaceLM(str(model_dir)), tmp_path / "corpus.txt", tmp_path / "ds", k=16,
                       context_window=16, max_tokens=512, threads=1)
     knn.save_pretrained(tmp_path / "bundle")
