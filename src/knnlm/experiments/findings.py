@@ -25,8 +25,9 @@ margin comes from the effect it judges: a share of its reference's own gain (a t
 half-width of the row's own CI on valid); the row's claim states the margin it got and where it came from. A claimed
 share of a gain ("W_ds recovers about 55 %") is tested against a stated band around the paper's share (±10
 percentage points) the same way, and a stated size ("nearly 4 % better") against its band, with the sign it also
-states shown beside the verdict: one measurement, one row. A statement the paper makes that depends on its own scale ("τ = 1 is near-optimal for the FAISS score",
-a coincidence of its distance scale) is 'reported' with our number and no verdict; what transfers (tuning τ helps
+states shown beside the verdict: one measurement, one row. A statement the paper makes that depends on its own
+scale ("τ = 1 is near-optimal for the FAISS score", a coincidence of its distance scale) is 'reported' with our
+number and no verdict; what transfers (tuning τ helps
 the FAISS score less than a real score) is tested. Column 'test' says whether a row is the paper's own comparison
 (its setting, τ and table: Tables 2 and 5-7 compare with the att/IP kNN-LM at τ = 1) or an extra one of ours. The paper
 measured most claims at τ = 1, near-optimal at its distance scale; where this run's τ* of a compared setting beats
@@ -93,7 +94,8 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
         if isinstance(m, dict) and set(m) != {"share", "of"}:
             raise TypeError(f"'{name}' as a mapping needs exactly 'share' and 'of', found {sorted(m)}")
     return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
-            "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent, "reported": reported, "kind": kind, "ref": ref,
+            "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent,
+            "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison),
             "regime": regime}
@@ -547,9 +549,10 @@ def regime_rows(values: dict) -> list[dict]:
 def regime_label(c: dict, values: dict) -> str:
     """The regime column of claim `c`'s rows: the axes its claim rests on (its 'regime') where this run is outside
     the paper's regime, 'the paper's' where none is, and the axes not measured."""
-    out = [REGIME[a]["name"] for a in c["regime"] if _in_regime(a, values) is False]
-    unmeasured = [REGIME[a]["name"] for a in c["regime"] if _in_regime(a, values) is None]
-    text = ("differs: " + "; ".join(out)) if out else "the paper's" if c["regime"] else "-"
+    axes = c.get("regime") or []
+    out = [REGIME[a]["name"] for a in axes if _in_regime(a, values) is False]
+    unmeasured = [REGIME[a]["name"] for a in axes if _in_regime(a, values) is None]
+    text = ("differs: " + "; ".join(out)) if out else "the paper's" if axes else "-"
     return text + (f" (not measured: {'; '.join(unmeasured)})" if unmeasured else "")
 
 
