@@ -704,3 +704,39 @@ def test_a_bundle_is_scored_and_compared_from_the_shell(tmp_path, wikitext2_dir)
         r = run(*args)
         assert r.returncode == 2 and "Traceback" not in r.stderr and msg in r.stderr, r.stderr[-2000:]
         assert len(r.stderr.strip().splitlines()) == 1 or r.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_one_lm_identity_recorded_by_build_and_compared_on_load(tmp_path, wikitext2_dir):
+    """The LM's identity is the sha256 of its weights and of its tokenizer (knnlm.lm.hf.files_identity, the pipeline's
+    model card's too): KNNLM.build records it in the manifest and the bundle; another LM of the same shape is refused
+    on load with both hashes named; the same weights in another folder load with a warning."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import BUNDLE_CONFIG, KNNLM, HuggingFaceLM
+    from knnlm.io import ArtifactError
+    from knnlm.lm.hf import files_identity, model_card
+
+    a = make_tiny_hf(tmp_path / "a", wikitext2_dir / "wiki.train.tokens")
+    lines = (wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:60]
+    lm = HuggingFaceLM(str(a))
+    ident = files_identity(a)
+    assert lm.identity["checkpoint_sha256"] == ident["checkpoint_sha256"] == model_card(str(a))["checkpoint_sha256"]
+    knn = KNNLM.build(lm, "".join(lines), tmp_path / "ds", k=16, context_window=16, max_tokens=512, threads=1)
+    knn.save_pretrained(tmp_path / "bundle")
+    saved = json.loads((tmp_path / "bundle" / BUNDLE_CONFIG).read_text())["lm"]
+    assert saved["checkpoint_sha256"] == ident["checkpoint_sha256"] and saved["tokenizer_sha256"] == ident["tokenizer_sha256"]
+    torch.manual_seed(7)
+    other = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(a))
+    other.save_pretrained(tmp_path / "b")
+    transformers.AutoTokenizer.from_pretrained(a).save_pretrained(tmp_path / "b")
+    b_sha = files_identity(tmp_path / "b")["checkpoint_sha256"]
+    with pytest.raises(ArtifactError, match=rf"(?s){ident['checkpoint_sha256']}.*{b_sha}"):
+        KNNLM.from_pretrained(tmp_path / "bundle", lm=HuggingFaceLM(str(tmp_path / "b")), verify=False)
+    shutil.copytree(a, tmp_path / "a-copy")
+    (tmp_path / "a-copy" / "config.json").write_text((a / "config.json").read_text() + "\n")  # another file, same weights
+    again = KNNLM.from_pretrained(tmp_path / "bundle", lm=HuggingFaceLM(str(tmp_path / "a-copy")), verify=False)
+    assert again.settings() == knn.settings()

@@ -320,8 +320,10 @@ class KNNLM:
         'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. verify: check that this LM reproduces the stored
         keys (verify(); a few hundred rows' forward passes). Raises ArtifactError naming a missing or truncated file, a
         key type the datastore lacks, keys of another dimension than the LM's, or keys this LM's states do not
-        reproduce. `peer`: the peers' names lmbda, knn_temp, knn_keytype (last_ffn_input / last_ffn_output) for lam,
-        temperature, key (peer_settings)."""
+        reproduce. An LM whose weights' sha256 (its identity) differs from the one the manifest records is checked
+        whatever `verify` says: its reproduced keys give a warning, others an error naming both sha256. `peer`: the
+        peers' names lmbda, knn_temp, knn_keytype (last_ffn_input / last_ffn_output) for lam, temperature, key
+        (peer_settings)."""
         from .config import section_defaults
         from .datastore.dump import open_datastore
         from .search.index import build_ivfpq, resolve_index_params
@@ -348,7 +350,16 @@ class KNNLM:
                   context_window=context_window, max_tokens=max_tokens, threads=threads, index_params=icfg,
                   manifest=man, tuned_on=tuned_on or ("the defaults of Khandelwal et al. (2020): τ = 1, λ = 0.25"
                                                       if (temperature, lam) == (1.0, 0.25) else "given by the caller"))
-        if verify:
+        have, want = (getattr(lm, "identity", None) or {}).get("checkpoint_sha256"), man.get("checkpoint_sha256")
+        if have and want and have != want:  # another file than the one that made the keys: do its states match?
+            v = knn.verify()  # refused here, naming both LMs and their sha256, unless the keys reproduce
+            if not (v["matches"] and v["matches"][0] == key):  # no windows in the manifest: the keys cannot tell
+                raise ArtifactError(f"{man_path}: made by an LM with checkpoint sha256 {want}, this LM's is {have}, and "
+                                    "its manifest records no windows to recompute its keys in: pass the LM that made it")
+            log.warning("%s: the datastore was made by an LM with checkpoint sha256 %s…, this LM's is %s…; its keys "
+                        "reproduce (median relative error %.2g), so the same weights in another file", man_path,
+                        want[:16], have[:16], v[key])
+        elif verify:
             knn.verify()
         return knn
 

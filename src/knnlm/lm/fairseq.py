@@ -279,7 +279,8 @@ class FairseqLM:
         self.tokens_per_sample = int(cfg.task.tokens_per_sample)
         self.dim = int(self.model.decoder.layers[-1].fc1.in_features)
         self.forward = fairseq_forward(self.model)
-        self.identity = {"source": "fairseq", "checkpoint": str(checkpoint)}
+        # the checkpoint's sha256, as the pipeline's dumps record it (fairseq_pass): a datastore's LM is compared with it
+        self.identity = {"source": "fairseq", "checkpoint": str(checkpoint), "checkpoint_sha256": sha256_file(checkpoint)}
 
     def step_decoder(self):
         """A new FairseqStepDecoder (incremental decoding) for one batch of sequences."""

@@ -181,6 +181,30 @@ def _sha256_files(files: list[Path]) -> str:
     return h.hexdigest()
 
 
+def model_dir(path: str, revision: str | None = None) -> Path | None:
+    """The local folder of a Hugging Face model: `path` itself, or the Hub cache's snapshot of the id (None when it
+    is not cached: the identity of a model that was never downloaded here is not known)."""
+    d = Path(path)
+    if d.is_dir():
+        return d
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, revision=revision, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not in the cache (or no hub library): unknown here
+        return None
+
+
+def files_identity(d: Path) -> dict:
+    """The identity of a Hugging Face LM's files in folder d, one definition for every caller (the pipeline's model
+    card, HuggingFaceLM, bundles): {'checkpoint_sha256': the sha256 of its weight files and config (WEIGHT_FILES, by
+    name in sorted order), 'tokenizer_sha256': of its tokenizer files (TOKENIZER_FILES), None without any}."""
+    weights = sorted({f for pat in WEIGHT_FILES for f in d.glob(pat)})
+    toks = sorted(f for name in TOKENIZER_FILES for f in d.glob(name))
+    return {"checkpoint_sha256": _sha256_files(weights) if weights else None,
+            "tokenizer_sha256": _sha256_files(toks) if toks else None}
+
+
 def model_card(path: str, revision: str | None = None, dtype: str = "float32") -> dict:
     """What identifies a Hugging Face LM: {'source': 'hf', 'path', 'revision', 'dtype', 'class', 'parameters',
     'checkpoint_sha256' (weights + config), 'tokenizer_sha256'}. For a Hub id (no local directory) the files of
@@ -192,15 +216,13 @@ def model_card(path: str, revision: str | None = None, dtype: str = "float32") -
         from huggingface_hub import snapshot_download
 
         d = Path(snapshot_download(path, revision=revision))
-    weights = sorted({f for pat in WEIGHT_FILES for f in d.glob(pat)})
-    toks = sorted(f for name in TOKENIZER_FILES for f in d.glob(name))
-    if not weights:
+    ident = files_identity(d)
+    if not ident["checkpoint_sha256"]:
         raise ArtifactError(f"Hugging Face model {path}: no weight files ({', '.join(WEIGHT_FILES)}) in {d}")
     return {"source": "hf", "path": str(path), "revision": revision, "dtype": dtype, "class": type(model).__name__,
             "parameters": int(sum(p.numel() for p in model.parameters())), "vocab_size": int(model.config.vocab_size),
             "hidden_size": int(model.get_output_embeddings().in_features),
-            "tokenizer": type(tok).__name__, "tokenizer_sha256": _sha256_files(toks) if toks else None,
-            "checkpoint_sha256": _sha256_files(weights)}
+            "tokenizer": type(tok).__name__, **ident}
 
 
 # the window of a Hugging Face LM when none is given: its maximum length, at most this (a Llama-3's 8k positions
@@ -237,7 +259,11 @@ class HuggingFaceLM:
         self.dim = int(self.model.get_output_embeddings().weight.shape[1])
         self._capture = key_capture(self.model)
         self.forward = self._capture.__enter__()  # hooks stay for the model's life in this object
-        self.identity = {"source": "hf", "model": path, "revision": revision, "dtype": dtype}
+        d = model_dir(path, revision) if isinstance(model, (str, Path)) else None
+        # the weights' and tokenizer's sha256 (files_identity; None for a model object): what every datastore made
+        # with this LM records, and what a datastore's LM is compared with on load
+        self.identity = {"source": "hf", "model": path, "revision": revision, "dtype": dtype,
+                         **(files_identity(d) if d is not None else {"checkpoint_sha256": None, "tokenizer_sha256": None})}
 
     def encode(self, lines: list[str]) -> np.ndarray:
         return tokenize_lines(self.tok, lines)["ids"]
