@@ -280,9 +280,12 @@ def test_findings_family_claim_and_datastore_size():
     assert _tested(family, under, "", counts, 20)["verdict"] == "contradicted"
     beats_base = next(c for c in CLAIMS if c["comparison"].startswith("W_ds \\(learned\\) att vs base"))
     under["comparison"], under["verdict"] = "W_ds (learned) att vs base", "lower"
-    under[["relative difference", "CI low", "CI high"]] = [-0.05, -0.07, -0.03]
+    # a size claim (about 6.5 % ± 2 pp): an interval inside the band reproduces it, one reaching past it does not
+    under[["relative difference", "CI low", "CI high"]] = [-0.065, -0.075, -0.055]
     assert _tested(beats_base, under, "", counts, 20)["verdict"] == "reproduced"
-    under["verdict"] = "higher"
+    under[["relative difference", "CI low", "CI high"]] = [-0.05, -0.07, -0.03]
+    assert _tested(beats_base, under, "", counts, 20)["verdict"].startswith("inconclusive")
+    under[["relative difference", "CI low", "CI high", "verdict"]] = [0.05, 0.03, 0.07, "higher"]
     assert _tested(beats_base, under, "", counts, 20)["verdict"] == "inconclusive (under-trained)"
 
     from knnlm.experiments.parametric import comparison_variant
@@ -746,9 +749,9 @@ def test_an_infinite_document_nll_gives_no_verdict():
 
 
 # The paper's numbers (Xu et al. 2023; WikiText-103 test perplexity), transcribed from its tables: Table 1 (base LM,
-# the four kNN-LMs), Table 2 (learned W_ds, att), Table 3 (mask/score), Tables 5-7 (nV, adaptive counts, MoS)
+# the four kNN-LMs), Table 2 (learned W_ds, att and ffn), Table 3 (mask/score), Tables 5-7 (nV, adaptive counts, MoS)
 PAPER_TABLES = {"base": 21.750, "att/L2": 19.174, "att/IP": 19.095, "ffn/L2": 20.734, "ffn/IP": 21.101,
-                "W_ds (learned) att": 20.353, "faiss_mask_faiss_score": 19.174, "faiss_mask_real_score": 19.672,
+                "W_ds (learned) att": 20.353, "W_ds (learned) ffn": 20.694, "faiss_mask_faiss_score": 19.174, "faiss_mask_real_score": 19.672,
                 "real_mask_real_score": 19.735, "2V embeddings att": 20.529, "3V embeddings att": 20.395,
                 "4V embeddings att": 20.521, "adaptive counts by frequency att": 20.387,
                 "adaptive counts by base-LM loss att": 20.440, "MoS R=2 (+ embed) att": 20.720,
@@ -761,8 +764,10 @@ def test_every_claim_cites_the_papers_numbers_for_its_own_pair():
     from knnlm.experiments.findings import CLAIMS
 
     def number(side):
-        side = re.sub(r"\\", "", side).replace(" τ*", "").replace("kNN-LM ", "")
-        return PAPER_TABLES[side]
+        side = re.sub(r"\\", "", side).replace(" τ*", "").replace("S+", "another LM")
+        # Table 8 (App. E.5): the base LM ensembled with another LM of its architecture vs the kNN-LM (att/IP)
+        return {"base + another LM": 18.941, "kNN-LM": PAPER_TABLES["att/IP"]}.get(side) or \
+            PAPER_TABLES[side.replace("kNN-LM ", "")]
 
     pinned = 0
     for c in CLAIMS:
@@ -775,7 +780,7 @@ def test_every_claim_cites_the_papers_numbers_for_its_own_pair():
             a, b = c["comparison"].split(" vs ")
             assert c["paper"] == (number(a), number(b)), (c["claim"], c["paper"])
         pinned += 1
-    assert pinned == 20
+    assert pinned == 24
 
 
 def test_findings_verdict_qualifiers_in_every_branch():
