@@ -133,6 +133,13 @@ def test_truncated_missing_and_unrecorded_artifacts(tmp_path):
     write_checksum(gone, MAKER)
     gone.unlink()
     assert sweep_checksums(tmp_path) == 1 and not checksum_path(gone).exists() and checksum_path(path).exists()
+    # and, when an invocation ends, a killed writer's temporaries (a file and a folder), not names merely like them
+    (gone.parent / "ids.npy.tmp-4242").write_bytes(b"x")
+    (gone.parent / "index.tmp-77").mkdir()
+    (gone.parent / "notes.tmp-draft").write_bytes(b"x")
+    assert sweep_checksums(tmp_path) == 0 and (gone.parent / "ids.npy.tmp-4242").exists()
+    assert sweep_checksums(tmp_path, temporaries=True) == 2
+    assert [p.name for p in gone.parent.iterdir()] == ["notes.tmp-draft"]
 
 
 def test_a_job_checks_its_inputs_and_records_its_outputs(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterator
@@ -283,14 +284,22 @@ def verify_checksum(path: str | Path, required: bool = False) -> bool:
     return True
 
 
-def sweep_checksums(root: str | Path) -> int:
+def sweep_checksums(root: str | Path, temporaries: bool = False) -> int:
     """Remove every checksum record under folder `root` whose artifact is gone (a temporary output Snakemake deleted
-    once its readers had run, a failed job's output). Returns how many were removed."""
+    once its readers had run, a failed job's output); with `temporaries`, also every writer's temporary
+    `<name>.tmp-<pid>` (tmp_name) left by a killed job whose output no rerun wrote again (e.g. a shard that a merge
+    has consumed). Only for a run folder no job is writing into: the workflow calls it when an invocation ends,
+    holding the run folder's lock. Returns how many were removed."""
     n = 0
     for rec in Path(root).rglob(f"*{CHECKSUM_SUFFIX}"):
         if not rec.with_name(rec.name[: -len(CHECKSUM_SUFFIX)]).exists():
             rec.unlink(missing_ok=True)
             n += 1
+    if temporaries:
+        for tmp in Path(root).rglob("*.tmp-*"):
+            if re.fullmatch(r".+\.tmp-\d+", tmp.name) and (tmp.exists() or tmp.is_symlink()):
+                _remove(tmp)
+                n += 1
     return n
 
 

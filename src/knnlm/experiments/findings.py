@@ -85,7 +85,7 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None):
+           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None, shown=None):
     """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
     fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
     'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
@@ -98,7 +98,15 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
             "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison),
-            "regime": regime}
+            "regime": regime, "shown": shown or (_readable(comparison) if regex else comparison)}
+
+
+def _readable(pattern: str) -> str:
+    """A comparison's regular expression as a findings row names it when the run has no matching row: any name '…',
+    any number 'N', alternatives joined by 'or' (no '|' inside a Markdown table)."""
+    for rx, to in ((r"\\S\+", "…"), (r"\\d\+", "N"), (r"\.\+", "…")):
+        pattern = re.sub(rx, to, pattern)
+    return re.sub(r"\\(.)", r"\1", pattern).replace("|", " or ")
 
 
 def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
@@ -580,7 +588,7 @@ def findings(job: Job) -> dict:
         if sel is None or sel.empty:
             left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
-                         "comparison (a vs b)": c["comparison"], "paper": _paper(c, None)[0],
+                         "comparison (a vs b)": c["shown"], "paper": _paper(c, None)[0],
                          "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
                          "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-"})
             counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1

@@ -10,12 +10,18 @@ from ..paths import Layout
 def _findings_rows(md: str) -> tuple[str, list[dict]]:
     """The 'Summary:' sentence and the claim rows (dicts by column) of a findings report (Markdown)."""
     summary = next((line for line in md.splitlines() if line.startswith("Summary:")), "")
-    lines = [line for line in md.splitlines() if line.startswith("|")]
-    if len(lines) < 3:
-        return summary, []
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
-    return summary, [r for r in rows if "verdict" in r]
+    tables, block = [], []
+    for line in md.splitlines() + [""]:  # the report's tables (the regime table first): the one with verdicts
+        if line.startswith("|"):
+            block.append(line)
+        elif block:
+            tables.append(block)
+            block = []
+    for lines in tables:
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        if "verdict" in header and len(lines) >= 3:
+            return summary, [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    return summary, []
 
 
 def front_page(cfg: dict, layout: Layout, lm: str) -> str:
