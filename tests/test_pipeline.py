@@ -974,7 +974,7 @@ def test_findings_report(tiny_run):
     # one per 2V (att, ffn)
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
-    assert len(CLAIMS) == 99 and len(family) == 2 * 9 and len(equal_rows) == 2
+    assert len(CLAIMS) == 101 and len(family) == 2 * 9 and len(equal_rows) == 2
     assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by size,
     # each with its sign; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
@@ -1004,6 +1004,11 @@ def test_findings_report(tiny_run):
     assert len(prune) == len(TINY["pruning"]["ratios"]) + 1 and "within 2 %" in prune[-1]
     assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive", "not tested (premise absent: greedy "))
                for r in prune)
+    # He et al. 2021's PCA to half the dimensions (cited in Sec. 5.2): the tiny PCA store against the full one, at
+    # τ = 1 and each at its τ*, on the keys of the store sizes (att absent in tiny's: ffn/L2), saying the dimensions
+    pca = [line for line in text.splitlines() if line.startswith("| He et al. 2021, Sec. 4.1")]
+    assert len(pca) == 2 and all("(pca16 vs full)" in r and "16 of " in r for r in pca), pca
+    assert all(any(v in r for v in ("reproduced", "contradicted", "inconclusive")) for r in pca)
     # Borgeaud et al. 2022's leakage control: the kNN-LM at the lowest leakage level, and the slope of its gain
     retro = [line for line in text.splitlines() if line.startswith("| Borgeaud et al. 2022")]
     assert len(retro) == 2 and "overlap ≤ 12.5%" in retro[0] and "nats per token per unit of overlap" in retro[1]
@@ -1014,7 +1019,7 @@ def test_findings_report(tiny_run):
     # (K ≥ 3) one 'not run' row (the tests' run ensembles 2 LMs); E.6.1 and E.6.2 one per claim (one overfitted LM,
     # one soft-label LM)
     # (the four App. B-C claims against the all-rows kNN-LMs give no row: their alternatives are tested at equal rows)
-    assert len(rows) == len(CLAIMS) - 21 - 7 + len(family) + len(equal_rows) + 14  # (21 follow-up claims)
+    assert len(rows) == len(CLAIMS) - 23 - 7 + len(family) + len(equal_rows) + 14  # (23 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")

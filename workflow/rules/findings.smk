@@ -11,6 +11,13 @@ SMALL_SETTINGS = (
           "size_store": artifact("settings", store=SMALL_STORE, **_SMALL_KEY),  # against the full store's: Figure 2's claim
           "full_store": artifact("settings", store="full", **_SMALL_KEY)}
 )
+# He et al. 2021's PCA-reduced keys (half the dimensions in the paper), cited in Sec. 5.2 as another approximation:
+# the first PCA store of 'stores.extra' against the full one, same (key, metric) and scope
+PCA_SETTINGS = (
+    {} if len(PCA_STORES) < 2
+    else {"pca_store": artifact("settings", store=PCA_STORES[1], **_SMALL_KEY),
+          "pca_full": artifact("settings", store="full", **_SMALL_KEY)}
+)
 
 knnlm_rule(
     "write_findings", "findings.findings",
@@ -46,6 +53,7 @@ knnlm_rule(
         pruning=artifact("table", table="pruning_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # He et al. 2021, Table 3
         generation=artifact("table", table="generation_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # Wang et al. 2023
         **SMALL_SETTINGS,
+        **PCA_SETTINGS,
     ),
     output=files(
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),

@@ -224,6 +224,13 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
             small = read_json(job.path("size_store")) if job.input.get("size_store") else s
             out["size"] = (size_comparisons(small, read_json(job.path("full_store")), job.cfg["stats"]),
                            f"{label} vs full")
+    if job.input.get("pca_store"):  # He et al. 2021's PCA-reduced keys vs the full keys (Sec. 5.2 cites it)
+        p, full = read_json(job.path("pca_store")), read_json(job.path("pca_full"))
+        rows = size_comparisons(p, full, job.cfg["stats"])
+        rows["comparison"] = rows["comparison"].str.replace("(small store vs full)", f"({p['store']} vs full)",
+                                                            regex=False)
+        dims = f"{p['dim']} of {full.get('dim', '?')} dims"
+        out["pca"] = (rows, f"{p['key_type']}/{p['metric'].upper()}, {dims}{_probe_label(p, job.cfg['knn']['k'])}")
     return out
 
 
