@@ -348,9 +348,20 @@ def test_import_memmap_datastore(tmp_path, layout):
     kf, vf = tmp_path / f"{stem}_keys.npy", tmp_path / f"{stem}_vals.npy"
     keys.tofile(kf)
     vals.tofile(vf)
-    opts = {} if layout == "knn-transformers" else {"size": n, "dim": dim, "keys_dtype": "float32",
-                                                    "vals_dtype": "int16"}
+    # the windows in each tool's names: knn-transformers' block and stride, fairseq-eval-lm's tokens and context
+    opts = {"block_size": 1024, "stride": 512} if layout == "knn-transformers" else {
+        "size": n, "dim": dim, "keys_dtype": "float32", "vals_dtype": "int16", "tokens_per_sample": 3072,
+        "context_window": 2560}
     man = import_memmap(kf, vf, tmp_path / "out", chunk=300, **opts)
+    assert (man["tokens_per_sample"], man["context_window"]) == ((1024, 512) if layout == "knn-transformers"
+                                                                 else (3072, 2560))
+    no_windows = {k: v for k, v in opts.items() if k not in ("block_size", "stride", "tokens_per_sample",
+                                                               "context_window")}
+    with pytest.raises(ValueError, match="windows the keys were dumped in .*--block-size and --stride"):
+        import_memmap(kf, vf, tmp_path / "nowin", **no_windows)
+    with pytest.raises(ValueError, match="expected 1 <= stride <= block size"):
+        import_memmap(kf, vf, tmp_path / "nowin", block_size=512, stride=1024, **no_windows)
+    assert "tokens_per_sample" not in import_memmap(kf, vf, tmp_path / "nowin", unknown_windows=True, **no_windows)
     # both tools' default key is last_ffn_input: this pipeline's att
     assert man["key_types"] == ["att"] and not (tmp_path / "out/keys_ffn.npy").exists()
     k2, v2, man2 = open_datastore(tmp_path / "out/manifest.json", tmp_path / "out/vals.npy",
@@ -442,8 +453,29 @@ def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
         KNNLM.from_datastore(knn.lm, tmp_path / "imported", mask="exact", k=8)
     import_memmap(*raw, tmp_path / "imported_att", **windows)
     assert KNNLM.from_datastore(knn.lm, tmp_path / "imported_att", mask="exact", k=8).verify()["matches"][0] == "att"
-    import_memmap(*raw, tmp_path / "no_windows", key_type="ffn")
+    import_memmap(*raw, tmp_path / "no_windows", key_type="ffn", unknown_windows=True)
     assert not KNNLM.from_datastore(knn.lm, tmp_path / "no_windows", mask="exact", k=8).verify()["windows"]
+    # from the shell, as a knn-transformers user has it: their --block_size and --stride, verified with the LM at
+    # import; another LM's keys refused in one line (exit 2) and nothing left; --no-verify marks the store so
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    block = windows["tokens_per_sample"]
+    cli = [sys.executable, "-m", "knnlm.datastore.importer", "--keys", str(raw[0]), "--vals", str(raw[1]),
+           "--block-size", str(block), "--stride", str(block - windows["context_window"])]
+    r = subprocess.run(cli + ["--out", str(tmp_path / "cli"), "--lm", path], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    verified = json.loads((tmp_path / "cli" / "manifest.json").read_text())["verified"]
+    assert verified["lm"] == path and verified["att"] < 5e-3 and verified["windows"]
+    r = subprocess.run(cli + ["--out", str(tmp_path / "cli_other"), "--lm", str(tmp_path / "other")], env=env,
+                       capture_output=True, text=True)
+    last = r.stderr.strip().splitlines()[-1]  # (after the progress bars)
+    assert r.returncode == 2 and last.startswith("error: ") and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "neither this LM's att nor its ffn states" in r.stderr and not (tmp_path / "cli_other").exists()
+    r = subprocess.run(cli[:-4] + ["--out", str(tmp_path / "cli_nowin"), "--lm", path], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "--block-size and --stride" in r.stderr, r.stderr[-3000:]
+    r = subprocess.run(cli + ["--out", str(tmp_path / "cli_unverified"), "--no-verify"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and json.loads((tmp_path / "cli_unverified" / "manifest.json").read_text())["verified"] is False
 
 
 def test_bundle_cli_exports_a_run_store(tiny_run, tmp_path):

@@ -14,6 +14,14 @@ manifest, which records where the files came from. Copied in chunks: memory stay
 Key type: both tools store `last_ffn_input` by default (knn-transformers' --knn_keytype, urvashik/knnlm's
 --knn-keytype), the input of the last layer's feed-forward block after its LayerNorm: this pipeline's att, the
 importer's default. A store dumped with `last_ffn_output` is ffn (--key-type ffn).
+
+Windows: the keys are hidden states, so they depend on the context each token had when they were dumped; the
+importer needs the windows to check them (KNNLM.verify recomputes a sample in the same windows):
+  knn-transformers: --block-size B --stride S (theirs; defaults 1024, the GPT-2 maximum, and 512): windows of B tokens
+                    whose last S are stored, this pipeline's tokens_per_sample = B, context_window = B − S;
+  urvashik/knnlm:   --tokens-per-sample T --context-window C (fairseq-eval-lm's; their README: 3072 and 2560).
+With --lm (a Hugging Face model folder or hub id) the imported keys are verified at once and a store that is not
+that LM's is refused (its files removed); --no-verify imports without the check and marks the store unverified.
 """
 from __future__ import annotations
 
@@ -45,7 +53,8 @@ def _memmap(path: Path, dtype, shape: tuple[int, ...], what: str) -> np.memmap:
 def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | Path, *, size: int | None = None,
                   dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "att",
                   vocab_size: int | None = None, checkpoint_sha256: str | None = None, tokens_per_sample: int | None = None,
-                  context_window: int | None = None, chunk: int = 1 << 16) -> dict:
+                  context_window: int | None = None, block_size: int | None = None, stride: int | None = None,
+                  unknown_windows: bool = False, chunk: int = 1 << 16) -> dict:
     """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
     (knnlm.paths.DatastoreLayout); returns the manifest.
 
@@ -55,13 +64,17 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     val must be below it. checkpoint_sha256: the LM the keys came from (recorded, and checked when queries of that LM
     are scored). tokens_per_sample, context_window: the windows the keys were dumped in (fairseq-eval-lm's: windows of
     tokens_per_sample tokens, each scoring the tokens after its first context_window), recorded so that
-    KNNLM.verify recomputes the very states; unknown, it checks them more loosely. Raises ArtifactError naming the file for a wrong
-    size, a non-finite key in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767
-    overflow: re-dump with int32 vals); ValueError for a missing N or D or a bad key type.
+    KNNLM.verify recomputes the very states; or knn-transformers' block_size and stride (tokens_per_sample =
+    block_size, context_window = block_size − stride). Without either, pass unknown_windows=True: the store is then
+    checked only loosely (KNNLM.verify logs). Raises ArtifactError naming the file for a wrong size, a non-finite key
+    in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767 overflow: re-dump with int32
+    vals); ValueError for a missing N or D, a bad key type, or windows that are missing or inconsistent.
     """
     keys_file, vals_file, out = Path(keys_file), Path(vals_file), Path(out_dir)
     if key_type not in ("att", "ffn"):
         raise ValueError(f"key_type must be 'att' or 'ffn', found {key_type!r}")
+    tokens_per_sample, context_window = import_windows(tokens_per_sample, context_window, block_size, stride,
+                                                       unknown_windows)
     m = KNN_TRANSFORMERS.search(keys_file.name)
     size = size or (int(m["n"]) if m else None)
     dim = dim or (int(m["d"]) if m else None)
@@ -102,6 +115,34 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     return manifest
 
 
+def import_windows(tokens_per_sample: int | None, context_window: int | None, block_size: int | None,
+                   stride: int | None, unknown: bool = False) -> tuple[int | None, int | None]:
+    """(tokens_per_sample, context_window) of an imported store from fairseq-eval-lm's names (urvashik/knnlm) or
+    knn-transformers' (block_size B, stride S: windows of B tokens whose last S are stored → B, B − S); (None, None)
+    with `unknown`. Raises ValueError naming the options when both kinds or neither are given, or when they do not
+    fit (stride outside 1..block_size, context_window outside 0..tokens_per_sample − 1)."""
+    fairseq, hf = tokens_per_sample is not None or context_window is not None, block_size is not None or stride is not None
+    if fairseq and hf:
+        raise ValueError("give the windows once: --tokens-per-sample/--context-window (urvashik/knnlm) or "
+                         "--block-size/--stride (knn-transformers), not both")
+    if hf:
+        if block_size is None or stride is None or not 1 <= stride <= block_size:
+            raise ValueError(f"--block-size and --stride: expected 1 <= stride <= block size, found block size "
+                             f"{block_size}, stride {stride} (knn-transformers' defaults: 1024 and 512)")
+        return int(block_size), int(block_size - stride)
+    if fairseq:
+        c = int(context_window or 0)
+        if tokens_per_sample is None or not 0 <= c < tokens_per_sample:
+            raise ValueError(f"--tokens-per-sample and --context-window: expected 0 <= context window < tokens per "
+                             f"sample, found {tokens_per_sample} and {context_window}")
+        return int(tokens_per_sample), c
+    if unknown:
+        return None, None
+    raise ValueError("the windows the keys were dumped in are needed to check them: --block-size and --stride "
+                     "(knn-transformers; defaults 1024 and 512) or --tokens-per-sample and --context-window "
+                     "(urvashik/knnlm; its README: 3072 and 2560); --unknown-windows imports without them")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.datastore.importer", description=__doc__.split("\n")[0])
     ap.add_argument("--keys", required=True)
@@ -115,15 +156,64 @@ def main(argv=None) -> None:
                     help="att = the tools' last_ffn_input (their default), ffn = last_ffn_output")
     ap.add_argument("--vocab-size", type=int)
     ap.add_argument("--checkpoint", help="the LM checkpoint the keys came from (its sha256 is recorded)")
-    ap.add_argument("--tokens-per-sample", type=int, help="the window length the keys were dumped with")
-    ap.add_argument("--context-window", type=int, help="the context tokens each window carried before its targets")
+    ap.add_argument("--tokens-per-sample", type=int,
+                    help="urvashik/knnlm (fairseq-eval-lm): the window length the keys were dumped with (README: 3072)")
+    ap.add_argument("--context-window", type=int,
+                    help="urvashik/knnlm: the context tokens each window carried before its targets (README: 2560)")
+    ap.add_argument("--block-size", type=int, help="knn-transformers: --block_size of the dump (default 1024)")
+    ap.add_argument("--stride", type=int, help="knn-transformers: --stride of the dump (default 512)")
+    ap.add_argument("--unknown-windows", action="store_true", help="import without the windows (checked loosely)")
+    ap.add_argument("--lm", help="a Hugging Face model (folder or hub id) whose keys these are: verified at import")
+    ap.add_argument("--no-verify", action="store_true", help="import without verifying (the store is marked so)")
     a = ap.parse_args(argv)
+    if not a.lm and not a.no_verify:
+        raise ValueError("give --lm (the Hugging Face model whose keys these are) to verify them at import, or "
+                         "--no-verify to import them unverified")
     man = import_memmap(a.keys, a.vals, a.out, size=a.size, dim=a.dim, keys_dtype=a.keys_dtype,
                         vals_dtype=a.vals_dtype, key_type=a.key_type, vocab_size=a.vocab_size,
                         checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None,
-                        tokens_per_sample=a.tokens_per_sample, context_window=a.context_window)
-    print(f"imported {man['N']} keys of dim {man['D']} ({man['key_types'][0]}) into {a.out}")
+                        tokens_per_sample=a.tokens_per_sample, context_window=a.context_window,
+                        block_size=a.block_size, stride=a.stride, unknown_windows=a.unknown_windows)
+    if a.lm:
+        verify_import(a.out, a.lm, a.key_type)
+    else:
+        write_json(DatastoreLayout(a.out).path("manifest"), {**man, "verified": False})
+    print(f"imported {man['N']} keys of dim {man['D']} ({man['key_types'][0]}) into {a.out}"
+          + ("" if a.lm else " (unverified: --no-verify)"))
+
+
+def verify_import(out_dir: str | Path, lm_path: str, key_type: str) -> dict:
+    """KNNLM.verify of an imported store with the Hugging Face LM at lm_path (knnlm.api.KNNLM.from_datastore); on
+    success the manifest records 'verified' (the errors and the LM), else the imported files are removed and the
+    ArtifactError (naming the keys file and both LMs) is raised."""
+    import shutil
+
+    from ..api import KNNLM
+    from ..lm.hf import HuggingFaceLM
+
+    ds = DatastoreLayout(out_dir)
+    try:
+        knn = KNNLM.from_datastore(HuggingFaceLM(lm_path), out_dir, key=key_type, mask="exact", k=1, verify=False)
+        v = knn.verify()
+        if not v["windows"] and not (v["matches"] and v["matches"][0] == key_type):
+            raise ArtifactError(f"{ds.path('keys', key=key_type)}: the keys are not {lm_path}'s {key_type} states in "
+                                f"the LM's own windows (median relative error att {v['att']:.3g}, ffn {v['ffn']:.3g});"
+                                " give the windows they were dumped in (--block-size/--stride or --tokens-per-sample/"
+                                "--context-window), or --no-verify")
+    except Exception:
+        for kind in ("keys", "vals", "manifest"):
+            p = ds.path(kind, key=key_type) if kind == "keys" else ds.path(kind)
+            p.unlink(missing_ok=True)
+        if Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
+            shutil.rmtree(out_dir)
+        raise
+    man = {**knn.manifest, "verified": {"lm": lm_path, "rows": v["rows"], "att": v["att"], "ffn": v["ffn"],
+                                        "windows": v["windows"]}}
+    write_json(ds.path("manifest"), man)
+    return v
 
 
 if __name__ == "__main__":
-    main()
+    from ..generate import cli_main
+
+    cli_main(main)
