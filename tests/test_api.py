@@ -459,7 +459,7 @@ def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
     # import; another LM's keys refused in one line (exit 2) and nothing left; --no-verify marks the store so
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
     block = windows["tokens_per_sample"]
-    cli = [sys.executable, "-m", "knnlm.datastore.importer", "--keys", str(raw[0]), "--vals", str(raw[1]),
+    cli = [sys.executable, "-m", "knnlm.importer", "--keys", str(raw[0]), "--vals", str(raw[1]),
            "--block-size", str(block), "--stride", str(block - windows["context_window"])]
     r = subprocess.run(cli + ["--out", str(tmp_path / "cli"), "--lm", path], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -487,7 +487,7 @@ class KNNLM:
             (log.info if matches and matches[0] == self.key else log.warning)(
                 "verify: the datastore's manifest does not record the windows its keys were dumped in, so their "
                 "recomputed states are not comparable (median relative error att %.3g, ffn %.3g); import it with the "
-                "windows (knnlm.datastore.importer: --block-size/--stride or --tokens-per-sample/--context-window) "
+                "windows (python -m knnlm.importer: --block-size/--stride or --tokens-per-sample/--context-window) "
                 "to check it", err["att"], err["ffn"])
             return out
         if not matches or matches[0] != self.key:

@@ -9,8 +9,8 @@ Layouts read:
 Written (knnlm.datastore.dump's files, knnlm.paths.DatastoreLayout): keys [N, D] float16, vals [N] int32 and the
 manifest, which records where the files came from. Copied in chunks: memory stays flat in N.
 
-    python -m knnlm.datastore.importer --keys dstore_gpt2_116988150_768_keys.npy \\
-        --vals dstore_gpt2_116988150_768_vals.npy --out my_datastore
+    python -m knnlm.importer --keys dstore_gpt2_116988150_768_keys.npy --vals dstore_gpt2_116988150_768_vals.npy \\
+        --block-size 1024 --stride 512 --lm gpt2 --out my_datastore
 Key type: both tools store `last_ffn_input` by default (knn-transformers' --knn_keytype, urvashik/knnlm's
 --knn-keytype), the input of the last layer's feed-forward block after its LayerNorm: this pipeline's att, the
 importer's default. A store dumped with `last_ffn_output` is ffn (--key-type ffn).
@@ -20,12 +20,11 @@ importer needs the windows to check them (KNNLM.verify recomputes a sample in th
   knn-transformers: --block-size B --stride S (theirs; defaults 1024, the GPT-2 maximum, and 512): windows of B tokens
                     whose last S are stored, this pipeline's tokens_per_sample = B, context_window = B − S;
   urvashik/knnlm:   --tokens-per-sample T --context-window C (fairseq-eval-lm's; their README: 3072 and 2560).
-With --lm (a Hugging Face model folder or hub id) the imported keys are verified at once and a store that is not
-that LM's is refused (its files removed); --no-verify imports without the check and marks the store unverified.
+The command line (knnlm.importer) verifies the imported keys with --lm (a Hugging Face model folder or hub id) and
+refuses a store that is not that LM's; --no-verify imports without the check and marks the store unverified.
 """
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -141,79 +140,3 @@ def import_windows(tokens_per_sample: int | None, context_window: int | None, bl
     raise ValueError("the windows the keys were dumped in are needed to check them: --block-size and --stride "
                      "(knn-transformers; defaults 1024 and 512) or --tokens-per-sample and --context-window "
                      "(urvashik/knnlm; its README: 3072 and 2560); --unknown-windows imports without them")
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m knnlm.datastore.importer", description=__doc__.split("\n")[0])
-    ap.add_argument("--keys", required=True)
-    ap.add_argument("--vals", required=True)
-    ap.add_argument("--out", required=True, help="the datastore folder to write (keys, vals, manifest)")
-    ap.add_argument("--size", type=int, help="N (default: from a knn-transformers file name)")
-    ap.add_argument("--dim", type=int, help="D (default: from a knn-transformers file name)")
-    ap.add_argument("--keys-dtype", default="float16", help="float16 (default) or float32")
-    ap.add_argument("--vals-dtype", default="int32", help="int32 (knn-transformers), int16 or int64 (urvashik/knnlm)")
-    ap.add_argument("--key-type", default="att", choices=["att", "ffn"],
-                    help="att = the tools' last_ffn_input (their default), ffn = last_ffn_output")
-    ap.add_argument("--vocab-size", type=int)
-    ap.add_argument("--checkpoint", help="the LM checkpoint the keys came from (its sha256 is recorded)")
-    ap.add_argument("--tokens-per-sample", type=int,
-                    help="urvashik/knnlm (fairseq-eval-lm): the window length the keys were dumped with (README: 3072)")
-    ap.add_argument("--context-window", type=int,
-                    help="urvashik/knnlm: the context tokens each window carried before its targets (README: 2560)")
-    ap.add_argument("--block-size", type=int, help="knn-transformers: --block_size of the dump (default 1024)")
-    ap.add_argument("--stride", type=int, help="knn-transformers: --stride of the dump (default 512)")
-    ap.add_argument("--unknown-windows", action="store_true", help="import without the windows (checked loosely)")
-    ap.add_argument("--lm", help="a Hugging Face model (folder or hub id) whose keys these are: verified at import")
-    ap.add_argument("--no-verify", action="store_true", help="import without verifying (the store is marked so)")
-    a = ap.parse_args(argv)
-    if not a.lm and not a.no_verify:
-        raise ValueError("give --lm (the Hugging Face model whose keys these are) to verify them at import, or "
-                         "--no-verify to import them unverified")
-    man = import_memmap(a.keys, a.vals, a.out, size=a.size, dim=a.dim, keys_dtype=a.keys_dtype,
-                        vals_dtype=a.vals_dtype, key_type=a.key_type, vocab_size=a.vocab_size,
-                        checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None,
-                        tokens_per_sample=a.tokens_per_sample, context_window=a.context_window,
-                        block_size=a.block_size, stride=a.stride, unknown_windows=a.unknown_windows)
-    if a.lm:
-        verify_import(a.out, a.lm, a.key_type)
-    else:
-        write_json(DatastoreLayout(a.out).path("manifest"), {**man, "verified": False})
-    print(f"imported {man['N']} keys of dim {man['D']} ({man['key_types'][0]}) into {a.out}"
-          + ("" if a.lm else " (unverified: --no-verify)"))
-
-
-def verify_import(out_dir: str | Path, lm_path: str, key_type: str) -> dict:
-    """KNNLM.verify of an imported store with the Hugging Face LM at lm_path (knnlm.api.KNNLM.from_datastore); on
-    success the manifest records 'verified' (the errors and the LM), else the imported files are removed and the
-    ArtifactError (naming the keys file and both LMs) is raised."""
-    import shutil
-
-    from ..api import KNNLM
-    from ..lm.hf import HuggingFaceLM
-
-    ds = DatastoreLayout(out_dir)
-    try:
-        knn = KNNLM.from_datastore(HuggingFaceLM(lm_path), out_dir, key=key_type, mask="exact", k=1, verify=False)
-        v = knn.verify()
-        if not v["windows"] and not (v["matches"] and v["matches"][0] == key_type):
-            raise ArtifactError(f"{ds.path('keys', key=key_type)}: the keys are not {lm_path}'s {key_type} states in "
-                                f"the LM's own windows (median relative error att {v['att']:.3g}, ffn {v['ffn']:.3g});"
-                                " give the windows they were dumped in (--block-size/--stride or --tokens-per-sample/"
-                                "--context-window), or --no-verify")
-    except Exception:
-        for kind in ("keys", "vals", "manifest"):
-            p = ds.path(kind, key=key_type) if kind == "keys" else ds.path(kind)
-            p.unlink(missing_ok=True)
-        if Path(out_dir).is_dir() and not any(Path(out_dir).iterdir()):
-            shutil.rmtree(out_dir)
-        raise
-    man = {**knn.manifest, "verified": {"lm": lm_path, "rows": v["rows"], "att": v["att"], "ffn": v["ffn"],
-                                        "windows": v["windows"]}}
-    write_json(ds.path("manifest"), man)
-    return v
-
-
-if __name__ == "__main__":
-    from ..generate import cli_main
-
-    cli_main(main)
