@@ -580,11 +580,9 @@ class KNNLM:
         ≤ 0, fewer than 2 λ steps, ...)."""
         import hashlib
 
-        from .config import extend_while_on_edge, tau_edge, temperatures
+        from .config import check_section, extend_while_on_edge, tau_edge, temperatures
         from .scoring.interpolation import (interpolate, knn_log_prob_from_cache, lambda_grid,
                                             sweep_temperature_from_cache, tune_lambda, tune_temperature)
-
-        from .config import check_section
 
         lines = text_lines(valid_text)
         if not lines:
@@ -770,7 +768,7 @@ class KNNLM:
             out = original(*args, **kwargs)
             logits = out.logits
             b, t, v = logits.shape
-            h = cap["h"].reshape(b, t, -1).reshape(b * t, -1).float().cpu().numpy()
+            h = cap["h"].reshape(b * t, -1).float().cpu().numpy()
             lp_lm = logits.float().log_softmax(-1).reshape(b * t, v).cpu().numpy()
             mixed = torch.as_tensor(knn.mix(lp_lm, knn.knn_distribution(h)), dtype=torch.float32,
                                     device=logits.device).reshape(b, t, v)

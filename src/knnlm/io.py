@@ -211,7 +211,9 @@ def _artifact_files(path: Path) -> dict[str, Path]:
     return {".": path}
 
 
-def _stat_of(f: Path) -> dict[str, int]:
+def file_stat(f: Path) -> dict[str, int]:
+    """What identifies a file's contents without reading it: {'size', 'mtime_ns', 'ctime_ns', 'inode'} (a checksum
+    taken when they were these need not be taken again)."""
     st = f.stat()
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "inode": st.st_ino}
 
@@ -229,7 +231,7 @@ def write_checksum(path: str | Path, maker: dict) -> Path:
     files = {}
     for name, f in _artifact_files(path).items():
         digest = sha256_file(f)
-        files[name] = {"sha256": digest, **_stat_of(f)}  # the stat after the read: what the checksum was taken of
+        files[name] = {"sha256": digest, **file_stat(f)}  # the stat after the read: what the checksum was taken of
     out = checksum_path(path)
     write_json(out, {"maker": maker, "files": files})
     return out
@@ -271,7 +273,7 @@ def verify_checksum(path: str | Path, required: bool = False) -> bool:
                             f"not written by it {new[:5]})")
     for name, f in have.items():
         want = files[name]
-        st = _stat_of(f)
+        st = file_stat(f)
         if all(want.get(k) == v for k, v in st.items()):
             continue  # untouched since its checksum was taken
         if st["size"] != want["size"]:
@@ -291,15 +293,14 @@ def sweep_checksums(root: str | Path, temporaries: bool = False) -> int:
     has consumed). Only for a run folder no job is writing into: the workflow calls it when an invocation ends,
     holding the run folder's lock. Returns how many were removed."""
     n = 0
-    for rec in Path(root).rglob(f"*{CHECKSUM_SUFFIX}"):
-        if not rec.with_name(rec.name[: -len(CHECKSUM_SUFFIX)]).exists():
-            rec.unlink(missing_ok=True)
-            n += 1
-    if temporaries:
-        for tmp in Path(root).rglob("*.tmp-*"):
-            if re.fullmatch(r".+\.tmp-\d+", tmp.name) and (tmp.exists() or tmp.is_symlink()):
-                _remove(tmp)
+    for p in list(Path(root).rglob("*")):  # one walk of the folder (listed first: temporaries are removed as we go)
+        if p.name.endswith(CHECKSUM_SUFFIX):
+            if not p.with_name(p.name[: -len(CHECKSUM_SUFFIX)]).exists():
+                p.unlink(missing_ok=True)
                 n += 1
+        elif temporaries and re.fullmatch(r".+\.tmp-\d+", p.name) and (p.exists() or p.is_symlink()):
+            _remove(p)
+            n += 1
     return n
 
 
@@ -316,10 +317,10 @@ def sha256_files(paths: list[str | Path], cache: str | Path | None = None) -> di
     for p in map(Path, paths):
         if not p.is_file():
             raise ArtifactError(f"missing file {p}")
-        st = _stat_of(p)
+        st = file_stat(p)
         entry = old.get(str(p)) if isinstance(old, dict) else None
         if not (isinstance(entry, dict) and all(entry.get(k) == v for k, v in st.items()) and entry.get("sha256")):
-            entry = {"sha256": sha256_file(p), **_stat_of(p)}
+            entry = {"sha256": sha256_file(p), **file_stat(p)}
         out[str(p)], entries[str(p)] = entry["sha256"], entry
     if cache is not None and entries != old:
         write_json(cache, entries)

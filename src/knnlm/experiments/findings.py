@@ -67,6 +67,7 @@ auto' probes a small store more densely (at least index.scan_factor × k keys pe
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -114,10 +115,8 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
     margins use, by name, with their source; 'paper_numbers', tables of the paper's perplexities by name; and
     'claims', the entries), each as _claim gives it. Raises ValueError naming the file and the entry for an unknown
     field, a missing one, a duplicate id, an unknown table of paper numbers or margin."""
-    import yaml
-
     path = Path(path)
-    doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    doc = _claims_document(path)
     tables = doc.get("paper_numbers") or {}
     shares = {k: v["share"] for k, v in (doc.get("margins") or {}).items()}
     axes, by_source = doc.get("regime") or {}, doc.get("regime_of_source") or {}
@@ -159,9 +158,20 @@ def load_regime(path: str | Path = CLAIMS_FILE) -> dict:
     """The regime axes of the claims table at `path` ('regime': {axis: {'name', 'paper', 'factor', 'source'}}): what a
     claim's outcome may depend on where this run is far from the paper's, and how far (a factor) still counts as the
     paper's regime."""
+    return _claims_document(Path(path)).get("regime") or {}
+
+
+def _claims_document(path: Path) -> dict:
+    """The parsed claims table at `path` (load_claims and load_regime read its parts; a text already parsed in this
+    process is not parsed again)."""
+    return _parse_yaml(path.read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_yaml(text: str) -> dict:
     import yaml
 
-    return yaml.safe_load(Path(path).read_text(encoding="utf-8")).get("regime") or {}
+    return yaml.safe_load(text)
 
 
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
@@ -226,9 +236,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
                            f"{label} vs full")
     if job.input.get("pca_store"):  # He et al. 2021's PCA-reduced keys vs the full keys (Sec. 5.2 cites it)
         p, full = read_json(job.path("pca_store")), read_json(job.path("pca_full"))
-        rows = size_comparisons(p, full, job.cfg["stats"])
-        rows["comparison"] = rows["comparison"].str.replace("(small store vs full)", f"({p['store']} vs full)",
-                                                            regex=False)
+        rows = size_comparisons(p, full, job.cfg["stats"], label=p["store"])
         dims = f"{p['dim']} of {full.get('dim', '?')} dims"
         out["pca"] = (rows, f"{p['key_type']}/{p['metric'].upper()}, {dims}{_probe_label(p, job.cfg['knn']['k'])}")
     return out
@@ -281,12 +289,12 @@ def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def size_comparisons(small: dict, full: dict, stats: dict) -> pd.DataFrame:
-    """Rows (split, comparison '<setting> (small store vs full)', relative difference, CI low, CI high, verdict):
-    each mask/score setting (and its tuned-τ twin) on a store subset against the full store, paired over the same
-    documents from the two settings JSONs' per-document NLL (Sec. 4, Figure 2; retrieval.store_vs_store, which
-    raises ArtifactError when the two were scored on different documents)."""
-    diffs = {split: {f"{name} (small store vs full)": store_vs_store(small, full, split, name, stats)
+def size_comparisons(small: dict, full: dict, stats: dict, label: str = "small store") -> pd.DataFrame:
+    """Rows (split, comparison '<setting> (<label> vs full)', relative difference, CI low, CI high, verdict): each
+    mask/score setting (and its tuned-τ twin) on another store (a subset: Sec. 4, Figure 2; a PCA store) against the
+    full store, paired over the same documents from the two settings JSONs' per-document NLL
+    (retrieval.store_vs_store, which raises ArtifactError when the two were scored on different documents)."""
+    diffs = {split: {f"{name} ({label} vs full)": store_vs_store(small, full, split, name, stats)
                      for name in names if name != "base" and name in full["doc_nll"][split]}
              for split, names in small["doc_nll"].items()}
     return pd.DataFrame([r for split, d in diffs.items() for r in comparison_rows({"diff": d}, split=split)])

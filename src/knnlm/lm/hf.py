@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..io import ArtifactError, read_json, sha256_file
+from ..io import ArtifactError, file_stat, read_json, sha256_file
 from . import LMPass
 from .windows import window_states
 
@@ -195,14 +195,21 @@ def model_dir(path: str, revision: str | None = None) -> Path | None:
         return None
 
 
+_IDENTITIES: dict[tuple, dict] = {}  # files_identity by its files' paths and stats: each LM hashed once per process
+
+
 def files_identity(d: Path) -> dict:
     """The identity of a Hugging Face LM's files in folder d, one definition for every caller (the pipeline's model
     card, HuggingFaceLM, bundles): {'checkpoint_sha256': the sha256 of its weight files and config (WEIGHT_FILES, by
-    name in sorted order), 'tokenizer_sha256': of its tokenizer files (TOKENIZER_FILES), None without any}."""
+    name in sorted order), 'tokenizer_sha256': of its tokenizer files (TOKENIZER_FILES), None without any}. Files
+    whose paths and stats (knnlm.io.file_stat) are unchanged are not hashed again in this process."""
     weights = sorted({f for pat in WEIGHT_FILES for f in d.glob(pat)})
     toks = sorted(f for name in TOKENIZER_FILES for f in d.glob(name))
-    return {"checkpoint_sha256": _sha256_files(weights) if weights else None,
-            "tokenizer_sha256": _sha256_files(toks) if toks else None}
+    key = tuple(tuple((str(f.resolve()), *file_stat(f).values()) for f in files) for files in (weights, toks))
+    if key not in _IDENTITIES:
+        _IDENTITIES[key] = {"checkpoint_sha256": _sha256_files(weights) if weights else None,
+                            "tokenizer_sha256": _sha256_files(toks) if toks else None}
+    return dict(_IDENTITIES[key])
 
 
 def model_card(path: str, revision: str | None = None, dtype: str = "float32") -> dict:
