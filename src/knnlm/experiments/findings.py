@@ -423,8 +423,8 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
             valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
             return ", ".join(n for n in sub if str(valid.get(f"kNN-LM {n}{TUNED} vs kNN-LM {n}", "")) == "lower")
         src = "table1"
-    elif c["source"] == "size":
-        names, src = [cmp_.split(" (small store vs full)")[0]], "table3"
+    elif c["source"] in ("size", "pca"):  # '<setting> (<store> vs full)': the setting's τ* on the full store
+        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], "table3"
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
