@@ -11,6 +11,10 @@ SMALL_SETTINGS = (
           "size_store": artifact("settings", store=SMALL_STORE, **_SMALL_KEY),  # against the full store's: Figure 2's claim
           "full_store": artifact("settings", store="full", **_SMALL_KEY)}
 )
+# the largest subset of 'datastore_size.ratios' (the paper's 90 %) against the full store: no diminishing returns
+_LARGE = store_name(max([r for r in DATASTORE_SIZE["ratios"] if r < 1] or [1]))
+if SMALL_SETTINGS and _LARGE not in ("full", SMALL_STORE):
+    SMALL_SETTINGS["large_store"] = artifact("settings", store=_LARGE, **_SMALL_KEY)
 # He et al. 2021's PCA-reduced keys (half the dimensions in the paper), cited in Sec. 5.2 as another approximation:
 # the first PCA store of 'stores.extra' against the full one, same (key, metric) and scope
 PCA_SETTINGS = (
@@ -23,6 +27,8 @@ knnlm_rule(
     "write_findings", "findings.findings",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
+        # its headroom: the best valid perplexity of the LMs trained on from it without dropout (App. E.6.1's)
+        headroom=[artifact("lm_training", lm=n) for n in OVERFIT] if BACKEND[PRIMARY].trained else [],
         documents=per_split("documents"),  # the resampling unit each row names
         table1=artifact("table", table="table1_comparisons", ext="csv"),
         # the regime table: the base LM's perplexity (Table 1) and its vocabulary (the rows per vocabulary entry)
@@ -34,6 +40,8 @@ knnlm_rule(
         # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
         table3_settings=artifact("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
         parametric=artifact("table", table="parametric_comparisons", ext="csv") if PLAIN_W_SM else [],
+        # App. A: each base LM's kNN-LM and their gains compared (when config 'table4' names more than the primary LM)
+        table4=artifact("run_table", table="table4_comparisons", ext="csv") if len(BASE_LMS) > 1 else [],
         which_words=artifact("table", table="which_words_comparisons", ext="csv"),  # App. D
         hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv") if PLAIN_W_SM else [],  # App. E.1-E.4
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)

@@ -20,6 +20,7 @@ knnlm_rule(
     output=files(
         csv=artifact("run_table", table="table4", ext="csv"),
         md=report(artifact("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
+        cmp_csv=artifact("run_table", table="table4_comparisons", ext="csv"),  # App. A's claims, read by the findings
     ),
     cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),
 )

@@ -33,7 +33,13 @@ the FAISS score less than a real score) is tested. Column 'test' says whether a 
 measured most claims at τ = 1, near-optimal at its distance scale; where this run's τ* of a compared setting beats
 τ = 1 beyond the CI (its 'X τ* vs X' row), the τ = 1 row is reported and labelled, and the verdict is made with each
 side at its own τ* (test 'the paper's, each side at its τ*').
-A claim about a family of settings (every parametric alternative the run trained) gets one row per member.
+A claim about a family of settings (every parametric alternative the run trained) gets one row per member; a claim
+about the best of several ("in some settings the gap … can be as high as 3.7 %") is tested on the one chosen on valid
+(claims.yaml 'choose'), the row saying which and why. A claim that one difference exceeds another (Sec. 5.1: the score
+gap is larger than the mask gap; Sec. 5.2: a small store benefits more than the full one; App. A: a stronger LM gains
+less) is tested on the difference of the two as one statistic, with its paired CI over the same documents. A row whose
+effective number of documents is fixed by its design (a slope's or a correlation's leverages) and falls short of
+'stats.min_documents' says so: no outcome on these documents could decide it.
 A parametric alternative that stopped before its valid NLL stopped improving is under-trained: a verdict that rests
 on it looking worse than the claim needs (worse than the kNN-LM or the base LM, or a smaller share of the gain) is
 'inconclusive (under-trained)', since more training could change it; one where it already looks better stands.
@@ -75,7 +81,7 @@ import pandas as pd
 
 from ..job import Job
 from ..io import atomic_path, read_json
-from ..statistics.captions import ci_caption, comparison_rows
+from ..statistics.captions import ci_caption, comparison_rows, contrast_row
 from .common import lm_training_label
 from ..statistics.verdicts import band_verdict, paper_verdict, within_verdict
 from ..datastore.stores import TRAINING_SUBSET_LABEL
@@ -86,11 +92,13 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None, shown=None):
+           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None, shown=None, choose=None):
     """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
     fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
     'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
     expression of the comparison rows it is tested on."""
+    if choose not in (None, "lowest", "highest"):
+        raise TypeError(f"'choose' is 'lowest' or 'highest', found {choose!r}")
     for name, m in (("equivalent", equivalent), ("within", within)):
         if isinstance(m, dict) and set(m) != {"share", "of"}:
             raise TypeError(f"'{name}' as a mapping needs exactly 'share' and 'of', found {sorted(m)}")
@@ -99,7 +107,7 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
             "reported": reported, "kind": kind, "ref": ref,
             "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison),
-            "regime": regime, "shown": shown or (_readable(comparison) if regex else comparison)}
+            "regime": regime, "shown": shown or (_readable(comparison) if regex else comparison), "choose": choose}
 
 
 def _readable(pattern: str) -> str:
@@ -219,8 +227,11 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
                  "leakage", "ngram", "retomaton", "pruning", "generation"):  # App. D, E, follow-ups
         if job.input.get(name):
             out[name] = (pd.read_csv(job.path(name)), "")  # rows with an 'on' column say what they rest on
-    if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting
+    if job.input.get("table4"):  # App. A: the kNN-LM of each base LM, and their gains compared
+        out["table4"] = (pd.read_csv(job.path("table4")), "")
+    if t is not None:  # the Table 3 store's settings: the gain of tuning τ, setting vs setting; the two gaps (Sec. 5.1)
         out["tuning"] = (tuning_contrasts(t, job.cfg["stats"]), out["table3"][1])
+        out["gaps"] = (gap_contrasts(t, job.cfg["stats"], "table3"), out["table3"][1])
     if s is not None:
         from ..scoring.settings import tau_edges
         from ..statistics.captions import flag_edges
@@ -230,10 +241,19 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
         every = _every_label(s)
         out["small_store"] = (pd.DataFrame(rows), label + every)
         out["small_tuning"] = (tuning_contrasts(s, job.cfg["stats"]), label + every)
+        out["small_gaps"] = (gap_contrasts(s, job.cfg["stats"], "small_store"), label + every)
         if job.input.get("full_store"):  # on the retrieval scope, the full store's ('size_store')
             small = read_json(job.path("size_store")) if job.input.get("size_store") else s
-            out["size"] = (size_comparisons(small, read_json(job.path("full_store")), job.cfg["stats"]),
-                           f"{label} vs full")
+            full = read_json(job.path("full_store"))
+            out["size"] = (size_comparisons(small, full, job.cfg["stats"]), f"{label} vs full")
+            out["size_gaps"] = (store_contrasts(small, full, job.cfg["stats"], f"{s['ratio']:.0%} store"),
+                                f"{label} vs full")
+        if job.input.get("large_store") and job.input.get("full_store"):  # the largest subset (Figure 2's 90 %)
+            large = read_json(job.path("large_store"))
+            out["large_size"] = (size_comparisons(large, full, job.cfg["stats"], label=f"{large['ratio']:.0%} store"),
+                                 f"{large['key_type']}/{large['metric'].upper()}, {large['ratio']:.0%} store"
+                                 f"{_probe_label(large, job.cfg['knn']['k'])} vs full")
+    out["tau_gains"] = (tau_gains(out), "")  # Finding 3: the settings of the stores, the gain of tuning τ
     if job.input.get("pca_store"):  # He et al. 2021's PCA-reduced keys vs the full keys (Sec. 5.2 cites it)
         p, full = read_json(job.path("pca_store")), read_json(job.path("pca_full"))
         rows = size_comparisons(p, full, job.cfg["stats"], label=p["store"])
@@ -242,6 +262,9 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
+SMALL_SOURCES = ("small_store", "small_tuning", "small_gaps", "size_gaps")  # the paper's 5 % store, ours its ratio
+# the sources whose rows are differences of two relative differences (shown with two decimals)
+CONTRAST_SOURCES = ("tuning", "small_tuning", "gaps", "small_gaps", "size_gaps")
 FOLLOWUP_SOURCES = ("retomaton", "pruning", "generation")  # the sources of target 'extras' (config 'extras.in_all')
 PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
 
@@ -266,27 +289,74 @@ def tuning_contrasts(s: dict, stats: dict) -> pd.DataFrame:
     documents): how much less tuning τ helps setting A than setting B, as the difference of the two ratios
     ppl(τ*) / ppl(τ = 1), paired over the documents of settings JSON `s` (Sec. 5.2, Figure 5: tuning τ matters
     for a real score, less for the FAISS score). Positive: tuning helps A less."""
-    import numpy as np
-
-    from ..statistics.intervals import effective_documents, estimate, options
-    from ..statistics.verdicts import verdict as ci_verdict
-
-    st = options(stats)
+    scheme = s.get("documents_scheme", {}).get("scheme", "")
     rows = []
     for split, d in s["doc_nll"].items():
         for a, b in ((FAISS_FAISS, FAISS_REAL), (FAISS_FAISS, REAL_REAL)):
             names = [a, a + TUNED, b, b + TUNED]
-            if not all(n in d for n in names):
-                continue
-            nll, w = np.array([d[n] for n in names]), np.asarray(s["doc_words"][split], dtype=float)
-            v, lo, hi = estimate(lambda p: (p[..., 1] / p[..., 0] - p[..., 3] / p[..., 2])[..., None], nll, w, st,
-                                 "linear")
-            rows.append({"split": split, "comparison": f"τ*/τ=1 of {a} minus τ*/τ=1 of {b}",
-                         "relative difference": float(v[0]), "CI low": float(lo[0]), "CI high": float(hi[0]),
-                         "verdict": ci_verdict(lo[0], hi[0], len(w), st["min_documents"], effective_documents(w),
-                                               s.get("documents_scheme", {}).get("scheme", "")),
-                         "documents": len(w), "effective documents": effective_documents(w)})
+            if all(n in d for n in names):
+                rows.append(contrast_row([d[n] for n in names], s["doc_words"][split],
+                                      lambda p: p[..., 1] / p[..., 0] - p[..., 3] / p[..., 2], stats, scheme, split,
+                                      f"τ*/τ=1 of {a} minus τ*/τ=1 of {b}"))
     return pd.DataFrame(rows)
+
+
+def gap_contrasts(s: dict, stats: dict, source: str) -> pd.DataFrame:
+    """Rows (the columns of tuning_contrasts, and 'τ settings', 'τ source' for _tau1_off) of Sec. 5.1's comparison of
+    the two approximations on one store (settings JSON `s`, whose own rows are findings source `source`): the score
+    gap (FAISS mask: real score vs FAISS score, ppl_FR / ppl_FF − 1) minus the mask gap (real score: real mask vs
+    FAISS mask, ppl_RR / ppl_FR − 1), paired over the documents, at τ = 1 and with each setting at its τ*. Positive:
+    the approximate score gains more over the real one than the approximate mask over the real one."""
+    scheme = s.get("documents_scheme", {}).get("scheme", "")
+    rows = []
+    for split, d in s["doc_nll"].items():
+        for t in ("", TUNED):
+            names = [FAISS_FAISS + t, FAISS_REAL + t, REAL_REAL + t]
+            if all(n in d for n in names):
+                rows.append(contrast_row(
+                    [d[n] for n in names], s["doc_words"][split],
+                    lambda p: (p[..., 1] / p[..., 0] - 1) - (p[..., 2] / p[..., 1] - 1), stats, scheme, split,
+                    f"score gap ({names[1]} vs {names[0]}) minus mask gap ({names[2]} vs {names[1]})",
+                    **{"τ settings": "" if t else "; ".join(names), "τ source": "" if t else source}))
+    return pd.DataFrame(rows)
+
+
+def store_contrasts(small: dict, full: dict, stats: dict, label: str = "small store") -> pd.DataFrame:
+    """Rows (the columns of tuning_contrasts) of Sec. 5.2's "a small datastore benefits more from this regularization,
+    both through the FAISS mask and the FAISS score (at optimal temperature settings)": the gain of each approximation
+    at τ* on the store of settings JSON `small` minus the same gain on the store of `full` (the mask's: ppl_RR* /
+    ppl_FR* − 1; the score's: ppl_FR* / ppl_FF* − 1), paired over the documents both were scored on (ArtifactError,
+    knnlm.scoring.settings.check_same_scope, when they differ). Positive: the small store gains more."""
+    from ..scoring.settings import check_same_scope
+
+    scheme = small.get("documents_scheme", {}).get("scheme", "")
+    rows = []
+    for split, d in small["doc_nll"].items():
+        check_same_scope(small, full, split)
+        f = full["doc_nll"][split]
+        for what, (a, b) in (("mask", (REAL_REAL + TUNED, FAISS_REAL + TUNED)),
+                             ("score", (FAISS_REAL + TUNED, FAISS_FAISS + TUNED))):
+            if all(n in d and n in f for n in (a, b)):
+                rows.append(contrast_row([d[a], d[b], f[a], f[b]], small["doc_words"][split],
+                                      lambda p: (p[..., 0] / p[..., 1] - 1) - (p[..., 2] / p[..., 3] - 1), stats,
+                                      scheme, split, f"{what} gain ({a} vs {b}): {label} minus full"))
+    return pd.DataFrame(rows)
+
+
+def tau_gains(sources: dict) -> pd.DataFrame:
+    """The rows 'X τ* vs X' (the gain of tuning τ for setting X) of the stores' sources ('table3', 'small_store'),
+    each renamed 'X τ* vs X [store]' with its store's label in column 'on': the settings among which Finding 3's
+    "in some settings the gap … can be as high as 3.7 %" picks (a claim with 'choose', on valid)."""
+    out = []
+    for src, where in (("table3", "full store"), ("small_store", "small store")):
+        df, label = sources.get(src, (None, ""))
+        if df is None or df.empty:
+            continue
+        rows = df[df["comparison"].str.fullmatch(r"(\S+) τ\* vs \1")].copy()
+        rows["comparison"] = rows["comparison"] + f" [{where}]"
+        rows["on"] = label
+        out.append(rows)
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 def size_comparisons(small: dict, full: dict, stats: dict, label: str = "small store") -> pd.DataFrame:
@@ -403,8 +473,24 @@ def _with_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
                f"the half-width of its CI on valid, wider than {spec['share']:.0%} of '{of}' there" if ref is not None
                else f"the half-width of its CI on valid; no row '{of}'")
         sign = "±" if key == "equivalent" else ""
-        return {**c, key: margin, "margin_from": how, "claim": f"{c['claim']}: here {sign}{100 * margin:.2f} % ({how})"}
+        size = (f"{c['unit'][0] * margin:.3f} {c['unit'][1]}" if c.get("unit") else f"{100 * margin:.2f} %")
+        return {**c, key: margin, "margin_from": how, "claim": f"{c['claim']}: here {sign}{size} ({how})"}
     return c
+
+
+def _chosen(c: dict, df: pd.DataFrame, sel: pd.DataFrame) -> tuple[dict, pd.DataFrame]:
+    """(claim `c` saying which row it chose, the test row of `sel` it rests on) for a claim with 'choose' ('lowest' /
+    'highest'): among the comparisons of `sel` (test rows), the one whose relative difference on valid in `df` is the
+    lowest / highest; the choice is made on valid, test only measures. Without valid rows, `sel` unchanged."""
+    valid = df[(df["split"] == "valid") & df["comparison"].isin(set(sel["comparison"]))]
+    valid = valid[valid["relative difference"].notna()]
+    if valid.empty:
+        return c, sel
+    best = valid["relative difference"].idxmin() if c["choose"] == "lowest" else valid["relative difference"].idxmax()
+    pick = valid.loc[best, "comparison"]
+    text = (f"{c['claim']} (the row chosen on valid: the {c['choose']} relative difference of {len(valid)} "
+            f"({100 * valid.loc[best, 'relative difference']:+.1f} % on valid))")
+    return {**c, "claim": text}, sel[sel["comparison"] == pick]
 
 
 def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
@@ -415,7 +501,9 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     if not c["tau1"]:
         return ""
     cmp_ = r["comparison"]
-    if c["source"] == "parametric":  # the subset's kNN-LM has its own τ* row in the parametric table, the others Table 1's
+    if isinstance(r.get("τ settings"), str):  # a row that names the settings it rests on and where their τ* rows are
+        names, src = [n for n in r["τ settings"].split("; ") if n], r.get("τ source") or c["source"]
+    elif c["source"] == "parametric":  # the subset's kNN-LM has its own τ* row in the parametric table, the others Table 1's
         names = [n for n in re.findall(r"kNN-LM (\S+/\S+(?: on the subset)?(?: τ\*)?)", cmp_) if not n.endswith("τ*")]
         sub = [n for n in names if n.endswith(SUBSET)]
         if sub:
@@ -423,7 +511,7 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
             valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
             return ", ".join(n for n in sub if str(valid.get(f"kNN-LM {n}{TUNED} vs kNN-LM {n}", "")) == "lower")
         src = "table1"
-    elif c["source"] in ("size", "pca"):  # '<setting> (<store> vs full)': the setting's τ* on the full store
+    elif c["source"] in ("size", "large_size", "pca"):  # '<setting> (<store> vs full)': its τ* on the full store
         names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], "table3"
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
@@ -468,6 +556,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         v = "reported"
     elif n_for_verdict is not None and n_for_verdict < min_documents:
         v = f"inconclusive ({unit_count(docs, scheme)}" + (f", n_eff {eff:.1f})" if eff is not None else ")")
+        if isinstance(r.get("n_eff of"), str) and r["n_eff of"]:  # no outcome on these documents could decide it
+            v = v[:-1] + f" < {min_documents} by construction: {r['n_eff of']})"
     elif c["share"] is not None or c["size"] is not None:  # a stated value (a share, a size) ± its band
         stated = c["share"] if c["share"] is not None else c["size"]
         v = band_verdict(r["CI low"], r["CI high"], stated - c["about"], stated + c["about"])
@@ -497,7 +587,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         v = f"not tested (premise absent: {premise})"
     elif isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
         v = f"{v} ({r['flag']})"
-    fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"].endswith("tuning") else "{:+.1f}"
+    fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"] in CONTRAST_SOURCES else "{:+.1f}"
     if c["count_zero"]:
         n, most = int(r["CI low"]), int(r["CI high"])
         ours = f"{n} word{'' if n == 1 else 's'}" + (f" (up to {most}: {most - n} unresolved)" if most > n else "")
@@ -569,6 +659,28 @@ def regime_rows(values: dict) -> list[dict]:
     return rows
 
 
+def headroom_row(job: Job) -> dict | None:
+    """The regime table's row on the base LM's headroom, what continued training measured rather than a 'converged'
+    label: the best valid perplexity (per token, fairseq's validation) of each LM trained on from the base LM without
+    dropout (App. E.6.1's, input 'headroom': their training.json) against the base LM's own best (input
+    'lm_training'), as a relative change with the updates it took; None without both inputs."""
+    if not job.input.get("headroom") or not job.input.get("lm_training"):
+        return None
+    base = read_json(job.paths("lm_training")[0])
+    best = min(p for _, p in base["valid"])
+    parts = []
+    for path in job.paths("headroom"):
+        t = read_json(path)
+        parts.append((min(p for _, p in t["valid"]) / best - 1, f"{Path(path).parent.name}: {t['updates']:,} more updates"))
+    change, who = min(parts)
+    return {"axis": "base LM headroom: best valid perplexity (per token) of the base LM trained on without dropout "
+                    "(App. E.6.1's LMs) against its own", "the paper": "converged (Sec. 3; not measured)",
+            "this run": f"{100 * change:+.1f} % ({who}; the base LM's best {best:.2f})",
+            "the paper's regime (within a factor)": "-",
+            "source": "the LMs of config 'hypotheses.overfit_lms' (fairseq's validation, blocks without the context "
+                      "window)"}
+
+
 def regime_label(c: dict, values: dict) -> str:
     """The regime column of claim `c`'s rows: the axes its claim rests on (its 'regime') where this run is outside
     the paper's regime, 'the paper's' where none is, and the axes not measured."""
@@ -593,7 +705,7 @@ def findings(job: Job) -> dict:
     rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
     for c in CLAIMS:
         df, label = sources.get(c["source"], (None, ""))
-        if c["source"] in ("small_store", "small_tuning") and small is not None and abs(small["ratio"] - 0.05) > 1e-9:
+        if c["source"] in SMALL_SOURCES and small is not None and abs(small["ratio"] - 0.05) > 1e-9:
             c = {**c, "claim": c["claim"].replace("5 % datastore", f"{small['ratio']:.0%} datastore (the paper's: 5 %)")}
         sel = None if df is None or df.empty else df[(df["split"] == "test") & df["comparison"].str.fullmatch(c["pattern"])]
         if sel is not None and c["ref"] is not None and "reference" in sel:
@@ -608,6 +720,8 @@ def findings(job: Job) -> dict:
                          "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-"})
             counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1
             continue
+        if sel is not None and not sel.empty and c["choose"]:  # the row the claim rests on, chosen on valid
+            c, sel = _chosen(c, df, sel)
         if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
             if sel.empty:
@@ -637,7 +751,8 @@ def findings(job: Job) -> dict:
             "each row's 'regime' names the axes its claim rests on where this run is outside the paper's regime). "
             + "; ".join(f"verdicts in {w} regime: " + (", ".join(f"{n} {k}" for k, n in sorted(v.items())) or "none")
                         for w, v in by_regime.items()) + ".\n\n",
-            pd.DataFrame(regime_rows(values)).to_markdown(index=False) + "\n\n",
+            pd.DataFrame(regime_rows(values) + [r for r in [headroom_row(job)] if r]).to_markdown(index=False)
+            + "\n\n",
             pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "

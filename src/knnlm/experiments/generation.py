@@ -25,7 +25,7 @@ from ..io import ArtifactError, read_json
 from ..job import Job
 from ..report.figures import save_figure
 from ..report.tables import write_csv, write_table
-from ..statistics.captions import ci_caption
+from ..statistics.captions import DESIGN_N_EFF, ci_caption
 from ..statistics.intervals import effective_documents, jackknife_sums
 from ..statistics.regression import regression_leverage, regression_sums, slope_of
 from ..statistics.verdicts import verdict
@@ -184,7 +184,7 @@ def table(job: Job) -> dict:
         cmp.append({"split": "test", "comparison": name, "relative difference": float(v[0]), "CI low": float(lo[0]),
                     "CI high": float(hi[0]), "verdict": verdict(lo[0], hi[0], n_docs, st["min_documents"], n_eff,
                                                                 st.get("scheme", "")),
-                    "documents": n_docs, "effective documents": n_eff})
+                    "documents": n_docs, "effective documents": n_eff, "n_eff of": DESIGN_N_EFF})
         return float(v[0]), float(lo[0]), float(hi[0])
 
     def ci(v: tuple[float, float, float]) -> str:

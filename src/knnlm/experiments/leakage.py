@@ -20,7 +20,7 @@ from ..job import Job
 from ..report.figures import save_figure
 from ..report.tables import write_csv, write_table
 from ..scoring.interpolation import interpolate, summarize
-from ..statistics.captions import ci_caption, comparison_rows, fmt_ci
+from ..statistics.captions import DESIGN_N_EFF, ci_caption, comparison_rows, fmt_ci
 from ..statistics.intervals import compare, effective_documents, jackknife_sums, per_document
 from ..statistics.regression import regression_leverage, regression_sums, slope_of
 from ..statistics.verdicts import verdict
@@ -111,7 +111,7 @@ def table(job: Job) -> dict:
     cmp.append({"split": "test", "comparison": SLOPE, "relative difference": float(v[0]), "CI low": float(lo[0]),
                 "CI high": float(hi[0]), "verdict": verdict(lo[0], hi[0], n_docs, st["min_documents"], n_eff,
                                                             st.get("scheme", "")),
-                "documents": n_docs, "effective documents": n_eff})
+                "documents": n_docs, "effective documents": n_eff, "n_eff of": DESIGN_N_EFF})
     on = f"{sc['key_type']}/{sc['metric'].upper()}, full store, FAISS mask at τ* = {sc['tuned']['temperature']:g}"
     hist = np.bincount(lcs, minlength=CHUNK + 1)
     cap = (f"Leakage control ({cfg['name']}; Borgeaud et al. 2022, RETRO, Sec. 2.6 and 4.4, Figure 6): test cut into "

@@ -273,6 +273,25 @@ def equal_rows_pairs(results: list[dict], names: list[str]) -> list[tuple[str, s
     return out
 
 
+def equal_capacity_pairs(results: list[dict], names: list[str]) -> list[tuple[str, str]]:
+    """(variant, nV) comparisons of App. C against "the simple multi-embedding approach", at equal training rows and
+    key type: each adaptive variant against the nV with as many embeddings in all (its 'info' rows; C.1: "given the
+    same number of total embeddings"), each MoS variant against every nV with n > 1 (C.2: "worse than those that
+    simply increase the number of embeddings"). A variant without such an nV gets none."""
+    def nv(r: dict) -> bool:
+        return r["spec"]["kind"] == "nv" and not r["spec"].get("interp_loss")
+
+    out = []
+    for r, n in zip(results, names):
+        same = [(w, m) for w, m in zip(results, names) if nv(w) and w["key_type"] == r["key_type"]
+                and w["train_rows"] == r["train_rows"]]
+        if r["spec"]["kind"] == "adaptive":
+            out += [(n, m) for w, m in same if w.get("info", {}).get("rows") == r.get("info", {}).get("rows")]
+        elif r["spec"]["kind"] == "mos":
+            out += [(n, m) for w, m in same if w["spec"]["n"] > 1]
+    return out
+
+
 def comparison_variant(comparison: str, variants: list[str]) -> str:
     """The trained variant among `variants` that a parametric comparison names: 'ALT vs base', 'ALT alone vs base',
     'kNN-LM X vs ALT' or 'share of the gain: ALT of kNN-LM X'. Raises ValueError when it names none."""
@@ -356,7 +375,8 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                  + [(r, n) for r in sub_refs for n in on_sub]  # the kNN-LM on the same rows (App. B-C, like for like)
                  + ([(sub_refs[1], sub_refs[0])] if sub_refs else [])  # does its τ* beat τ = 1 (chosen on valid)
                  + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
-                 + equal_rows_pairs(results, par_names))  # each variant vs W_ds trained on the same rows
+                 + equal_rows_pairs(results, par_names)  # each variant vs W_ds trained on the same rows
+                 + equal_capacity_pairs(results, par_names))  # App. C: vs nV of as many embeddings, same rows
         c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names]
                     + [(n, r) for r in sub_refs for n in on_sub])
         rows += comparison_rows(c, split=split)  # the shares of a gain too

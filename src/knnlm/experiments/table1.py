@@ -122,6 +122,9 @@ def table1(job: Job) -> dict:
     pairs = [(n, "base") for n in plain + tuned] + list(zip(tuned, plain))
     for group in (plain, tuned):  # att vs ffn per metric, IP vs L2 per key type
         pairs += [(a, b) for a in group for b in group if a < b and (a[:3] == b[:3] or a[3:] == b[3:])]
+        # Sec. 3: ffn + IP, the parametric model's own input and metric, is the worst: against every other setting
+        own = next((n for n in group if n.startswith("ffn/IP")), None)
+        pairs += [(own, b) for b in group if own and b != own and (own, b) not in pairs and (b, own) not in pairs]
     # finding 1 as a size (Sec. 3: the att keys are "crucial"): the share of att keys' gain that ffn keys keep
     shares = [(f"ffn{a[3:]}", a) for group in (plain, tuned) for a in group
               if a.startswith("att/") and f"ffn{a[3:]}" in group]

@@ -48,18 +48,25 @@ def tau_edges(s: dict) -> dict[str, str]:
             for n, v in (s.get("tuned") or {}).items() if v.get("tau_edge")}
 
 
-def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> dict:
-    """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
-    or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}
-    of ppl_a / ppl_b − 1 from the per-document NLL of both (knnlm.statistics.intervals.compare, config section `stats`).
-    Raises ArtifactError when the two were scored on different documents or on different tokens of them (their
-    'token_digest', knnlm.experiments.retrieval.scope_digest)."""
+def check_same_scope(a: dict, b: dict, split: str) -> None:
+    """Check that two stores' settings JSONs were scored on the same documents and tokens of `split` (their 'doc_ids'
+    and 'token_digest', knnlm.experiments.retrieval.scope_digest), so their per-document NLL pair up. Raises
+    ArtifactError naming both stores otherwise."""
     if a["doc_ids"][split] != b["doc_ids"][split]:
         raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} documents")
     da, db = (s.get("token_digest", {}).get(split) for s in (a, b))
     if da != db:
         raise ArtifactError(f"store {a['store']} and {b['store']} were scored on different {split} tokens of the same "
                             f"documents (token digests {da} and {db}): rerun their settings jobs")
+
+
+def store_vs_store(a: dict, b: dict, split: str, setting: str, stats: dict) -> dict:
+    """Paired relative difference of `setting` (a name of the settings JSONs' doc_nll, e.g. 'faiss_mask_faiss_score'
+    or its ' τ*' twin) between two stores' settings JSONs `a` and `b` on `split`: {'value', 'lo', 'hi', 'verdict'}
+    of ppl_a / ppl_b − 1 from the per-document NLL of both (knnlm.statistics.intervals.compare, config section `stats`).
+    Raises ArtifactError when the two were scored on different documents or on different tokens of them (their
+    'token_digest', knnlm.experiments.retrieval.scope_digest)."""
+    check_same_scope(a, b, split)
     scheme = a.get("documents_scheme", {}).get("scheme", "")
     return compare([a["doc_nll"][split][setting], b["doc_nll"][split][setting]], a["doc_words"][split], ["a", "b"],
                    [("a", "b")], stats, scheme=scheme)["diff"]["a vs b"]

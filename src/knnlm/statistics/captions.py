@@ -36,6 +36,12 @@ def fmt_ci(v: dict, pct: bool = False) -> str:
     return f"{v['value']:.2f} [{v['lo']:.2f}, {v['hi']:.2f}]"
 
 
+# Column 'n_eff of' of a comparison row whose effective number of documents is that of its design (a least-squares
+# slope's or correlation's leverages, knnlm.statistics.regression.regression_leverage), not of its outcome: when it is
+# under 'stats.min_documents', no outcome on these documents could decide the row (the findings say so)
+DESIGN_N_EFF = "the leverage of the regressor, fixed by the design"
+
+
 def statistic_row(name: str, value: float, lo: float, hi: float, documents: int, min_documents: int,
                   effective: float | None = None, scheme: str = "", **labels) -> dict:
     """A comparison row (the columns of comparison_rows) for a statistic that is not a relative difference (a slope,
@@ -44,6 +50,27 @@ def statistic_row(name: str, value: float, lo: float, hi: float, documents: int,
     return {**labels, "comparison": name, "relative difference": float(value), "CI low": float(lo),
             "CI high": float(hi), "verdict": verdict(lo, hi, documents, min_documents, effective, scheme),
             "documents": int(documents), "effective documents": effective}
+
+
+def contrast_row(nll: list, words, fn, stats: dict, scheme: str, split: str, name: str, **labels) -> dict:
+    """One comparison row (split, comparison `name`, relative difference, CI low, CI high, verdict, documents,
+    effective documents, `labels`) of a contrast of perplexities: statistic `fn`, mapping perplexities [..., S] to
+    [...] (e.g. a difference of two relative differences, p1 / p0 − p3 / p2), of the per-document NLL `nll` (S arrays
+    [D], nats, the same documents and tokens; `words` [D] words per document), with its paired interval over the
+    documents (knnlm.statistics.intervals.estimate on the linear scale, config section `stats`) and its verdict
+    ('lower' / 'higher' when the CI lies below / above 0, see verdict). Raises ValueError for fewer than 2
+    documents."""
+    import numpy as np
+
+    from .intervals import effective_documents, estimate, options
+
+    st = options(stats)
+    w = np.asarray(words, dtype=np.float64)
+    v, lo, hi = estimate(lambda p: np.asarray(fn(p))[..., None], np.asarray(nll, dtype=np.float64), w, st, "linear")
+    return {**labels, "split": split, "comparison": name, "relative difference": float(v[0]), "CI low": float(lo[0]),
+            "CI high": float(hi[0]), "verdict": verdict(lo[0], hi[0], len(w), st["min_documents"],
+                                                        effective_documents(w), scheme),
+            "documents": len(w), "effective documents": effective_documents(w)}
 
 
 def flag_edges(rows: list[dict], edges: dict[str, str]) -> list[dict]:

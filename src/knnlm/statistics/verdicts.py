@@ -54,7 +54,4 @@ def band_verdict(lo: float, hi: float, low: float, high: float) -> str:
 MARGIN = 0.01  # "close to optimal": tuning τ gains less than 1 % of perplexity
 SHARE_MARGIN = 0.10  # "about 55 %": the paper's share ± 10 percentage points
 CORRELATION_MARGIN = 0.05  # E.3: Pearson's r, reported beside the effect (a tiny r can hide a large trend)
-# E.3: "no effect of the position" is reproduced when the CI of the last-quarter minus first-quarter mean (nats per
-# token) lies inside ± this: 0.02 nats = a 2 % change of per-token perplexity
-QUARTER_MARGIN = 0.02
 MEMORISED = 0.5  # E.6.1: an LM memorised its training set when its training perplexity is under half its valid one
