@@ -76,9 +76,11 @@ def test_table1_produced(tiny_run):
         assert lo <= v <= hi and v == pytest.approx(want, rel=1e-3)
     cmp = pd.read_csv(art(tiny_run, "table", table="table1_comparisons", ext="csv"))
     # per split: 8 kNN-LMs (τ = 1 and τ tuned) vs base, 4 tuned vs τ = 1, and at each τ: att vs ffn for L2 and IP,
-    # IP vs L2 for att and ffn; then finding 1 as a size: the share of att's gain that ffn keeps, per metric and τ
+    # IP vs L2 for att and ffn, ffn/IP (the parametric model's own pair) vs att/L2; then finding 1 as a size: the
+    # share of att's gain that ffn keeps, per metric and τ
     shares = cmp[cmp["comparison"].str.startswith("share of the gain: ")]
-    assert len(cmp) == 2 * 24 and len(shares) == 2 * 4 and (shares["verdict"] == "-").all()
+    assert {"ffn/IP vs att/L2", "ffn/IP τ* vs att/L2 τ*"} <= set(cmp["comparison"])
+    assert len(cmp) == 2 * 26 and len(shares) == 2 * 4 and (shares["verdict"] == "-").all()
     assert set(cmp.drop(shares.index)["verdict"]) <= {"lower", "higher", "inconclusive"}
     for _, r in shares.iterrows():  # (base − ffn) / (base − att) of the table's perplexities on the same tokens
         m, tuned = re.match(r"share of the gain: ffn/(\w+)( τ\*)? of att/", r["comparison"]).groups()
