@@ -705,9 +705,55 @@ def test_a_wrapped_hugging_face_model_is_the_knn_lm(tmp_path, wikitext2_dir):
     with torch.no_grad():
         gen = model.generate(input_ids=x[:, :5], max_new_tokens=6, do_sample=False, pad_token_id=lm.start)
     assert gen[0, 5:].tolist() == knn.generate_ids(ids[:4], 6)
+    # the API on a wrapped model: the LM's own forward, never the kNN-LM twice
+    again = knn.score(text)
+    np.testing.assert_array_equal(again.lp_lm, scored.lp_lm)
+    np.testing.assert_array_equal(again.lp, scored.lp)
+    valid = corpus.read_text(encoding="utf-8").splitlines(True)[:30]
+    wrapped = knn.tune(valid, tuned=False), knn.compare(valid, stats={"documents": "blank_lines"})
     knn.unwrap()
+    assert (knn.tune(valid, tuned=False), knn.compare(valid, stats={"documents": "blank_lines"})) == wrapped
+    assert wrapped[1]["relative difference"] != 0  # the kNN-LM against its base LM, not against itself
     with torch.no_grad():
         torch.testing.assert_close(lm.model(input_ids=x).logits, plain)
+
+
+def test_the_trainer_evaluates_and_predicts_a_wrapped_model_with_defaults(tmp_path, wikitext2_dir):
+    """Trainer.evaluate() and Trainer.predict() on a wrapped model with the Trainer's default arguments (its
+    remove_unused_columns reads the forward's signature): eval_loss is the kNN-LM's NLL of the labels, as score()
+    gives it; model.generate runs with its defaults."""
+    import inspect
+
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM
+
+    model_dir = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    lines = (wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)
+    lm = HuggingFaceLM(str(model_dir))
+    knn = KNNLM.build(lm, "".join(lines[:60]), tmp_path / "ds", k=16, lam=0.4, context_window=16, max_tokens=512,
+                      threads=1)
+    texts = ["The tower was built in 1890 .\n", "It was rebuilt after the war and opened again .\n"]
+    rows = []
+    for t in texts:
+        ids = [lm.start, *lm.encode([t]).tolist()]
+        rows.append({"input_ids": torch.tensor(ids), "labels": torch.tensor(ids)})
+    want = [float(-knn.score(t).lp.mean()) for t in texts]
+    model = knn.wrap()
+    assert "input_ids" in inspect.signature(model.forward).parameters
+    trainer = Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / "trainer"), report_to=[],
+                                                          per_device_eval_batch_size=1, use_cpu=True))
+    metrics = trainer.evaluate(eval_dataset=rows)
+    assert metrics["eval_loss"] == pytest.approx(np.mean(want), rel=1e-4)
+    pred = trainer.predict(rows[:1])
+    lp = torch.as_tensor(pred.predictions).reshape(1, -1, lm.vocab_size)[0, :-1]
+    nll = -lp.gather(1, rows[0]["labels"][1:, None]).mean().item()
+    assert nll == pytest.approx(want[0], rel=1e-4)
+    out = model.generate(input_ids=rows[0]["input_ids"][None, :4])
+    assert out.shape[0] == 1 and out.shape[1] > 4
+    knn.unwrap()
 
 
 def test_a_bundle_is_scored_and_compared_from_the_shell(tmp_path, wikitext2_dir):

@@ -555,10 +555,12 @@ class KNNLM:
         return knn_distribution(ids, dists, self.vals, self.metric, self.temperature, self.lm.vocab_size)
 
     def mix(self, lm_log_probs: np.ndarray, knn_probs: np.ndarray) -> np.ndarray:
-        """log((1 − λ) p_LM + λ p_kNN) over the vocabulary: lm_log_probs [B, V] natural-log, knn_probs [B, V]."""
-        p = (1 - self.lam) * np.exp(lm_log_probs.astype(np.float64)) + self.lam * knn_probs
+        """log((1 − λ) p_LM + λ p_kNN) over the vocabulary: lm_log_probs [B, V] natural-log, knn_probs [B, V]; [B, V]
+        float64. The interpolation score() applies to the targets (knnlm.scoring.interpolation.interpolate)."""
+        from .scoring.interpolation import interpolate
+
         with np.errstate(divide="ignore"):
-            return np.log(p)
+            return interpolate(np.asarray(lm_log_probs), np.log(knn_probs), self.lam)
 
     # ---- tuning and comparing, as the pipeline does ---------------------------------------------------------------
     def _section(self, name: str, given: dict | None = None) -> dict:
@@ -743,19 +745,28 @@ class KNNLM:
     def wrap(self):
         """Make the Hugging Face model's own forward this kNN-LM (HuggingFaceLM only; knn-transformers' KNNWrapper
         .break_into does the same): the model's `logits` become Eq. 5's log-probabilities log((1 − λ) softmax(W_sm h_sm)
-        + λ p_kNN(h_ds)) at every position ([B, T, V] float32; a softmax of them is the mixture itself), and with
-        `labels` its `loss` is their mean NLL of labels[:, 1:] (−100 ignored), as the model's own loss is. So
-        Trainer.evaluate, model.generate and any code that calls the model see the kNN-LM. The keys are the inputs
-        of the hooked module (KEY_HOOKS), captured by a forward pre-hook. Feed the start token first, as score()
-        does (knn.lm.start): the loss over [start] + ids equals score()'s NLL of ids within one window. Returns the
-        model (knn.lm.model); unwrap() restores it. Raises ValueError for a fairseq LM."""
-        from .lm.hf import find_key_modules
+        + λ p_kNN(h_ds)) at every position ([B, T, V] float32; a softmax of them is the mixture itself; mix(), the
+        one interpolation of the API), and with `labels` its `loss` is their mean NLL of labels[:, 1:] (−100
+        ignored), as the model's own loss is. The forward keeps the model's signature (functools.wraps), so
+        Trainer.evaluate / predict (whose default remove_unused_columns reads it), model.generate and any code that
+        calls the model see the kNN-LM with their defaults. The keys are the inputs of the hooked module (KEY_HOOKS),
+        captured by a forward pre-hook; with a cache (generate) only the positions whose logits the model returns
+        are mixed. This kNN-LM's own score / tune / compare / generate keep reading the LM's own forward
+        (knnlm.lm.hf.own_forward), so they give the same numbers wrapped or not. Feed the start token first, as
+        score() does (knn.lm.start): the loss over [start] + ids equals score()'s NLL of ids within one window.
+        Returns the model (knn.lm.model); unwrap() restores it. Raises ValueError for a fairseq LM, or for a model
+        another kNN-LM has wrapped."""
+        import functools
+
+        from .lm.hf import OWN_FORWARD, find_key_modules
 
         if not isinstance(self.lm, HuggingFaceLM):
             raise ValueError("wrap needs a Hugging Face LM; use KNNLM.score / generate for a fairseq LM")
         model = self.lm.model
         if getattr(self, "_wrapped", None):
             return model
+        if OWN_FORWARD in model.__dict__:
+            raise ValueError("wrap: another kNN-LM already wraps this model; unwrap() it first")
         att_mod, out_mod = find_key_modules(model)
         cap: dict[str, torch.Tensor] = {}
         hook = (att_mod if self.key == "att" else out_mod).register_forward_pre_hook(
@@ -763,12 +774,14 @@ class KNNLM:
         original = model.forward
         knn = self
 
+        @functools.wraps(original)
         def forward(*args, labels=None, **kwargs):
             kwargs["return_dict"] = True
             out = original(*args, **kwargs)
             logits = out.logits
             b, t, v = logits.shape
-            h = cap["h"].reshape(b * t, -1).float().cpu().numpy()
+            h = cap["h"]
+            h = h.reshape(b, -1, h.shape[-1])[:, -t:].reshape(b * t, -1).float().cpu().numpy()
             lp_lm = logits.float().log_softmax(-1).reshape(b * t, v).cpu().numpy()
             mixed = torch.as_tensor(knn.mix(lp_lm, knn.knn_distribution(h)), dtype=torch.float32,
                                     device=logits.device).reshape(b, t, v)
@@ -779,6 +792,7 @@ class KNNLM:
             return out
 
         model.forward = forward
+        model.__dict__[OWN_FORWARD] = original
         self._wrapped = (model, hook)
         return model
 
@@ -786,9 +800,12 @@ class KNNLM:
         """Undo wrap(): the model's own forward and no hook of this kNN-LM."""
         wrapped = getattr(self, "_wrapped", None)
         if wrapped:
+            from .lm.hf import OWN_FORWARD
+
             model, hook = wrapped
             hook.remove()
             del model.forward  # the instance's forward: the class's is the model's own again
+            model.__dict__.pop(OWN_FORWARD, None)
             self._wrapped = None
 
     def logits_processor(self):

@@ -37,6 +37,14 @@ MLP_NAME = re.compile(r"mlp|feed_?forward|ffn", re.IGNORECASE)
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth", "config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "special_tokens_map.json")
+# the attribute a kNN-LM sets on a model whose forward it replaced (knnlm.api.KNNLM.wrap): the model's own forward.
+# The LM's own passes (key_capture) call it, so a wrapped model's kNN distribution is never mixed in twice.
+OWN_FORWARD = "_knnlm_own_forward"
+
+
+def own_forward(model):
+    """The model's own forward pass: `model` itself, or the forward a kNN-LM's wrap() replaced (OWN_FORWARD)."""
+    return model.__dict__.get(OWN_FORWARD) or model
 
 
 def load_hf(path: str, dtype: str = "float32", revision: str | None = None):
@@ -155,7 +163,7 @@ def key_capture(model):
 
     def forward(x: torch.Tensor):
         x = x.to(model.device)  # windows come from the host; load_hf puts the model on CUDA when there is one
-        logits = model(input_ids=x, use_cache=False).logits
+        logits = own_forward(model)(input_ids=x, use_cache=False).logits  # the LM's, even while a kNN-LM wraps it
         b, length = x.shape
         att, ffn = cap["att"].reshape(b, length, -1), cap["ffn"].reshape(b, length, -1)
         if att.shape[-1] != ffn.shape[-1]:
