@@ -643,8 +643,61 @@ def test_a_bundle_config_is_checked_naming_the_file_and_the_key(tmp_path):
     assert read_bundle_config(tmp_path) == good
     from knnlm.api import KNNLM
 
-    with pytest.raises(ArtifactError, match=r"the bundle's LM '.*gone' is not there .*pass the same weights as lm="):
+    with pytest.raises(ArtifactError, match=r"knnlm_config.json: the bundle's LM is not found \(looked for .*gone\)"
+                                            r": pass the same weights as lm="):
         KNNLM.from_pretrained(tmp_path)
+
+
+def test_a_bundle_is_portable_and_checks_what_it_loads(tmp_path, wikitext2_dir, monkeypatch):
+    """A bundle built from a relative model path loads from another working folder and after the bundle and its model
+    move together (the path relative to the bundle); a model that is gone is an error naming the bundle and where it
+    looked, never a Hub look-up; another tokenizer's hash is refused on load; a missing index is an error unless
+    rebuild_index=True."""
+    import shutil
+
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import BUNDLE_CONFIG, KNNLM, HuggingFaceLM
+    from knnlm.io import ArtifactError
+
+    work = tmp_path / "work"
+    make_tiny_hf(work / "model", wikitext2_dir / "wiki.train.tokens")
+    lines = (wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:60]
+    monkeypatch.chdir(work)
+    knn = KNNLM.build(HuggingFaceLM("model"), "".join(lines), "ds", k=16, context_window=16, max_tokens=512,
+                      threads=1)
+    knn.save_pretrained("bundle")
+    text = "The tower was built in 1890 .\n"
+    want = knn.score(text).lp
+    cfg = json.loads((work / "bundle" / BUNDLE_CONFIG).read_text())
+    assert cfg["lm"]["hub"] is False and cfg["lm"]["model_relative"] == "../model"
+    monkeypatch.chdir(tmp_path)  # another working folder
+    np.testing.assert_array_equal(KNNLM.from_pretrained(work / "bundle").score(text).lp, want)
+    moved = tmp_path / "moved"
+    shutil.move(str(work), str(moved))  # the bundle and its model moved together: the saved absolute path is gone
+    np.testing.assert_array_equal(KNNLM.from_pretrained(moved / "bundle").score(text).lp, want)
+    (moved / "model").rename(moved / "away")
+    calls = []
+    monkeypatch.setattr("huggingface_hub.snapshot_download", lambda *a, **k: calls.append(a) or 1 / 0)
+    with pytest.raises(ArtifactError, match=rf"{BUNDLE_CONFIG}: the bundle's LM is not found \(looked for .*model and "):
+        KNNLM.from_pretrained(moved / "bundle")
+    assert calls == []
+    (moved / "away").rename(moved / "model")
+    man_path = moved / "bundle" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    assert man["vocab_sha256"] == knn.lm.identity["vocab_sha256"]
+    man_path.write_text(json.dumps({**man, "tokenizer_sha256": "0" * 64, "vocab_sha256": "1" * 64}))
+    with pytest.raises(ArtifactError, match="made with a tokenizer of sha256 0000.*vocabulary sha256 1111.*this LM's"):
+        KNNLM.from_pretrained(moved / "bundle")
+    man_path.write_text(json.dumps({**man, "tokenizer_sha256": "0" * 64}))  # other files, the same vocabulary
+    assert KNNLM.from_pretrained(moved / "bundle").settings() == knn.settings()
+    man_path.write_text(json.dumps(man))
+    index = next((moved / "bundle").rglob("*.faiss"))
+    index.unlink()
+    with pytest.raises(ArtifactError, match=r"index is missing; pass rebuild_index=True"):
+        KNNLM.from_pretrained(moved / "bundle")
+    assert not index.exists()
+    assert np.isfinite(KNNLM.from_pretrained(moved / "bundle", rebuild_index=True).score(text).ppl_word)
+    assert index.exists()
 
 
 def test_build_a_knn_lm_from_any_model_and_text(tmp_path, wikitext2_dir):

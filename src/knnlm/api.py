@@ -40,21 +40,63 @@ KEY_HOOKS = {"att": "last_ffn_input: the input of the last layer's FFN, after it
 # verify(): the largest median relative error ‖h − k‖ / ‖k‖ of recomputed keys that still counts as the same states
 # (fp16 storage alone gives ~5e-4; another model of the same shape gives ~1)
 VERIFY_TOLERANCE = 0.02
-# the peers' names of the settings (neulab/knn-transformers: --lmbda, --knn_temp, --knn_keytype), accepted by
-# from_datastore and from_pretrained; their key types by this project's names
-PEER_NAMES = {"lmbda": "lam", "knn_temp": "temperature", "knn_keytype": "key"}
+# the peers' names of the settings (neulab/knn-transformers' KNNWrapper and run_clm.py options: --lmbda, --knn_temp,
+# --knn_keytype, --probe, --knn_sim_func, --recompute_dists, --dstore_size), accepted by from_datastore,
+# from_pretrained and build as this API's names (peer_settings); their values by this project's names
+PEER_NAMES = {"lmbda": "lam", "knn_temp": "temperature", "knn_keytype": "key", "probe": "nprobe",
+              "knn_sim_func": "metric", "recompute_dists": "score", "dstore_size": "dstore_size"}
 PEER_KEYTYPES = {"last_ffn_input": "att", "last_ffn_output": "ffn"}
+PEER_METRICS = {"l2": "l2", "dot": "ip"}  # knn-transformers' DIST names
+# this API's setting names: what an unknown name is checked against, for a hint
+API_SETTINGS = ("k", "temperature", "lam", "nprobe", "mask", "score", "key", "metric")
 
 
 def peer_settings(given: dict) -> dict:
-    """The peers' setting names (PEER_NAMES) as this API's: {'lmbda': 0.25, 'knn_keytype': 'last_ffn_input'} ->
-    {'lam': 0.25, 'key': 'att'}. Raises TypeError naming an unknown setting."""
+    """The peers' setting names (PEER_NAMES) as this API's: {'lmbda': 0.25, 'knn_keytype': 'last_ffn_input',
+    'knn_sim_func': 'dot', 'recompute_dists': True, 'probe': 32} -> {'lam': 0.25, 'key': 'att', 'metric': 'ip',
+    'score': 'real', 'nprobe': 32}; 'dstore_size' is kept (the caller checks it against the datastore's rows). Enum
+    values (knn-transformers' KEY_TYPE.last_ffn_input, DIST.dot) are read by their names. Raises TypeError naming an
+    unknown setting, with this API's name where the unknown one is close to it (lambda_ -> lam)."""
+    import difflib
+
     out = {}
     for name, v in given.items():
         if name not in PEER_NAMES:
-            raise TypeError(f"unknown setting {name!r} (this API's names, or the peers' {sorted(PEER_NAMES)})")
-        out[PEER_NAMES[name]] = PEER_KEYTYPES.get(v, v) if name == "knn_keytype" else v
+            close = difflib.get_close_matches(name, [*API_SETTINGS, *PEER_NAMES], n=1, cutoff=0.5)
+            hint = f"; did you mean {PEER_NAMES.get(close[0], close[0])!r}?" if close else ""
+            raise TypeError(f"unknown setting {name!r} (this API's {list(API_SETTINGS)}, or the peers' "
+                            f"{sorted(PEER_NAMES)}){hint}")
+        v = getattr(v, "name", v)  # an Enum member of the peer's own code
+        if name == "knn_keytype":
+            v = PEER_KEYTYPES.get(v, v)
+        elif name == "knn_sim_func":
+            if v not in PEER_METRICS:
+                raise ValueError(f"knn_sim_func must be one of {list(PEER_METRICS)} (knn-transformers' DIST), found {v!r}")
+            v = PEER_METRICS[v]
+        elif name == "recompute_dists":
+            v = "real" if v else "faiss"  # knn-transformers' --recompute_dists: distances recomputed from the keys
+        out[PEER_NAMES[name]] = v
     return out
+
+
+def check_settings(*, key: str = "att", metric: str = "l2", k=1, temperature=1.0, lam=0.25, mask: str = "faiss",
+                   score: str = "faiss", nprobe=None, context_window=None, tokens_per_sample: int | None = None) -> None:
+    """Every setting of a kNN-LM checked at once, before any work (KNNLM.build, the CLIs): key 'att' | 'ffn', metric
+    'l2' | 'ip', mask in MASKS, score in SCORES, k ≥ 1, τ > 0, λ in [0, 1], nprobe ≥ 1 (or None), context_window in
+    [0, tokens_per_sample) (or None). Raises ValueError or TypeError naming the setting, what it must be and what was
+    found."""
+    for name, value, allowed in (("key", key, ("att", "ffn")), ("metric", metric, ("l2", "ip")),
+                                 ("mask", mask, MASKS), ("score", score, SCORES)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {list(allowed)}, found {value!r}")
+    check_setting("k", k, integer=True, lo=1)
+    check_setting("temperature", temperature, lo=0.0, lo_open=True)
+    check_setting("lam", lam, lo=0.0, hi=1.0)
+    if nprobe is not None:
+        check_setting("nprobe", nprobe, integer=True, lo=1)
+    if context_window is not None:
+        hi = None if tokens_per_sample is None else tokens_per_sample - 1
+        check_setting("context_window", context_window, integer=True, lo=0, hi=hi)
 
 
 def check_setting(name: str, value, *, integer: bool = False, lo: float | None = None, hi: float | None = None,
@@ -127,6 +169,42 @@ def read_bundle_config(bundle: str | Path) -> dict:
     return c
 
 
+def bundle_lm_location(identity: dict, bundle: str | Path) -> dict:
+    """The LM identity a bundle saved in folder `bundle` records: `identity` (HuggingFaceLM.identity or
+    FairseqLM.identity) with, for a Hugging Face LM, 'hub': whether 'model' is a Hub id (no local folder of that
+    name), and for a local folder its absolute path and 'model_relative', the path relative to the bundle (so a
+    bundle moved with its model, or used from another working folder, finds it)."""
+    out = dict(identity)
+    if out.get("source") != "hf" or not out.get("model"):
+        return out
+    d = Path(str(out["model"])).expanduser()
+    out["hub"] = not d.is_dir()
+    if not out["hub"]:
+        out["model"] = str(d.resolve())
+        out["model_relative"] = os.path.relpath(d.resolve(), Path(bundle).resolve())
+    return out
+
+
+def find_bundle_lm(lm: dict, bundle: str | Path) -> str:
+    """The Hugging Face model a bundle's config names (its 'lm' entry, bundle_lm_location): its folder relative to
+    the bundle, else the absolute path it was saved with; a Hub id only when the bundle was made from one (so no
+    moved folder is ever taken for a Hub id). Raises ArtifactError naming the bundle config and every place looked
+    at."""
+    path = Path(bundle) / BUNDLE_CONFIG
+    model = str(lm.get("model") or "")
+    if lm.get("hub") is True:
+        return model
+    tried = []
+    for cand in ([Path(bundle) / lm["model_relative"]] if lm.get("model_relative") else []) + [Path(model).expanduser()]:
+        if cand.is_dir():
+            return str(cand)
+        tried.append(str(cand))
+    if lm.get("hub") is None and model and not model.startswith(("/", ".", "~")) and not Path(model).exists():
+        return model  # a bundle of an earlier format: its model as given, a Hub id when it is no folder
+    raise ArtifactError(f"{path}: the bundle's LM is not found (looked for {' and '.join(tried)}): pass the same "
+                        "weights as lm= (HuggingFaceLM(<its folder>))")
+
+
 def count_words(lines: list[str]) -> int:
     """WikiText words of `lines`: whitespace words plus one <eos> per line (knnlm.data.count_words)."""
     return sum(len(x.split()) for x in lines) + len(lines)
@@ -185,12 +263,7 @@ class KNNLM:
                  index=None, nprobe: int | None = None, mask: str = "faiss", score: str = "faiss",
                  context_window: int = 0, max_tokens: int = 4096, threads: int | None = None, index_params=None,
                  manifest: dict | None = None, tuned_on: str | None = None):
-        if key not in ("att", "ffn"):
-            raise ValueError(f"key must be 'att' or 'ffn', found {key!r}")
-        if metric not in ("l2", "ip"):
-            raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
-        if mask not in MASKS or score not in SCORES:
-            raise ValueError(f"mask must be one of {MASKS} and score one of {SCORES}, found {mask!r}, {score!r}")
+        check_settings(key=key, metric=metric, mask=mask, score=score)
         if (mask == "exact" or score == "real") and keys is None:
             raise ValueError(f"mask {mask!r} / score {score!r} needs the datastore's keys")
         if mask == "faiss" and index is None:
@@ -310,32 +383,41 @@ class KNNLM:
     @classmethod
     def from_datastore(cls, lm, folder: str | Path, key: str | None = None, metric: str = "l2", *, k: int = 1024,
                        temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
-                       nprobe: int | None = None, index: dict | None = None, context_window: int = 0,
+                       nprobe: int | None = None, index: dict | None = None, context_window: int | None = None,
                        max_tokens: int = 4096, threads: int = 2, verify: bool = True,
-                       tuned_on: str | None = None, **peer) -> "KNNLM":
+                       tuned_on: str | None = None, rebuild_index: bool = True, **peer) -> "KNNLM":
         """Any supported LM (FairseqLM, HuggingFaceLM) with a datastore folder in this pipeline's layout
         (knnlm.datastore.dump, build_datastore or knnlm.datastore.importer; knnlm.paths.DatastoreLayout). key: default
         the manifest's first key type. The IVFPQ index of (key, metric) in the folder is built when missing (mask
         'faiss'; parameters: config section 'index', `index` overriding its defaults); nprobe defaults to the resolved
-        'auto'. Defaults of k, τ, λ are Khandelwal et al. (2020)'s. verify: check that this LM reproduces the stored
+        'auto' (rebuild_index=False: a missing index is an error instead). Defaults of k, τ, λ are Khandelwal et al.
+        (2020)'s; context_window (the scoring windows' context) defaults to half the LM's window, as knn-transformers'
+        stride of half the block. verify: check that this LM reproduces the stored
         keys (verify(); a few hundred rows' forward passes). Raises ArtifactError naming a missing or truncated file, a
         key type the datastore lacks, keys of another dimension than the LM's, or keys this LM's states do not
         reproduce. An LM whose weights' sha256 (its identity) differs from the one the manifest records is checked
         whatever `verify` says: its reproduced keys give a warning, others an error naming both sha256. `peer`: the
-        peers' names lmbda, knn_temp, knn_keytype (last_ffn_input / last_ffn_output) for lam, temperature, key
-        (peer_settings)."""
+        peers' names (peer_settings: lmbda, knn_temp, knn_keytype, probe, knn_sim_func, recompute_dists, and
+        dstore_size, checked against the datastore's rows). Every setting is checked before anything is read."""
         from .config import section_defaults
         from .datastore.dump import open_datastore
         from .search.index import build_ivfpq, resolve_index_params
 
         p = peer_settings(peer)
         key, temperature, lam = p.get("key", key), p.get("temperature", temperature), p.get("lam", lam)
+        metric, nprobe, score = p.get("metric", metric), p.get("nprobe", nprobe), p.get("score", score)
+        if context_window is None:
+            context_window = lm.tokens_per_sample // 2
+        check_settings(key=key or "att", metric=metric, k=k, temperature=temperature, lam=lam, mask=mask, score=score,
+                       nprobe=nprobe, context_window=context_window, tokens_per_sample=lm.tokens_per_sample)
         ds = DatastoreLayout(folder)
         man_path = ds.path("manifest")
         if not man_path.is_file():
             raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.datastore.importer)")
         key = key or read_json(man_path)["key_types"][0]
         keys, vals, man = open_datastore(man_path, ds.path("vals"), ds.path("keys", key=key), key)
+        if "dstore_size" in p and int(p["dstore_size"]) != man["N"]:
+            raise ArtifactError(f"{man_path}: dstore_size={p['dstore_size']} given, the datastore has {man['N']} rows")
         if man["D"] != lm.dim:
             raise ArtifactError(f"{ds.path('keys', key=key)}: keys of dim {man['D']}, the LM's hidden states have "
                                 f"{lm.dim} (a datastore of another LM)")
@@ -343,6 +425,10 @@ class KNNLM:
         params = resolve_index_params(icfg, man["N"], man["D"], k)
         ipath = ds.path("index", key=key, metric=metric)
         if mask == "faiss" and not ipath.exists():
+            if not rebuild_index:
+                raise ArtifactError(f"{ipath}: the {key}/{metric} index is missing; pass rebuild_index=True to train it "
+                                    "again from the keys (an IVFPQ of other centroids: other FAISS neighbours), or "
+                                    "mask='exact'")
             ipath.parent.mkdir(exist_ok=True)
             build_ivfpq(keys, metric, params, ipath, threads)
         knn = cls(lm, keys, vals, key=key, metric=metric, k=k, temperature=temperature, lam=lam,
@@ -350,7 +436,21 @@ class KNNLM:
                   context_window=context_window, max_tokens=max_tokens, threads=threads, index_params=icfg,
                   manifest=man, tuned_on=tuned_on or ("the defaults of Khandelwal et al. (2020): τ = 1, λ = 0.25"
                                                       if (temperature, lam) == (1.0, 0.25) else "given by the caller"))
-        have, want = (getattr(lm, "identity", None) or {}).get("checkpoint_sha256"), man.get("checkpoint_sha256")
+        ident = getattr(lm, "identity", None) or {}
+        have_tok, want_tok = ident.get("tokenizer_sha256"), man.get("tokenizer_sha256")
+        if have_tok and want_tok and have_tok != want_tok:  # other tokenizer files: the same vocabulary?
+            have_v, want_v = ident.get("vocab_sha256"), man.get("vocab_sha256")
+            if have_v and want_v and have_v == want_v:
+                log.info("%s: other tokenizer files (sha256 %s…, this LM's %s…), the same vocabulary", man_path,
+                         want_tok[:16], have_tok[:16])
+            elif have_v and want_v:
+                raise ArtifactError(f"{man_path}: made with a tokenizer of sha256 {want_tok} (vocabulary sha256 "
+                                    f"{want_v}), this LM's is {have_tok} (vocabulary {have_v}): its vals are token ids "
+                                    "of another vocabulary; pass the LM and tokenizer that made it")
+            else:
+                log.warning("%s: made with a tokenizer of sha256 %s…, this LM's is %s…, and its vocabulary was not "
+                            "recorded: check that the vals mean the same tokens", man_path, want_tok[:16], have_tok[:16])
+        have, want = ident.get("checkpoint_sha256"), man.get("checkpoint_sha256")
         if have and want and have != want:  # another file than the one that made the keys: do its states match?
             v = knn.verify()  # refused here, naming both LMs and their sha256, unless the keys reproduce
             if not (v["matches"] and v["matches"][0] == key):  # no windows in the manifest: the keys cannot tell
@@ -403,7 +503,7 @@ class KNNLM:
         man = self.manifest
         write_json(Path(out_dir) / BUNDLE_CONFIG, {
             "format": BUNDLE_FORMAT,
-            "lm": {**self.lm.identity, "checkpoint_sha256": man.get("checkpoint_sha256"),
+            "lm": {**bundle_lm_location(self.lm.identity, out_dir), "checkpoint_sha256": man.get("checkpoint_sha256"),
                    "tokenizer_sha256": man.get("tokenizer_sha256")},
             "key": self.key, "hook": KEY_HOOKS[self.key], "metric": self.metric, "k": self.k,
             "temperature": self.temperature, "lambda": self.lam, "nprobe": self.nprobe, "mask": self.mask,
@@ -416,23 +516,24 @@ class KNNLM:
 
     @classmethod
     def from_pretrained(cls, bundle: str | Path, lm=None, *, verify: bool = True, threads: int = 2,
-                        **settings) -> "KNNLM":
+                        rebuild_index: bool = False, **settings) -> "KNNLM":
         """A kNN-LM saved by save_pretrained, with the k, τ, λ, nprobe, mask, score and windows it was saved with
         (`settings` override them: k=, temperature=, lam=, nprobe=, mask=, score=, or the peers' lmbda=,
-        knn_temp=). lm: the LM (FairseqLM, HuggingFaceLM); default: the Hugging Face LM the bundle names (a fairseq LM must be given). verify: as
-        from_datastore (the LM must reproduce the stored keys). Raises ArtifactError naming BUNDLE_CONFIG when it is
-        missing or of another format, and when the LM does not reproduce the keys (naming both identities)."""
+        knn_temp=). lm: the LM (FairseqLM, HuggingFaceLM); default: the Hugging Face LM the bundle names
+        (find_bundle_lm: a local folder by its path relative to the bundle, then as saved; a Hub id only when the
+        bundle was made from one; a fairseq LM must be given). verify: as from_datastore (the LM must reproduce the
+        stored keys); an LM whose weights' or tokenizer's sha256 differs from the bundle's is checked whatever
+        `verify` says. rebuild_index: train a missing index again (else a missing index is an error). Raises
+        ArtifactError naming BUNDLE_CONFIG when it is missing or of another format, when its LM is not found (what
+        was looked for), and when the LM does not reproduce the keys (naming both identities)."""
         path = Path(bundle) / BUNDLE_CONFIG
         c = read_bundle_config(bundle)
         if lm is None:
             if c["lm"].get("source") != "hf":
                 raise ArtifactError(f"{path}: the bundle's LM is a {c['lm'].get('source')} checkpoint "
                                     f"({c['lm'].get('checkpoint')}): pass it as lm= (FairseqLM)")
-            model = str(c["lm"].get("model") or "")
-            if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
-                raise ArtifactError(f"{path}: the bundle's LM {model!r} is not there (moved or deleted): pass the same "
-                                    "weights as lm= (HuggingFaceLM(<its new folder>))")
-            lm = HuggingFaceLM(model, dtype=c["lm"].get("dtype") or "float32", revision=c["lm"].get("revision"))
+            lm = HuggingFaceLM(find_bundle_lm(c["lm"], bundle), dtype=c["lm"].get("dtype") or "float32",
+                               revision=c["lm"].get("revision"))
         opts = {"k": c["k"], "temperature": c["temperature"], "lam": c["lambda"], "nprobe": c["nprobe"],
                 "mask": c["mask"], "score": c["score"],
                 **peer_settings({n: v for n, v in settings.items() if n in PEER_NAMES}),
@@ -441,7 +542,7 @@ class KNNLM:
             raise TypeError("from_pretrained: a bundle's key type is the one it was saved with")
         knn = cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
                                  context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
-                                 verify=verify, tuned_on=c.get("tuned_on"), **opts)
+                                 verify=verify, tuned_on=c.get("tuned_on"), rebuild_index=rebuild_index, **opts)
         knn.config = c.get("config") or {}
         return knn
 
@@ -819,8 +920,8 @@ class KNNLM:
     @classmethod
     def build(cls, lm, text, out_dir: str | Path, key: str = "att", metric: str = "l2", *, k: int = 1024,
               temperature: float = 1.0, lam: float = 0.25, mask: str = "faiss", score: str = "faiss",
-              context_window: int = 0, max_tokens: int = 4096, index: dict | None = None, threads: int = 2,
-              verify: bool = False) -> "KNNLM":
+              context_window: int | None = None, max_tokens: int = 4096, index: dict | None = None, threads: int = 2,
+              verify: bool = False, **peer) -> "KNNLM":
         """A kNN-LM from any supported LM and any text, without a pipeline run (Khandelwal et al. 2020; Xu et al.
         2023, Eq. 5): dump the LM's keys (att and ffn, [N, D] fp16) and vals ([N] int32) over the text's tokens in its
         sliding windows (tokens_per_sample, `context_window`), record the manifest (the LM's identity, the windows,
@@ -829,8 +930,12 @@ class KNNLM:
 
         lm: FairseqLM or HuggingFaceLM; text: a string, a list of lines, or a file (a pathlib.Path) or a list of
         files, read as UTF-8; k, temperature, lam, mask, score: the kNN-LM's settings (Khandelwal et al.'s
-        defaults; tune() sets τ and λ on a validation text); verify: recompute a sample of keys (verify()). Raises
-        ValueError for a text of fewer tokens than k, and ArtifactError naming a file that is missing."""
+        defaults; tune() sets τ and λ on a validation text), or the peers' names (peer_settings); context_window:
+        the context each window carries before its targets, default half the LM's window (knn-transformers' stride
+        of half the block: every key but the first window's has at least that much context, and no token is dumped
+        twice); verify: recompute a sample of keys (verify()). Every setting, the text and the windows are checked
+        before anything is written. Raises ValueError for a bad setting or a text of fewer tokens than k, and
+        ArtifactError naming a file that is missing."""
         import hashlib
 
         from .lm import LMPass
@@ -843,9 +948,17 @@ class KNNLM:
             if missing:
                 raise ArtifactError(f"KNNLM.build: missing text file(s) {missing}")
             text = "".join(f.read_text(encoding="utf-8") for f in files)
+        p = peer_settings(peer)
+        p.pop("dstore_size", None)  # the text's tokens are the datastore's rows
+        key, metric, temperature, lam = (p.get("key", key), p.get("metric", metric), p.get("temperature", temperature),
+                                         p.get("lam", lam))
+        score, nprobe = p.get("score", score), p.get("nprobe")
+        if context_window is None:
+            context_window = lm.tokens_per_sample // 2
+        check_settings(key=key, metric=metric, k=k, temperature=temperature, lam=lam, mask=mask, score=score,
+                       nprobe=nprobe, context_window=context_window, tokens_per_sample=lm.tokens_per_sample)
         lines = text_lines(text)
         ids = lm.encode(lines)
-        k = check_setting("k", k, integer=True, lo=1)
         if len(ids) < k:
             raise ValueError(f"KNNLM.build: the text has {len(ids)} tokens, fewer than k = {k}")
         out = Path(out_dir)
@@ -864,7 +977,7 @@ class KNNLM:
         dump_datastore(lmp, {kt: ds.path("keys", key=kt) for kt in ("att", "ffn")}, ds.path("vals"),
                        ds.path("manifest"), threads)
         return cls.from_datastore(lm, out, key, metric, k=k, temperature=temperature, lam=lam, mask=mask,
-                                  score=score, nprobe=None, index=index, context_window=context_window,
+                                  score=score, nprobe=nprobe, index=index, context_window=context_window,
                                   max_tokens=max_tokens, threads=threads, verify=verify)
 
     def build_datastore(self, text: str | list[str], out_dir: str | Path, index: dict | None = None,

@@ -220,6 +220,14 @@ def files_identity(d: Path) -> dict:
     return dict(_IDENTITIES[key])
 
 
+def vocab_identity(tok) -> str:
+    """The sha256 of a tokenizer's vocabulary (its token → id map, sorted by id): what a datastore's vals mean. Two
+    tokenizers saved apart (other tokenizer_config.json files, so another tokenizer_sha256) with the same vocabulary
+    share it."""
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256("\n".join(f"{i}\t{t}" for t, i in vocab).encode()).hexdigest()
+
+
 def model_card(path: str, revision: str | None = None, dtype: str = "float32") -> dict:
     """What identifies a Hugging Face LM: {'source': 'hf', 'path', 'revision', 'dtype', 'class', 'parameters',
     'checkpoint_sha256' (weights + config), 'tokenizer_sha256'}. For a Hub id (no local directory) the files of
@@ -278,7 +286,8 @@ class HuggingFaceLM:
         # the weights' and tokenizer's sha256 (files_identity; None for a model object): what every datastore made
         # with this LM records, and what a datastore's LM is compared with on load
         self.identity = {"source": "hf", "model": path, "revision": revision, "dtype": dtype,
-                         **(files_identity(d) if d is not None else {"checkpoint_sha256": None, "tokenizer_sha256": None})}
+                         **(files_identity(d) if d is not None else {"checkpoint_sha256": None, "tokenizer_sha256": None}),
+                         "vocab_sha256": vocab_identity(self.tok)}
 
     def encode(self, lines: list[str]) -> np.ndarray:
         return tokenize_lines(self.tok, lines)["ids"]
