@@ -835,6 +835,40 @@ def test_a_bundle_is_scored_and_compared_from_the_shell(tmp_path, wikitext2_dir)
         r = run(*args)
         assert r.returncode == 2 and "Traceback" not in r.stderr and msg in r.stderr, r.stderr[-2000:]
         assert len(r.stderr.strip().splitlines()) == 1 or r.stderr.strip().splitlines()[-1].startswith("error: ")
+    # the settings as flags, knn-transformers' names too
+    r = run("knnlm.score", "--bundle", "bundle", "--text", "test.txt", "--k", "8", "--lmbda", "0.5", "--knn-temp", "2",
+            "--mask", "exact")
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = [x for x in r.stdout.splitlines() if "kNN-LM att/L2 vs base" in x][0].split("|")
+    assert [float(row[2]), float(row[3])] == [2.0, 0.5]
+
+
+def test_the_score_cli_checks_its_inputs_before_the_model_loads(tmp_path, monkeypatch):
+    """python -m knnlm.score: a missing, empty or non-UTF-8 text file and a bad setting are refused naming the file or
+    the setting before any model is loaded; a text the tokenizer makes no tokens of is named by its file."""
+    from knnlm import generate, score
+    from knnlm.io import ArtifactError
+
+    def no_model(*a, **k):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(score, "run_knnlm", no_model)
+    (tmp_path / "empty.txt").write_text(" \n\n", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (tmp_path / "ok.txt").write_text("The tower .\n", encoding="utf-8")
+    for args, err, msg in (
+            (["--text", str(tmp_path / "absent.txt")], ArtifactError, r"absent.txt: text file not found"),
+            (["--text", str(tmp_path / "empty.txt")], ArtifactError, r"empty.txt: text file has no words"),
+            (["--text", str(tmp_path / "latin1.txt")], ArtifactError, r"latin1.txt: text file is not UTF-8"),
+            (["--text", str(tmp_path / "ok.txt"), "--tune", str(tmp_path / "absent.txt")], ArtifactError,
+             r"absent.txt: --tune text file not found"),
+            (["--text", str(tmp_path / "ok.txt"), "--lmbda", "1.5"], ValueError, r"lam must be >= 0 and <= 1, found 1.5"),
+            (["--text", str(tmp_path / "ok.txt"), "--k", "0"], ValueError, r"k must be >= 1, found 0")):
+        with pytest.raises(err, match=msg):
+            score.main(["--bundle", str(tmp_path), *args])
+    with pytest.raises(ArtifactError, match=r"^ok.txt: the tokenizer produced no tokens"):
+        with generate.naming("ok.txt"):
+            raise ArtifactError("<text>: the tokenizer produced no tokens")
 
 
 def test_one_lm_identity_recorded_by_build_and_compared_on_load(tmp_path, wikitext2_dir):

@@ -44,6 +44,69 @@ def run_arguments(ap: argparse.ArgumentParser, tuned: bool = True, bundle: bool 
                                                              "tuned' row)")
 
 
+def setting_arguments(ap: argparse.ArgumentParser) -> None:
+    """The kNN-LM's settings as flags, each also by knn-transformers' name: --k, --temperature (--knn-temp), --lam
+    (--lmbda), --nprobe (--probe), --mask faiss|exact, --score faiss|real (--recompute-dists: real). Unset flags keep
+    the run's or the bundle's values (settings_of reads them)."""
+    ap.add_argument("--k", type=int, help="neighbours (default: the run's config 'knn.k' or the bundle's)")
+    ap.add_argument("--temperature", "--knn-temp", "--knn_temp", dest="temperature", type=float,
+                    help="τ (default: Table 1's, or the bundle's)")
+    ap.add_argument("--lam", "--lmbda", dest="lam", type=float, help="λ (default: Table 1's tuned on valid, or the "
+                                                                     "bundle's)")
+    ap.add_argument("--nprobe", "--probe", dest="nprobe", type=int, help="IVF lists probed per query")
+    ap.add_argument("--mask", choices=["faiss", "exact"], help="faiss (IVFPQ top-k, the default) or exact")
+    ap.add_argument("--score", choices=["faiss", "real"], help="faiss (PQ distances, the default) or real (recomputed)")
+    ap.add_argument("--recompute-dists", "--recompute_dists", dest="score", action="store_const", const="real",
+                    help="knn-transformers' name of --score real")
+
+
+def settings_of(a: argparse.Namespace) -> dict:
+    """The settings given as flags (setting_arguments), checked before any model loads (knnlm.api.check_settings).
+    Raises ValueError naming the setting."""
+    from .api import check_settings
+
+    given = {n: getattr(a, n, None) for n in ("k", "temperature", "lam", "nprobe", "mask", "score")}
+    given = {n: v for n, v in given.items() if v is not None}
+    check_settings(**given)
+    return given
+
+
+def read_text_file(path: str, what: str = "text") -> str:
+    """The UTF-8 text of file `path`, read and checked before any model loads. Raises ArtifactError naming the file
+    when it is missing, not UTF-8, or has no words."""
+    from .io import ArtifactError
+
+    f = Path(path)
+    if not f.is_file():
+        raise ArtifactError(f"{path}: {what} file not found")
+    try:
+        text = f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ArtifactError(f"{path}: {what} file is not UTF-8 ({e.reason} at byte {e.start})") from None
+    if not text.split():
+        raise ArtifactError(f"{path}: {what} file has no words")
+    return text
+
+
+def naming(path: str):
+    """A context manager that names the file `path` in an input error raised inside it (the tokenizer's '<text>')."""
+    import contextlib
+
+    from .io import ArtifactError
+
+    @contextlib.contextmanager
+    def cm():
+        try:
+            yield
+        except (ArtifactError, ValueError) as e:
+            msg = str(e)
+            if path in msg:
+                raise
+            raise type(e)(f"{path}: {msg.replace('<text>: ', '')}") from None
+
+    return cm()
+
+
 def run_knnlm(a: argparse.Namespace, **settings):
     """The kNN-LM the run_arguments in `a` name, with `settings`: KNNLM.from_run of its config files (merged in order),
     or KNNLM.from_pretrained of its bundle (with a Hugging Face LM given as --lm)."""
@@ -72,18 +135,14 @@ def cli_main(main) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m knnlm.generate", description=__doc__.split("\n")[0])
     run_arguments(ap)
-    ap.add_argument("--mask", default="faiss", choices=["faiss", "exact"])
-    ap.add_argument("--temperature", type=float, help="τ (default: Table 1's)")
-    ap.add_argument("--lam", type=float, help="λ (default: Table 1's, tuned on valid)")
-    ap.add_argument("--k", type=int, help="neighbours (default: config 'knn.k')")
+    setting_arguments(ap)
     ap.add_argument("--prompt", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=30)
     ap.add_argument("--sample", action="store_true", help="sample (default: greedy)")
     ap.add_argument("--top-k", type=int, default=0, help="sample among the top k tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    settings = {n: v for n, v in (("temperature", a.temperature), ("lam", a.lam), ("k", a.k)) if v is not None}
-    knn = run_knnlm(a, mask=a.mask, **settings)
+    knn = run_knnlm(a, **settings_of(a))
     s = knn.settings()
     print(f"kNN-LM {a.lm or a.bundle or 'base'} {s['key']}/{s['metric']}: k={s['k']} τ={s['temperature']:g} λ={s['lambda']:.2f} "
           f"mask={s['mask']} nprobe={s['nprobe']}", file=sys.stderr)
