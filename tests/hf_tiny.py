@@ -41,3 +41,47 @@ def make_tiny_hf(out_dir: str | Path, train_text: str | Path, arch: str = "gpt2"
     model.save_pretrained(out_dir)
     fast.save_pretrained(out_dir)
     return out_dir
+
+
+def knn_transformers_dstore(model_dir: str | Path, text: str, out_dir: str | Path, block_size: int,
+                            stride: int) -> tuple[Path, Path]:
+    """A datastore as neulab/knn-transformers writes it (run_clm.py --save_knnlm_dstore with --block_size and
+    --stride, its KNNSaver, key type last_ffn_input), re-implemented from their algorithm for one `datasets.map`
+    batch: the text's tokens concatenated (no BOS) and cut to a multiple of block_size; windows begin every `stride`
+    tokens, each the block_size tokens up to its end, with the labels of all but its last `stride` tokens (the first
+    window: all) set to -100 and pad after the text's end; each window's MLP input of the last block at every position
+    but the last, with labels[:, 1:] as vals, kept where the label is not -100. Returns the (keys, vals) files
+    dstore_<model_type>_<N>_<D>_{keys,vals}.npy: headerless [N, D] float16 and [N, 1] int32."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    total = len(ids) // block_size * block_size if len(ids) >= block_size else len(ids)
+    captured = {}
+    mlp = model.transformer.h[-1].mlp
+    hook = mlp.register_forward_pre_hook(lambda m, a: captured.__setitem__("h", a[0]))
+    keys, vals = [], []
+    with torch.no_grad():
+        for i in range(0, total, stride):
+            begin, end = max(i + stride - block_size, 0), min(i + stride, total)
+            window = list(ids[begin:end])
+            labels = [-100] * (len(window) - (end - i)) + window[len(window) - (end - i):]
+            pad = block_size - len(window)
+            window, labels = window + [0] * pad, labels + [-100] * pad
+            model(input_ids=torch.tensor([window]))
+            h, lab = captured["h"][0, :-1], torch.tensor(labels[1:])
+            keep = lab != -100
+            keys.append(h[keep].numpy().astype(np.float16))
+            vals.append(lab[keep].numpy().astype(np.int32))
+    hook.remove()
+    k, v = np.concatenate(keys), np.concatenate(vals).reshape(-1, 1)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"dstore_{model.config.model_type}_{len(k)}_{k.shape[1]}"
+    kf, vf = Path(f"{stem}_keys.npy"), Path(f"{stem}_vals.npy")
+    k.tofile(kf)
+    v.tofile(vf)
+    return kf, vf

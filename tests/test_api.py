@@ -55,7 +55,7 @@ def test_readme_python_example_runs_as_written(tiny_run, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     ref = json.loads((tiny_run["root"] / "lms/base/stores/full/scores/att_l2.json").read_text())
     assert f"{ref['test']['interp']['ppl_word']:.2f}" in r.stdout
-    assert "True {'rows': 256, 'att': " in r.stdout and "'matches': ['att'], 'key': 'att', 'windows': True}" in r.stdout  # bundle
+    assert "True ['att']" in r.stdout  # the bundle: the same settings, its keys this LM's att states
     cmp = pd.read_csv(tiny_run["root"] / "lms/base/tables/table1_comparisons.csv").set_index(["split", "comparison"])
     assert f"{ref['tuned']['temperature']} {{'comparison': 'kNN-LM att/L2 vs base', 'relative difference': " in r.stdout
     assert f"'verdict': '{cmp.loc[('test', 'att/L2 τ* vs base'), 'verdict']}'" in r.stdout  # tune + compare: Table 1's
@@ -458,9 +458,8 @@ def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
     # from the shell, as a knn-transformers user has it: their --block_size and --stride, verified with the LM at
     # import; another LM's keys refused in one line (exit 2) and nothing left; --no-verify marks the store so
     env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
-    block = windows["tokens_per_sample"]
     cli = [sys.executable, "-m", "knnlm.importer", "--keys", str(raw[0]), "--vals", str(raw[1]),
-           "--block-size", str(block), "--stride", str(block - windows["context_window"])]
+           "--tokens-per-sample", str(windows["tokens_per_sample"]), "--context-window", str(windows["context_window"])]
     r = subprocess.run(cli + ["--out", str(tmp_path / "cli"), "--lm", path], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     verified = json.loads((tmp_path / "cli" / "manifest.json").read_text())["verified"]
@@ -476,6 +475,79 @@ def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
     r = subprocess.run(cli + ["--out", str(tmp_path / "cli_unverified"), "--no-verify"], env=env, capture_output=True,
                        text=True)
     assert r.returncode == 0 and json.loads((tmp_path / "cli_unverified" / "manifest.json").read_text())["verified"] is False
+
+
+def test_a_store_written_as_knn_transformers_writes_it_imports_exactly(tmp_path, wikitext2_dir):
+    """A store written by knn-transformers' algorithm (run_clm.py's strided windows, KNNSaver's rows; block 64,
+    stride 32) imported with its --block-size and --stride: every checked row recomputes within fp16 rounding (the
+    largest error, not a median, is judged), the rows checked are named; aligned as a fairseq-eval-lm store it is
+    refused naming the worst row. --unknown-windows with --lm accepts it, loosely; the LM's identity is recorded at
+    import, so another LM is refused on load even with verify=False."""
+    import torch
+    import transformers
+
+    from hf_tiny import knn_transformers_dstore, make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM
+    from knnlm.datastore.importer import import_memmap
+    from knnlm.importer import main as importer_main
+    from knnlm.io import ArtifactError
+
+    model = make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    text = "".join((wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:40])
+    kf, vf = knn_transformers_dstore(model, text, tmp_path / "peer", block_size=64, stride=32)
+    lm = HuggingFaceLM(str(model))
+    importer_main(["--keys", str(kf), "--vals", str(vf), "--out", str(tmp_path / "ds"), "--block-size", "64",
+                   "--stride", "32", "--lm", str(model)])
+    man = json.loads((tmp_path / "ds" / "manifest.json").read_text())
+    assert man["stream_offset"] == 1 and man["checkpoint_sha256"] == lm.identity["checkpoint_sha256"]
+    assert man["verified"]["att"] < 5e-3 and man["verified"]["rows"] == 256
+    knn = KNNLM.from_datastore(lm, tmp_path / "ds", mask="exact", k=8)
+    v = knn.verify(rows=10_000)
+    assert v["att"] < 5e-3 and v["rows"] == len(v["checked_rows"]) == man["N"] - 63  # all but the first windows' rows
+    # the same rows aligned as a fairseq-eval-lm store: the windows' first rows are off by one, and refused
+    import_memmap(kf, vf, tmp_path / "as_fairseq", tokens_per_sample=64, context_window=32)
+    with pytest.raises(ArtifactError, match=r"largest relative error att .* at row \d+"):
+        KNNLM.from_datastore(lm, tmp_path / "as_fairseq", mask="exact", k=8)
+    importer_main(["--keys", str(kf), "--vals", str(vf), "--out", str(tmp_path / "loose"), "--unknown-windows",
+                   "--lm", str(model)])
+    assert json.loads((tmp_path / "loose" / "manifest.json").read_text())["verified"]["loose"] is True
+    # the peer's prebuilt IVFPQ index (as its build_index makes it: L2, 8-bit PQ codes, nprobe set before it is
+    # written) is imported without training, read for its parameters and checked against the keys
+    import faiss
+
+    keys = np.fromfile(kf, dtype=np.float16).reshape(man["N"], -1).astype(np.float32)
+
+    def peer_index(x, path):
+        ix = faiss.IndexIVFPQ(faiss.IndexFlatL2(x.shape[1]), x.shape[1], 16, 8, 8)
+        ix.train(x)
+        ix.add(x)
+        ix.nprobe = 4
+        faiss.write_index(ix, str(path))
+        return path
+
+    importer_main(["--keys", str(kf), "--vals", str(vf), "--out", str(tmp_path / "with_index"), "--block-size", "64",
+                   "--stride", "32", "--lm", str(model), "--index", str(peer_index(keys, tmp_path / "peer.indexed"))])
+    meta = json.loads((tmp_path / "with_index" / "index" / "att_l2.json").read_text())
+    assert (meta["ncentroids"], meta["code_size"], meta["nprobe"], meta["metric"]) == (16, 8, 4, "l2")
+    assert meta["fit"]["ratio"] < 0.45
+    ours = KNNLM.from_datastore(lm, tmp_path / "with_index", k=8)
+    assert ours.nprobe == 4 and ours._ivf.nlist == 16
+    queries = keys[:5]
+    ids, _ = ours.neighbours(queries)
+    ref = faiss.read_index(str(tmp_path / "peer.indexed"))
+    np.testing.assert_array_equal(ids, ref.search(queries, 8)[1])  # the peer's very index, searched as it would be
+    rng = np.random.default_rng(0)
+    with pytest.raises(ArtifactError, match=r"peer_other.indexed: the vectors it holds are not these att keys"):
+        importer_main(["--keys", str(kf), "--vals", str(vf), "--out", str(tmp_path / "other_index"), "--block-size",
+                       "64", "--stride", "32", "--no-verify", "--index",
+                       str(peer_index(keys[rng.permutation(len(keys))], tmp_path / "peer_other.indexed"))])
+    torch.manual_seed(3)
+    other = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(model))
+    other.save_pretrained(tmp_path / "other")
+    transformers.AutoTokenizer.from_pretrained(model).save_pretrained(tmp_path / "other")
+    with pytest.raises(ArtifactError, match=r"neither this LM's att nor its ffn states"):
+        KNNLM.from_datastore(HuggingFaceLM(str(tmp_path / "other")), tmp_path / "ds", mask="exact", k=8,
+                             verify=False)
 
 
 def test_bundle_cli_exports_a_run_store(tiny_run, tmp_path):

@@ -627,3 +627,21 @@ def test_an_own_corpus_with_a_small_lm_needs_no_other_section(tmp_path):
     bad = {**cfg, "generation": {"prefix_tokens": 40, "new_tokens": 40}}
     with pytest.raises(ConfigError, match=r"'generation.prefix_tokens' \+ 'generation.new_tokens' \+ 1"):
         validate_config(bad)
+
+
+def test_schema_errors_say_what_the_key_is_not_a_schema_dump():
+    """A section given as a string (malformed --config YAML: knn=k:32) names the key, the type expected and how to
+    write it, not the section's whole schema; a key with a pattern shows its description, not the regex; a bound
+    names itself."""
+    from knnlm.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"knn": "k:32"})
+    msg = str(e.value)
+    assert "config key 'knn': expected object, found 'k:32'" in msg and "--config values are YAML" in msg
+    assert "properties" not in msg and "lambda_steps" not in msg
+    with pytest.raises(ConfigError) as e:
+        load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"name": "a b"})
+    assert "config key 'name': expected string (experiment name" in str(e.value) and "pattern" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"config key 'knn.k': expected integer, minimum 1, found 0"):
+        load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"knn": {"k": 0}})

@@ -165,7 +165,22 @@ def test_a_job_checks_its_inputs_and_records_its_outputs(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "resolve", lambda name: job)
     make = lambda: Job(cfg={"name": "t", "results_dir": str(tmp_path / "results")}, input={"keys": str(keys)},
                        output={"out": str(out)}, rule="spine.sum", snakemake_rule="sum_keys")
-    assert cli.verify_inputs(make()) == 0  # a file without a record (copied in by hand) is read as it is
+    # a file under the run's folder without a record (copied in by hand, or its record deleted) is refused, naming
+    # the commands that work: rerun its maker with -R, or adopt it; a file outside the run's folder is read as it is
+    with pytest.raises(ArtifactError, match=r"keys\.npy: no checksum record .* Job sum_keys reads it; .*"
+                                            r"`snakemake -R .*keys\.npy <your options>`.*`python -m knnlm.adopt "):
+        cli.verify_inputs(make())
+    corpus = tmp_path / "corpus.npy"
+    ARTIFACTS["keys"](corpus)
+    assert cli.verify_inputs(Job(cfg=make().cfg, input={"keys": str(corpus)}, output={}, rule="spine.sum")) == 0
+    from knnlm.adopt import adopt
+
+    (root / "broken.faiss").write_bytes(b"not an index")
+    with pytest.raises(ArtifactError, match=r"broken\.faiss: does not read as a \.faiss file"):
+        adopt(root / "broken.faiss")
+    assert not checksum_path(root / "broken.faiss").exists()
+    adopt(keys)
+    assert read_json(checksum_path(keys))["maker"]["rule"] == "adopted" and cli.verify_inputs(make()) == 1
     write_checksum(keys, MAKER)
     assert cli.verify_inputs(make()) == 1
     cli.run_job("spine.sum", make())

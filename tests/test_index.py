@@ -114,3 +114,18 @@ def test_tau_grid_is_extended_while_its_optimum_is_on_the_edge():
     # an optimum inside the grid: nothing is extended; τ* = 0 on a grid starting at 0 is the limit, not an edge
     taus, i = extend_while_on_edge(cfg, temperatures(cfg), lambda grid: 0, add)
     assert taus == temperatures(cfg) and tau_edge(taus, 0, cfg) == ""
+
+
+def test_settings_that_cannot_work_are_refused_before_the_search():
+    """k beyond the store's keys and an explicit nprobe beyond the index's lists are refused naming the config key
+    (never a search padded with missing neighbours, nor a silent clamp); 'auto' nprobe is capped at the lists."""
+    from knnlm.config import section_defaults
+    from knnlm.search.index import resolve_index_params
+
+    cfg = section_defaults("index")
+    with pytest.raises(ValueError, match=r"config key 'knn.k': k = 50,000 neighbours, but this store has 38,579 keys"):
+        resolve_index_params(cfg, 38_579, 128, 50_000)
+    with pytest.raises(ValueError, match=r"config key 'index.nprobe': 600 lists probed per query, but the index has "
+                                         r"512 lists"):
+        resolve_index_params({**cfg, "ncentroids": 512, "nprobe": 600}, 38_579, 128, 16)
+    assert resolve_index_params({**cfg, "ncentroids": 512}, 38_579, 128, 38_579)["nprobe"] == 512

@@ -10,7 +10,7 @@ The layers, lowest first (a module may import its own layer's modules and lower 
   lm          knnlm.lm                                   the backends (fairseq, Hugging Face) and their training
   parametric  parametric                                 W_ds and the parametric alternatives (Sec. 4)
   report      knnlm.report                               tables, figures, the front page, a run's times
-  jobs        knnlm.experiments, api, generate, bundle, score, harness, importer, cli   what Snakemake runs and a
+  jobs        knnlm.experiments, api, generate, bundle, score, harness, importer, adopt, cli   what Snakemake runs and a
               researcher calls
 Every import counts, inside functions too (they are read from the source, not from a running interpreter).
 """
@@ -31,7 +31,7 @@ LAYERS = [
     ("lm", {"lm"}),
     ("parametric", {"parametric"}),
     ("report", {"report"}),
-    ("jobs", {"experiments", "api", "generate", "bundle", "score", "harness", "importer", "cli", "__main__", ""}),
+    ("jobs", {"experiments", "api", "generate", "bundle", "score", "harness", "importer", "adopt", "cli", "__main__", ""}),
 ]
 
 

@@ -306,6 +306,32 @@ def test_tied_temperatures_give_the_smallest_tau():
     assert first_minimum([float("nan"), 2.0, 1.0]) == 2
 
 
+def test_a_tie_over_every_tau_never_picks_tau_zero():
+    """When every τ ties (k = 1, or λ* = 0), τ* is the grid's τ closest to 1, never the limit τ = 0 (which no
+    generation could use); τ = 0 is chosen only when it alone is best, and then p_kNN over the vocabulary is its
+    limit (the mass shared by the neighbours tied at the best score), as the sweep's τ = 0 is; a tie at equal
+    distance from 1 goes to the smaller τ. A k = 1 sweep through tune_temperature gives τ = 1."""
+    from knnlm.scoring.interpolation import (first_minimum, knn_distribution, knn_log_prob_from_cache,
+                                             sweep_temperature_from_cache, tune_temperature)
+
+    taus = [round(0.1 * i, 9) for i in range(31)]  # the config's default grid, 0 … 3
+    assert first_minimum([2.0] * len(taus), taus=taus) == taus.index(1.0)
+    assert first_minimum([1.0] + [2.0] * 30, taus=taus) == 0
+    assert first_minimum([3.0, 2.0, 2.0, 3.0], taus=[0.25, 0.5, 2.0, 4.0]) == 1
+    rng = np.random.default_rng(0)
+    ids, dists = rng.integers(0, 50, (40, 1)), rng.random((40, 1)).astype(np.float32)
+    vals, targets = rng.integers(0, 9, 50), rng.integers(0, 9, 40)
+    sweep = sweep_temperature_from_cache(ids, dists, vals, targets, "l2", taus)
+    lp_lm = np.log(np.full(40, 1 / 9))
+    assert taus[tune_temperature(lp_lm, sweep, taus, 11)] == 1.0
+    ids3 = np.array([[3, 4, 5]])
+    d = np.array([[0.5, 0.5, 2.0]], dtype=np.float32)
+    p0 = knn_distribution(ids3, d, np.array([0, 0, 0, 1, 2, 3]), "l2", 0.0, 4)
+    np.testing.assert_allclose(p0[0], [0.0, 0.5, 0.5, 0.0])
+    lp0 = knn_log_prob_from_cache(ids3, d, np.array([0, 0, 0, 1, 2, 3]), np.array([1]), "l2", 1e-6)
+    assert np.exp(lp0[0]) == pytest.approx(0.5, rel=1e-6)
+
+
 def test_soft_label_loss_matches_a_dense_computation():
     """App. E.6.2's objective (knnlm.lm.soft_labels.soft_label_loss) equals the cross-entropy of the student against the
     label (1 − w)·one-hot + w·teacher, computed token by token in float64 numpy, with padding skipped; w = 0 is the

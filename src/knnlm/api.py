@@ -37,8 +37,8 @@ BUNDLE_FORMAT = 1
 # the hooked state of each key type (Xu et al. 2023, Sec. 3), by knn-transformers' names
 KEY_HOOKS = {"att": "last_ffn_input: the input of the last layer's FFN, after its LayerNorm",
              "ffn": "last_ffn_output: the final decoder output, the input of the output projection"}
-# verify(): the largest median relative error ‖h − k‖ / ‖k‖ of recomputed keys that still counts as the same states
-# (fp16 storage alone gives ~5e-4; another model of the same shape gives ~1)
+# verify(): the largest relative error ‖h − k‖ / ‖k‖ of a recomputed key that still counts as the same state (fp16
+# storage alone gives ~5e-4 at most; another model of the same shape, or the same one with other context, ~1)
 VERIFY_TOLERANCE = 0.02
 # the peers' names of the settings (neulab/knn-transformers' KNNWrapper and run_clm.py options: --lmbda, --knn_temp,
 # --knn_keytype, --probe, --knn_sim_func, --recompute_dists, --dstore_size), accepted by from_datastore,
@@ -424,6 +424,11 @@ class KNNLM:
         icfg = {**section_defaults("index"), **(index or {})}
         params = resolve_index_params(icfg, man["N"], man["D"], k)
         ipath = ds.path("index", key=key, metric=metric)
+        imported = ds.path("index_meta", key=key, metric=metric)
+        if ipath.exists() and imported.is_file():  # an imported index (import_index): its own lists and nprobe
+            meta = read_json(imported)
+            params = {**params, "nprobe": meta["nprobe"]}
+            icfg = {**icfg, "ncentroids": meta["ncentroids"], "code_size": meta["code_size"], "imported": True}
         if mask == "faiss" and not ipath.exists():
             if not rebuild_index:
                 raise ArtifactError(f"{ipath}: the {key}/{metric} index is missing; pass rebuild_index=True to train it "
@@ -550,44 +555,64 @@ class KNNLM:
         """Recompute the keys of a seeded sample of datastore rows with this LM and compare them with the stored ones.
 
         The token stream is the vals' (row i's target is vals[i]; the stream starts with the LM's start token), fed
-        in the sliding windows the manifest records (tokens_per_sample, context_window; the LM's and this kNN-LM's
-        otherwise), so the states are those of the dump. For both key types (att = the input of the last layer's FFN
-        after its LayerNorm, knn-transformers' `last_ffn_input`; ffn = the final decoder output, `last_ffn_output`)
-        it measures the median relative L2 error ‖h − k‖ / ‖k‖ over the sample. Returns {'rows', 'att', 'ffn' (median
-        errors), 'matches' (the key types within `tolerance`, closest first), 'key', 'windows' (whether the manifest
-        records them)}. A manifest without the windows (a store imported without --tokens-per-sample) gives states
-        with another amount of context than the dump's: then the result is only logged, as a warning when nothing
-        matches. Raises ArtifactError, naming the key file,
-        the datastore's LM and this LM, when the stored keys are not this LM's states of type self.key (another LM,
-        or keys of the other type: the error says which one matches)."""
+        in the sliding windows the manifest records (tokens_per_sample L, context_window C; the LM's and this
+        kNN-LM's otherwise), aligned as the tool that wrote the store aligns them (the manifest's 'stream_offset'
+        o): fairseq-eval-lm, urvashik/knnlm and this pipeline (o = 0) predict every token of the stream, the first
+        from the start token, in windows of rows [w·b, (w+1)·b), b = L − C; knn-transformers' run_clm.py + KNNSaver
+        (o = 1) never predicts the stream's first token (which its vals do not keep), so its windows hold rows
+        [w·b − 1, (w+1)·b − 1). Either way window w is fed from stream position max(0, w·b − C). Rows whose window
+        would need a token the store does not keep (o = 1: the first windows, fed from the stream's unknown first
+        token) are not sampled. For both key types (att = the input of the last layer's FFN after its LayerNorm,
+        knn-transformers' `last_ffn_input`; ffn = the final decoder output, `last_ffn_output`) it measures the
+        relative L2 error ‖h − k‖ / ‖k‖ of every sampled row and judges the largest. Returns {'rows' (how many were
+        checked), 'checked_rows' (which), 'att', 'ffn' (the largest errors), 'median' {'att', 'ffn'}, 'worst_rows'
+        {'att', 'ffn'} (the rows of the largest errors), 'matches' (the key types within `tolerance`, closest
+        first), 'key', 'windows' (whether the manifest records them)}. A manifest without the windows (a store
+        imported with --unknown-windows) gives states with another amount of context than the dump's: then the
+        result is only logged, as a warning when nothing matches. Raises ArtifactError, naming the key file, the
+        worst row, the datastore's LM and this LM, when the stored keys are not this LM's states of type self.key
+        (another LM, or keys of the other type: the error says which one matches), or when no row can be recomputed
+        in the recorded windows."""
         man = self.manifest or {}
         n = len(self.vals)
         length = int(man.get("tokens_per_sample") or self.lm.tokens_per_sample)
         context = int(man.get("context_window", self.context_window) or 0)
+        offset = int(man.get("stream_offset", 0))
         b = length - context
-        sample = np.sort(np.random.default_rng(seed).choice(n, size=min(rows, n), replace=False))
+        window_of = lambda r: (r + offset) // b  # noqa: E731
+        # with o = 1 the stream's first token is not kept: a window fed from stream position 0 cannot be recomputed
+        first = 0 if offset == 0 else min(n, (context // b + 1) * b - offset)  # the first row of the first such window
+        if first >= n:
+            raise ArtifactError(f"{getattr(self.keys, 'filename', None) or 'the keys'}: none of the {n} rows can be "
+                                f"recomputed in the recorded windows (tokens_per_sample {length}, context_window "
+                                f"{context}, stream_offset {offset}): every window is fed from the stream's first token, "
+                                "which the store does not keep")
+        sample = first + np.sort(np.random.default_rng(seed).choice(n - first, size=min(rows, n - first),
+                                                                    replace=False))
         stored = np.asarray(self.keys[sample], dtype=np.float32)
         got = {kt: np.empty_like(stored) for kt in ("att", "ffn")}
         with torch.inference_mode():
-            for w in np.unique(sample // b):
-                s = int(w) * b
-                a, e = max(0, s - context), min(n, s + b)
-                # stream[a:e] with stream = [start] + vals: targets s..e-1 are fed from stream positions a..e-1
+            for w in np.unique(window_of(sample)):
+                a, e = max(0, int(w) * b - context), min(n, (int(w) + 1) * b - offset)
+                # stream[a:e] with stream = [start] + vals: the states of rows a..e-1, the window's rows its last
                 x = np.concatenate([[self.lm.start], np.asarray(self.vals[:e - 1])]) if a == 0 else \
                     np.array(self.vals[a - 1:e - 1])
                 att, ffn, _ = self.lm.forward(torch.as_tensor(x, dtype=torch.int64)[None])
-                here = np.nonzero(sample // b == w)[0]
+                here = np.nonzero(window_of(sample) == w)[0]
                 for kt, h in (("att", att), ("ffn", ffn)):
                     got[kt][here] = h[0, sample[here] - a].float().cpu().numpy()
         norm = np.maximum(np.linalg.norm(stored, axis=1), 1e-6)
-        err = {kt: float(np.median(np.linalg.norm(got[kt] - stored, axis=1) / norm)) for kt in got}
+        rel = {kt: np.linalg.norm(got[kt] - stored, axis=1) / norm for kt in got}
+        err = {kt: float(rel[kt].max()) for kt in rel}
         matches = sorted((kt for kt in ("att", "ffn") if err[kt] <= tolerance), key=err.get)
-        out = {"rows": int(len(sample)), **err, "matches": matches, "key": self.key,
-               "windows": "tokens_per_sample" in man}
+        out = {"rows": int(len(sample)), "checked_rows": [int(r) for r in sample], **err,
+               "median": {kt: float(np.median(rel[kt])) for kt in rel},
+               "worst_rows": {kt: int(sample[int(np.argmax(rel[kt]))]) for kt in rel}, "matches": matches,
+               "key": self.key, "windows": "tokens_per_sample" in man}
         if not out["windows"]:
             (log.info if matches and matches[0] == self.key else log.warning)(
                 "verify: the datastore's manifest does not record the windows its keys were dumped in, so their "
-                "recomputed states are not comparable (median relative error att %.3g, ffn %.3g); import it with the "
+                "recomputed states are not comparable (largest relative error att %.3g, ffn %.3g); import it with the "
                 "windows (python -m knnlm.importer: --block-size/--stride or --tokens-per-sample/--context-window) "
                 "to check it", err["att"], err["ffn"])
             return out
@@ -596,10 +621,11 @@ class KNNLM:
                     if matches else "they are neither this LM's att nor its ffn states (a datastore of another LM?)")
             raise ArtifactError(
                 f"{getattr(self.keys, 'filename', None) or 'the keys'}: {self.key} keys of {len(sample)} rows recomputed "
-                f"with this LM differ from the stored ones (median relative error att {err['att']:.3g}, ffn "
-                f"{err['ffn']:.3g}, tolerance {tolerance}): {what}. Datastore's LM: "
-                f"{ {k: man.get(k) for k in ('source', 'model', 'checkpoint_sha256') if man.get(k)} }; this LM: "
-                f"{self.lm.identity}")
+                f"with this LM differ from the stored ones (largest relative error att {err['att']:.3g} at row "
+                f"{out['worst_rows']['att']}, ffn {err['ffn']:.3g} at row {out['worst_rows']['ffn']}; median att "
+                f"{out['median']['att']:.3g}, ffn {out['median']['ffn']:.3g}; tolerance {tolerance}): {what}. "
+                f"Datastore's LM: { {k: man.get(k) for k in ('source', 'model', 'checkpoint_sha256') if man.get(k)} }; "
+                f"this LM: {self.lm.identity}")
         return out
 
     # ---- the LM's pass ---------------------------------------------------------------------------------------

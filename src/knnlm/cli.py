@@ -46,14 +46,16 @@ def _files(named: dict) -> list[str]:
 
 
 def verify_inputs(job: Job) -> int:
-    """Check every named input of `job` that has a checksum record (knnlm.io.verify_checksum; every output of a job of
-    this pipeline has one) against it before the job reads it. A file without one (a corpus, a published LM, an
-    artifact copied in by hand) is read as it is, and the job's log says so for one under the run's folder. Returns
-    how many were checked. Raises ArtifactError naming the file and the job that made it."""
-    import logging
+    """Check every named input of `job` against its checksum record (knnlm.io.verify_checksum; every output of a job of
+    this pipeline has one) before the job reads it. A file outside the run's folder without one (a corpus, a
+    published LM) is read as it is; one under the run's folder without one is an error: it was not written by a
+    finished job of this pipeline (copied in by hand, or its record deleted), so nothing vouches for it. Returns how
+    many were checked. Raises ArtifactError naming the file, the job that reads it and the commands that make it
+    trustworthy: rerun the job that makes it (snakemake -R <file>, which reruns what rests on it too) or adopt the
+    file as it is (python -m knnlm.adopt <file>: checked and recorded)."""
     from pathlib import Path
 
-    from .io import checksum_path, verify_checksum
+    from .io import ArtifactError, checksum_path, verify_checksum
 
     root = Path(job.cfg["results_dir"], job.cfg["name"]).resolve() if "results_dir" in job.cfg and "name" in job.cfg else None
     n = 0
@@ -64,8 +66,12 @@ def verify_inputs(job: Job) -> int:
         if verify_checksum(path):
             n += 1
         elif root is not None and path.resolve().is_relative_to(root):
-            logging.getLogger(__name__).warning("%s has no checksum record (%s): read unchecked", path,
-                                                checksum_path(path).name)
+            raise ArtifactError(
+                f"{path}: no checksum record ({checksum_path(path).name} beside it), so nothing vouches for it: it was "
+                f"not written by a finished job of this pipeline (copied in by hand, or its record deleted). Job "
+                f"{job.snakemake_rule or job.rule} reads it; rerun the job that makes it and what rests on it with "
+                f"`snakemake -R {path} <your options>`, or adopt the file as it is with `python -m knnlm.adopt {path}` "
+                "(checked, then recorded)")
     return n
 
 

@@ -131,6 +131,7 @@ DATASTORE_PATTERNS: dict[str, str] = {
     "vals": "vals.npy",
     "manifest": "manifest.json",
     "index": "index/{key}_{metric}.faiss",
+    "index_meta": "index/{key}_{metric}.json",  # an imported index's parameters, read from it (import_index)
 }
 
 # Wildcard constraints (regexes) shared by every rule (workflow/rules/common.smk); {store} is constrained to

@@ -16,10 +16,18 @@ Key type: both tools store `last_ffn_input` by default (knn-transformers' --knn_
 importer's default. A store dumped with `last_ffn_output` is ffn (--key-type ffn).
 
 Windows: the keys are hidden states, so they depend on the context each token had when they were dumped; the
-importer needs the windows to check them (KNNLM.verify recomputes a sample in the same windows):
-  knn-transformers: --block-size B --stride S (theirs; defaults 1024, the GPT-2 maximum, and 512): windows of B tokens
-                    whose last S are stored, this pipeline's tokens_per_sample = B, context_window = B − S;
-  urvashik/knnlm:   --tokens-per-sample T --context-window C (fairseq-eval-lm's; their README: 3072 and 2560).
+importer needs the windows to check them (KNNLM.verify recomputes a sample in the same windows, aligned as the tool
+that wrote them aligns them; the manifest's 'stream_offset'):
+  knn-transformers: --block-size B --stride S (theirs; defaults 1024, the GPT-2 maximum, and 512): run_clm.py's
+                    group_texts windows of B tokens starting every S tokens of the concatenated text, whose last S
+                    labels are kept, and KNNSaver's rows: the state at each position with the next token as its val
+                    (labels[:, 1:]). The text's first token is never a val, so row r is the text's token r + 1 and
+                    the windows' first rows are r ≡ −1 (mod S) (stream_offset 1); this pipeline's tokens_per_sample =
+                    B, context_window = B − S. (run_clm.py concatenates the texts of each `datasets.map` batch of 1,000
+                    rows apart: a store dumped from several such batches has other windows after the first.)
+  urvashik/knnlm:   --tokens-per-sample T --context-window C (fairseq-eval-lm's; their README: 3072 and 2560): every
+                    token a val, the first predicted from the end-of-sentence token, as this pipeline's dumps
+                    (stream_offset 0).
 The command line (knnlm.importer) verifies the imported keys with --lm (a Hugging Face model folder or hub id) and
 refuses a store that is not that LM's; --no-verify imports without the check and marks the store unverified.
 """
@@ -53,7 +61,7 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                   dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "att",
                   vocab_size: int | None = None, checkpoint_sha256: str | None = None, tokens_per_sample: int | None = None,
                   context_window: int | None = None, block_size: int | None = None, stride: int | None = None,
-                  unknown_windows: bool = False, chunk: int = 1 << 16) -> dict:
+                  unknown_windows: bool = False, lm_identity: dict | None = None, chunk: int = 1 << 16) -> dict:
     """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
     (knnlm.paths.DatastoreLayout); returns the manifest.
 
@@ -64,8 +72,10 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     are scored). tokens_per_sample, context_window: the windows the keys were dumped in (fairseq-eval-lm's: windows of
     tokens_per_sample tokens, each scoring the tokens after its first context_window), recorded so that
     KNNLM.verify recomputes the very states; or knn-transformers' block_size and stride (tokens_per_sample =
-    block_size, context_window = block_size − stride). Without either, pass unknown_windows=True: the store is then
-    checked only loosely (KNNLM.verify logs). Raises ArtifactError naming the file for a wrong size, a non-finite key
+    block_size, context_window = block_size − stride; their rows aligned as knn-transformers writes them,
+    stream_offset 1). Without either, pass unknown_windows=True: the store is then checked only loosely
+    (KNNLM.verify logs). lm_identity: the LM's identity (HuggingFaceLM.identity: its weights', tokenizer's and
+    vocabulary's sha256), recorded so that a load with another LM is checked whatever its `verify` says. Raises ArtifactError naming the file for a wrong size, a non-finite key
     in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767 overflow: re-dump with int32
     vals); ValueError for a missing N or D, a bad key type, or windows that are missing or inconsistent.
     """
@@ -103,10 +113,12 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
             for a in (k_out, v_out, keys, vals):
                 release_rows(a, s, e)
     layout = "knn-transformers" if m else "urvashik/knnlm"
+    ident = {n: v for n, v in (lm_identity or {}).items()
+             if n in ("model", "revision", "checkpoint_sha256", "tokenizer_sha256", "vocab_sha256") and v is not None}
     manifest = {"split": "train", "N": size, "D": dim, "keys_dtype": "float16", "vals_dtype": "int32",
-                "key_types": [key_type], "source": "imported", "checkpoint_sha256": checkpoint_sha256,
-                **({"tokens_per_sample": int(tokens_per_sample), "context_window": int(context_window or 0)}
-                   if tokens_per_sample else {}),
+                "key_types": [key_type], "checkpoint_sha256": checkpoint_sha256, **ident, "source": "imported",
+                **({"tokens_per_sample": int(tokens_per_sample), "context_window": int(context_window or 0),
+                    "stream_offset": 1 if block_size is not None else 0} if tokens_per_sample else {}),
                 "imported_from": {"layout": layout, "keys": str(keys_file), "vals": str(vals_file),
                                   "keys_dtype": keys_dtype, "vals_dtype": vals_dtype,
                                   "keys_sha256": sha256_file(keys_file), "vals_sha256": sha256_file(vals_file)}}

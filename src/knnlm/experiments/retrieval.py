@@ -194,6 +194,11 @@ def search(job: Job) -> dict:
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
+    built = {n: idx_meta.get(n) for n in ("key_type", "metric", "store")}
+    want = {"key_type": job.wildcards["key"], "metric": job.wildcards["metric"], "store": job.wildcards["store"]}
+    if built != want:
+        raise ArtifactError(f"{job.path('index_meta')}: an index built for {built}, where this job searches {want} (a "
+                            "file moved or copied under another name?); rerun the job that builds it")
     params = _index_params(job, store, man)
     check_index_matches(idx_meta, params, job.path("index"))
     everything = searches_every_token(job.wildcards["store"])  # Table 1 reads the full store's search of every token
@@ -202,7 +207,8 @@ def search(job: Job) -> dict:
     t0 = time.time()
     stats = faiss_search(job.path("index"), store.project(queries) if store.transform else queries, job.cfg["knn"]["k"],
                          params["nprobe"], job.path("ids"), job.path("dists"), job.cfg["index"]["search_chunk"],
-                         job.threads, id_limit=man["N"])  # a subset's index holds datastore rows as its ids
+                         job.threads, id_limit=man["N"],  # a subset's index holds datastore rows as its ids
+                         expect={"metric": job.wildcards["metric"], "keys": store.keys, "key": job.wildcards["key"]})
     stats.update(key_type=job.wildcards["key"], metric=job.wildcards["metric"], split=job.wildcards["split"],
                  store=job.wildcards["store"], search_seconds=time.time() - t0, queries="all" if everything else "scope",
                  checkpoint_sha256=man["checkpoint_sha256"], N=idx_meta["N"], machine=machine(job.threads, stats["device"]))

@@ -139,17 +139,23 @@ def knn_distribution(ids: np.ndarray, dists: np.ndarray, vals: np.ndarray, metri
 
     ids: [B, k] int datastore rows (−1: no neighbour, no mass); dists: [B, k] float faiss distances (squared L2 for
     'l2', inner products for 'ip'); vals: [N] int the datastore's vals; temperature τ > 0; vocab: V. Returns [B, V]
-    float64, each row summing to 1 (a row with no neighbour: all zeros). Raises ValueError for τ ≤ 0 and ArtifactError
-    for an id ≥ N or a val ≥ V."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, found {temperature}")
+    float64, each row summing to 1 (a row with no neighbour: all zeros). τ = 0 is the limit τ → 0, as in
+    sweep_temperature: the mass shared by the neighbours tied at the best score. Raises ValueError for τ < 0 and
+    ArtifactError for an id ≥ N or a val ≥ V."""
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, found {temperature}")
     ids = np.asarray(ids)
     valid = ids >= 0
     if ids.size and ids.max() >= len(vals):
         raise ArtifactError(f"neighbour id {int(ids.max())} out of range for a datastore of {len(vals)} vals")
-    logits = np.where(valid, scores_from_distances(np.asarray(dists, dtype=np.float64), metric) / temperature, -np.inf)
-    top = logits.max(1, keepdims=True)
-    w = np.where(valid, np.exp(logits - np.where(np.isfinite(top), top, 0.0)), 0.0)
+    sc = np.where(valid, scores_from_distances(np.asarray(dists, dtype=np.float64), metric), -np.inf)
+    if temperature == 0:
+        top = sc.max(1, keepdims=True)
+        w = (valid & (sc == top)).astype(np.float64)
+    else:
+        logits = sc / temperature
+        top = logits.max(1, keepdims=True)
+        w = np.where(valid, np.exp(logits - np.where(np.isfinite(top), top, 0.0)), 0.0)
     total = w.sum(1, keepdims=True)
     w = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
     nb_vals = np.asarray(vals)[np.where(valid, ids, 0)].astype(np.int64)
@@ -253,20 +259,29 @@ def sweep_temperature_from_cache(ids: np.ndarray, dists: np.ndarray, vals: np.nd
 TIE_RTOL = 1e-9  # values this close (relative) are ties: the parallel sums' rounding differs from run to run
 
 
-def first_minimum(values, rtol: float = TIE_RTOL) -> int:
-    """Index of the first value within `rtol` (relative) of the minimum of `values` (1-D, finite somewhere): ties
-    within the rounding of the parallel sums go to the first (smallest) τ of a grid, so the same data give the same
-    τ* on every run and machine, instead of whichever tied value rounding made lowest."""
+def first_minimum(values, rtol: float = TIE_RTOL, taus=None) -> int:
+    """Index of the minimum of `values` (1-D, finite somewhere), values within `rtol` (relative) of it counting as
+    ties (the rounding of the parallel sums), so the same data give the same choice on every run and machine. Ties
+    go to the first value, or with `taus` (the τ of each value) to the τ closest to 1 in log scale, the smaller on
+    equal distance: where the data cannot tell τ values apart (k = 1, or λ* = 0, where every τ ties) the untuned
+    τ = 1 of Khandelwal et al. (2020) stands, and τ = 0 (the limit τ → 0) is chosen only when it alone is best."""
     v = np.asarray(values, dtype=np.float64)
     best = np.nanmin(v)
-    return int(np.flatnonzero(v <= best + rtol * abs(best))[0])
+    tied = np.flatnonzero(v <= best + rtol * abs(best))
+    if taus is None or len(tied) == 1:
+        return int(tied[0])
+    t = np.asarray(taus, dtype=np.float64)[tied]
+    with np.errstate(divide="ignore"):
+        dist = np.where(t > 0, np.abs(np.log(np.where(t > 0, t, 1.0))), np.inf)
+    return int(tied[np.lexsort((t, dist))[0]])
 
 
 def tune_temperature(lp_lm_valid: np.ndarray, sweep_valid: np.ndarray, temperatures, lambda_steps: int) -> int:
     """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (the minimum of
-    nll_grid, found by best_lambda_per_tau; ties within TIE_RTOL go to the smallest τ, first_minimum)."""
+    nll_grid, found by best_lambda_per_tau; ties within TIE_RTOL go to the τ closest to 1, first_minimum, or to
+    the first value when `temperatures` is None)."""
     _, nll = best_lambda_per_tau(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
-    return first_minimum(nll)
+    return first_minimum(nll, taus=temperatures)
 
 
 def best_lambda_per_tau(lp_lm: np.ndarray, lp_knn_per_tau: np.ndarray, lambdas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -367,7 +382,7 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, 
                 nll = per_document(-lp, doc, len(doc_words))
                 lo, hi = ppl_intervals(nll, doc_words, stats)
                 res[f"{split}_lo"], res[f"{split}_hi"] = lo.tolist(), hi.tolist()
-        i = first_minimum(res["valid_interp_ppl_word"])  # ties (to rounding) go to the smallest τ
+        i = first_minimum(res["valid_interp_ppl_word"], taus=taus)  # ties (to rounding) go to the τ closest to 1
         res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
                        "test_interp_ppl_word": res["test_interp_ppl_word"][i],
                        "test_interp_ppl_token": res["test_interp_ppl_token"][i]}

@@ -47,8 +47,12 @@ def resolve_index_params(index_cfg: dict, n: int, d: int, k: int | None = None, 
     `code_dim` when given (a PCA store keeps the full keys' bytes, so dimension and code size are not mixed).
     Returns {'ncentroids', 'code_size', 'train_size', 'nprobe', 'probed_fraction', 'bytes_per_dim',
     'expected_keys_scanned' (nprobe × N / lists), 'scan_factor', 'add_chunk', 'seed'}. Raises ValueError when
-    the code size does not divide D.
+    the code size does not divide D, when k exceeds the store's N keys (config 'knn.k': a search for more
+    neighbours than keys would pad every row with missing ones), and when an explicit nprobe exceeds the lists.
     """
+    if k and k > n:
+        raise ValueError(f"config key 'knn.k': k = {k:,} neighbours, but this store has {n:,} keys; k must be at most "
+                         "the smallest store it searches")
     nc = index_cfg["ncentroids"]
     nc = auto_ncentroids(n) if nc == "auto" else int(nc)
     cs = index_cfg["code_size"]
@@ -64,6 +68,9 @@ def resolve_index_params(index_cfg: dict, n: int, d: int, k: int | None = None, 
         npr = max(1, round(index_cfg["probe_fraction"] * nc))
         if k:
             npr = max(npr, math.ceil(c * k * nc / max(n, 1)))
+    elif int(npr) > nc:
+        raise ValueError(f"config key 'index.nprobe': {int(npr):,} lists probed per query, but the index has {nc:,} "
+                         "lists (index.ncentroids); nprobe must be at most that")
     npr = min(int(npr), nc)
     return {"ncentroids": nc, "code_size": cs, "train_size": ts, "nprobe": npr, "probed_fraction": npr / nc,
             "bytes_per_dim": cs / d, "expected_keys_scanned": npr * n / nc, "scan_factor": c,
@@ -186,8 +193,68 @@ def read_index(path: str | Path):
     return index
 
 
+# check_index_fits: the largest ratio of an index's reconstruction error on the keys it claims to hold to its error on
+# unrelated keys of the same store that still counts as those keys (the tiny config's PQ codes of 2 bytes: ≤ 0.31 on
+# their own keys, ≥ 0.58 on the other key type's keys of the same rows)
+FIT_RATIO = 0.45
+
+
+def check_index_fits(index, index_path, metric: str, keys: np.ndarray, key: str, samples: int = 64,
+                     seed: int = 0) -> dict:
+    """Check that a faiss IVF index is one of these keys before it is searched: its metric is `metric` ('l2' | 'ip',
+    read from the index itself), its dimension the keys' ([N, D] array or memmap, indexed by the index's ids), and
+    the vectors it stores are these keys: `samples` entries of a few seeded inverted lists reconstructed
+    (reconstruct_from_offset: the centroid plus the decoded PQ code, no direct map) are compared with keys[id];
+    their median relative error must be below FIT_RATIO of their error against the same keys in shuffled order (a
+    PQ index of other vectors, e.g. the other key type's index under this one's name, reconstructs them no better
+    than unrelated keys). Returns {'reconstruction_error', 'unrelated_error', 'ratio', 'samples'}. Raises
+    ArtifactError naming the index file and what it holds instead."""
+    import faiss
+
+    got = {faiss.METRIC_L2: "l2", faiss.METRIC_INNER_PRODUCT: "ip"}.get(index.metric_type, str(index.metric_type))
+    if got != metric:
+        raise ArtifactError(f"{index_path}: an index of metric {got}, where this job searches {metric} (another "
+                            "metric's index under this name?); rerun the job that builds it")
+    if index.d != keys.shape[1]:
+        raise ArtifactError(f"{index_path}: an index of dimension {index.d}, the {key} keys have {keys.shape[1]}")
+    ivf = faiss.extract_index_ivf(index)
+    inv = ivf.invlists
+    rng = np.random.default_rng(seed)
+    lists = [lst for lst in range(ivf.nlist) if inv.list_size(lst) > 0]
+    ids, vecs = [], []
+    for lst in rng.permutation(lists):
+        n = inv.list_size(int(lst))
+        list_ids = faiss.rev_swig_ptr(inv.get_ids(int(lst)), n)
+        for o in rng.choice(n, min(n, 16), replace=False):
+            v = np.empty(ivf.d, dtype=np.float32)
+            ivf.reconstruct_from_offset(int(lst), int(o), faiss.swig_ptr(v))
+            ids.append(int(list_ids[o]))
+            vecs.append(v)
+        if len(ids) >= samples:
+            break
+    if len(ids) < 2:
+        return {"reconstruction_error": None, "unrelated_error": None, "ratio": None, "samples": len(ids)}
+    ids, vecs = np.asarray(ids), np.asarray(vecs)
+    if ids.max() >= keys.shape[0]:
+        raise ArtifactError(f"{index_path}: holds id {int(ids.max())}, but there are {keys.shape[0]} {key} keys")
+    order = np.argsort(ids)  # a memmap reads ascending rows fastest
+    k = np.empty_like(vecs)
+    k[order] = np.asarray(keys[ids[order]], dtype=np.float32)
+    norm = np.maximum(np.linalg.norm(k, axis=1), 1e-6)
+    own = float(np.median(np.linalg.norm(vecs - k, axis=1) / norm))
+    perm = np.roll(np.arange(len(ids)), 1 + int(rng.integers(len(ids) - 1)))
+    other = float(np.median(np.linalg.norm(vecs - k[perm], axis=1) / norm[perm]))
+    ratio = own / max(other, 1e-12)
+    if ratio > FIT_RATIO:
+        raise ArtifactError(f"{index_path}: the vectors it holds are not these {key} keys (median reconstruction error "
+                            f"{own:.3g} on them, {other:.3g} on unrelated keys of the store: ratio {ratio:.2f} > "
+                            f"{FIT_RATIO}); an index of other keys (the other key type's, another store's) under this "
+                            "name? Rerun the job that builds it")
+    return {"reconstruction_error": own, "unrelated_error": other, "ratio": ratio, "samples": int(len(ids))}
+
+
 def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out_ids: str | Path, out_dists: str | Path,
-           chunk: int = 8192, threads: int = 2, id_limit: int | None = None) -> dict:
+           chunk: int = 8192, threads: int = 2, id_limit: int | None = None, expect: dict | None = None) -> dict:
     """Top-k search of `queries` ([T, D] float32) in a saved faiss index; writes the neighbour cache.
 
     A query whose probed lists hold fewer than k keys is searched again with nprobe doubled until it has k
@@ -199,12 +266,14 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     on CPU and GPU alike), 'keys_scanned_faiss' (PQ distances faiss counted; None on GPU), 'nprobe', 'T', 'k',
     'ntotal', 'device'. id_limit: the ids the index may hold are 0 … id_limit − 1 (the datastore's rows, for an
     index of a store subset whose ids are datastore rows; default the index's size); an id outside, or a non-finite
-    distance, raises ArtifactError naming the index (check_neighbours).
+    distance, raises ArtifactError naming the index (check_neighbours). expect: {'metric', 'keys', 'key'}: the index
+    is checked to be of these keys and this metric before the search (check_index_fits; stats 'fit').
     """
     import faiss
 
     faiss.omp_set_num_threads(threads)
     index = read_index(index_path)
+    fit = check_index_fits(index, index_path, expect["metric"], expect["keys"], expect["key"]) if expect else None
     faiss.extract_index_ivf(index).nprobe = nprobe
     cpu_ivf = faiss.extract_index_ivf(index)  # the coarse quantizer and list sizes: keys scanned on any device
     list_sizes = np.array([cpu_ivf.invlists.list_size(i) for i in range(cpu_ivf.nlist)], dtype=np.int64)
@@ -241,7 +310,7 @@ def search(index_path: str | Path, queries: np.ndarray, k: int, nprobe: int, out
     return {"T": t, "k": k, "nprobe": nprobe, "lists": int(nlist), "missing_neighbours": missing, "requeried_for_k": refilled,
             "keys_scanned_per_query": from_lists / t if t else None,
             "keys_scanned_faiss": scanned / t if t and gpu is None else None, "ntotal": int(index.ntotal),
-            "device": "gpu" if gpu is not None else "cpu"}
+            "device": "gpu" if gpu is not None else "cpu", **({"fit": fit} if fit else {})}
 
 
 def check_neighbours(ids: np.ndarray, dists: np.ndarray, ntotal: int, index_path: str | Path, first_row: int = 0) -> None:
