@@ -477,6 +477,29 @@ def test_verify_refuses_another_lm_and_names_the_key_type(knn_of, tmp_path):
     assert r.returncode == 0 and json.loads((tmp_path / "cli_unverified" / "manifest.json").read_text())["verified"] is False
 
 
+def test_the_reference_python_example_runs_as_written(tmp_path, wikitext2_dir):
+    """docs/reference.md's Python block, run verbatim in a fresh folder with a tiny Hugging Face model and WikiText-2
+    slices: build with the peers' names, tune, score, a bundle saved and loaded, the wrapped model through the
+    Trainer with its defaults (its eval_loss the kNN-LM's mean NLL, as score() gives it)."""
+    from hf_tiny import make_tiny_hf
+
+    ref = (PROJECT_ROOT / "docs" / "reference.md").read_text()
+    sec = ref.split("## The Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", sec, re.S).group(1)
+    make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")
+    for split, n in (("train", 120), ("valid", 60)):
+        lines = (wikitext2_dir / f"wiki.{split}.tokens").read_text(encoding="utf-8").splitlines(True)[:n]
+        (tmp_path / f"{split}.txt").write_text("".join(lines), encoding="utf-8")
+    (tmp_path / "example.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    first, last = r.stdout.strip().splitlines()[0].split(), r.stdout.strip().splitlines()[-1].split()
+    assert float(first[0]) > 0 and 0 <= float(first[1]) <= 1 and np.isfinite(float(first[2]))
+    assert np.isfinite(float(last[0])) and last[1] == "True"
+    assert (tmp_path / "bundle" / "knnlm_config.json").exists()
+
+
 def test_a_store_written_as_knn_transformers_writes_it_imports_exactly(tmp_path, wikitext2_dir):
     """A store written by knn-transformers' algorithm (run_clm.py's strided windows, KNNSaver's rows; block 64,
     stride 32) imported with its --block-size and --stride: every checked row recomputes within fp16 rounding (the

@@ -645,3 +645,33 @@ def test_schema_errors_say_what_the_key_is_not_a_schema_dump():
     assert "config key 'name': expected string (experiment name" in str(e.value) and "pattern" not in str(e.value)
     with pytest.raises(ConfigError, match=r"config key 'knn.k': expected integer, minimum 1, found 0"):
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"knn": {"k": 0}})
+
+
+def test_a_train_split_too_small_to_train_on_is_refused_naming_it(tmp_path):
+    """fairseq-train is not started on a train split of fewer than MIN_TRAIN_WINDOWS windows of tokens_per_sample
+    tokens (a one-line train split): the error names the binarized split, its tokens and the tokens needed."""
+    import torch
+    from fairseq.data.indexed_dataset import MMapIndexedDatasetBuilder
+
+    from knnlm.lm.training import MIN_TRAIN_WINDOWS, check_train_split
+
+    def binarize(lines, d):
+        d.mkdir()
+        b = MMapIndexedDatasetBuilder(str(d / "train.bin"), dtype=np.int32)
+        for n in lines:
+            b.add_item(torch.arange(4, 4 + n, dtype=torch.int32))
+        b.finalize(str(d / "train.idx"))
+        return d
+
+    one_line = binarize([9], tmp_path / "one")  # one line of 9 tokens
+    with pytest.raises(ArtifactError, match=rf"train.bin: the train split has 9 tokens, too few .* at least "
+                                            rf"{MIN_TRAIN_WINDOWS} windows of config 'lm.tokens_per_sample' = 64"):
+        check_train_split(one_line, 64)
+    assert check_train_split(binarize([70, 70], tmp_path / "two"), 64) == 140
+
+
+def test_a_tau_grid_that_cannot_resolve_tau_is_refused():
+    """A τ grid of one value (start = stop) cannot tune τ: refused before any job, naming the keys and the grid."""
+    with pytest.raises(ConfigError, match=r"config keys 'temperature.start', 'stop', 'step' \(1.0, 1.0, 0.5\) give the "
+                                          r"τ grid \[1.0\]: tuning τ needs at least 2 values"):
+        load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"temperature": {"start": 1.0, "stop": 1.0}})

@@ -949,3 +949,24 @@ def test_the_claims_table_is_checked_when_read(tmp_path):
         with pytest.raises(ValueError, match=f"{bad}: claim 'a': .*{msg}"):
             load_claims(bad)
     assert CLAIMS_FILE.name == "claims.yaml"
+
+
+def test_a_short_split_is_cut_into_blocks_no_shorter_than_the_minimum_and_labelled_per_split():
+    """A one-line split of 369 tokens under 'auto' is cut into blocks of at least stats.min_block_tokens (128): 3
+    units, not 41 blocks of 9 tokens counted as independent; splits whose schemes differ are each labelled by their
+    own (never 'WikiText articles' for a split of token blocks)."""
+    from knnlm.config import section_defaults
+    from knnlm.statistics.documents import lines_token_documents, scheme_label
+
+    assert section_defaults("stats")["min_block_tokens"] == 128
+    line = np.zeros(369, dtype=np.int64)
+    doc, scheme, block = lines_token_documents(["one long line\n"], line, "auto", 2048, 40)
+    assert (scheme, block, len(np.unique(doc))) == ("blocks", 128, 3)
+    doc, scheme, block = lines_token_documents(["one long line\n"], line, "auto", 2048, 40, min_block_tokens=1)
+    assert (scheme, block, len(np.unique(doc))) == ("blocks", 9, 41)  # the old cut, with the minimum lifted
+    label = scheme_label({"scheme": "blocks", "schemes": {"valid": "wikitext", "test": "blocks"},
+                          "block_tokens": {"valid": 0, "test": 128}}, {"valid": 2, "test": 3})
+    assert label == ("WikiText articles: 2 valid; token blocks of 128 tokens (the text has no article structure): "
+                     "3 test")
+    assert scheme_label({"scheme": "wikitext", "block_tokens": {"valid": 0, "test": 0}},
+                        {"valid": 60, "test": 62}) == "WikiText articles: 60 valid, 62 test"

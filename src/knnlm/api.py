@@ -770,7 +770,7 @@ class KNNLM:
         st = self._section("stats", stats)
         enc = self.lm.encode_lines(lines)
         doc, scheme, _ = lines_token_documents(lines, enc["line"], st["documents"], st["block_tokens"],
-                                               st["target_documents"])
+                                               st["target_documents"], min_block_tokens=st["min_block_tokens"])
         doc_words = np.bincount(doc, weights=enc["words"]).astype(np.int64)
         if len(doc_words) < 2:
             raise ValueError(f"compare: the text has {len(doc_words)} document ({SCHEME_NAMES[scheme]}); an interval over "

@@ -299,6 +299,10 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     if t["stop"] < t["start"]:
         raise ConfigError(f"{source}: config key 'temperature.stop' must be >= 'temperature.start' ({t['start']}), "
                           f"found {t['stop']}")
+    grid = temperatures(cfg)
+    if len(grid) < 2 or max(grid) <= 0:  # one τ (or only the limit τ → 0) cannot be tuned
+        raise ConfigError(f"{source}: config keys 'temperature.start', 'stop', 'step' ({t['start']}, {t['stop']}, "
+                          f"{t['step']}) give the τ grid {grid}: tuning τ needs at least 2 values, one of them > 0")
     g, primary = cfg["generation"], next(iter(cfg["lms"]))
     window = lm_tokens_per_sample(cfg, primary)
     if g["prefix_tokens"] is None:  # 64, or a quarter of the primary LM's window where 64 + 128 do not fit

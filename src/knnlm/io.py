@@ -91,8 +91,7 @@ def read_json(path: str | Path) -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}; the file has "
-                            f"{path.stat().st_size} bytes): damaged or half-written; delete it and rerun the job "
-                            "that makes it") from e
+                            f"{path.stat().st_size} bytes): damaged or half-written; {rerun_hint(path)}") from e
     except UnicodeDecodeError as e:
         raise ArtifactError(f"{path}: not UTF-8 text (byte {e.start}): expected a JSON file") from e
 
@@ -125,7 +124,7 @@ def open_npy(path: str | Path, shape: tuple[int, ...] | None = None, dtype: Any 
     have = path.stat().st_size
     if have < want_bytes:
         raise ArtifactError(f"{path} is truncated: header promises shape {hdr_shape} {np.dtype(hdr_dtype)} "
-                            f"= {want_bytes} bytes, file has {have} bytes; delete it and rerun the job that makes it")
+                            f"= {want_bytes} bytes, file has {have} bytes; {rerun_hint(path)}")
     if shape is not None and tuple(hdr_shape) != tuple(shape):
         raise ArtifactError(f"{path}: expected shape {tuple(shape)}, found {tuple(hdr_shape)}")
     if dtype is not None and np.dtype(hdr_dtype) != np.dtype(dtype):
@@ -189,6 +188,13 @@ def _fallocate(fd: int, size: int) -> int:
 
 
 CHECKSUM_SUFFIX = ".sha256.json"
+
+
+def rerun_hint(path: str | Path) -> str:
+    """The command that remakes artifact `path` and what rests on it, for an error naming a bad file: Snakemake's
+    -R (--forcerun) with the file as its target (deleting the file alone reruns nothing where the final tables are
+    up to date)."""
+    return f"rerun the job that makes it, and what rests on it: `snakemake -R {path} <your options>`"
 
 
 def checksum_path(path: str | Path) -> Path:
@@ -257,15 +263,19 @@ def verify_checksum(path: str | Path, required: bool = False) -> bool:
     if not rec_path.is_file():
         if required:
             raise ArtifactError(f"{path}: no checksum record ({rec_path.name} beside it): it was not written by a "
-                                "finished job of this pipeline (or by an older version); delete it and rerun the job "
-                                "that makes it")
+                                f"finished job of this pipeline (or by an older version); {rerun_hint(path)}, or adopt "
+                                f"it as it is: `python -m knnlm.adopt {path}`")
         return False
-    rec = read_json(rec_path)
+    try:
+        rec = read_json(rec_path)
+    except ArtifactError as e:
+        why = str(e).split(": ", 1)[-1].split("; rerun the job")[0]  # read_json's reason, without its hint
+        raise ArtifactError(f"{rec_path}: the checksum record of {path} is unreadable ({why}); {rerun_hint(path)}") \
+            from None
     try:
         files, maker = rec["files"], rec.get("maker") or {}
     except (KeyError, TypeError) as e:
-        raise ArtifactError(f"{rec_path}: not a checksum record (no 'files'); delete {path} and rerun the job that "
-                            "makes it") from e
+        raise ArtifactError(f"{rec_path}: not a checksum record (no 'files') of {path}; {rerun_hint(path)}") from e
     have = _artifact_files(path) if path.exists() else {}
     if set(have) != set(files):
         gone, new = sorted(set(files) - set(have)), sorted(set(have) - set(files))
@@ -454,7 +464,7 @@ def check_manifest(manifest: dict, expected: dict, source: str) -> None:
     if bad:
         lines = [f"{k}: manifest has {have!r}, expected {want!r}" for k, (have, want) in bad.items()]
         raise ArtifactError(f"{source} does not match what this run expects (made from another checkpoint or data?):\n  "
-                            + "\n  ".join(lines) + "\nDelete it and rerun the job that makes it.")
+                            + "\n  ".join(lines) + f"\n{rerun_hint(source)[0].upper()}{rerun_hint(source)[1:]}.")
 
 
 def machine(threads: int | None = None, device: str | None = None) -> dict:

@@ -73,12 +73,14 @@ def scoped_documents(doc: np.ndarray, words: np.ndarray, sc: np.ndarray) -> tupl
 
 
 def documents_scheme(job: Job) -> dict:
-    """{'scheme', 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents': {split: documents
-    of the whole split}} of the job's per-split input list 'documents' (knnlm.experiments.spine.documents; a file
-    written before schemes were recorded counts as config 'stats.documents')."""
+    """{'scheme' (the test split's, whose documents the verdicts rest on), 'schemes': {split: its scheme ('auto' may
+    resolve differently per split)}, 'block_tokens': {split: tokens per block (0 unless blocks)}, 'split_documents':
+    {split: documents of the whole split}} of the job's per-split input list 'documents'
+    (knnlm.experiments.spine.documents; a file written before schemes were recorded counts as config
+    'stats.documents')."""
     files = {s: np.load(p) for s, p in by_split(job, "documents").items()}
-    first = files[SPLITS[0]]
-    return {"scheme": str(first["scheme"]) if "scheme" in first else job.cfg["stats"]["documents"],
+    schemes = {s: str(f["scheme"]) if "scheme" in f else job.cfg["stats"]["documents"] for s, f in files.items()}
+    return {"scheme": schemes.get("test", schemes[SPLITS[0]]), "schemes": schemes,
             "block_tokens": {s: int(f["block_tokens"]) if "block_tokens" in f else 0 for s, f in files.items()},
             "split_documents": {s: len(f["tokens"]) for s, f in files.items()}}
 

@@ -274,7 +274,7 @@ def documents(job: Job) -> dict:
     st = job.cfg["stats"]
     tl = np.load(job.path("token_lines"))
     doc, scheme, block = split_token_documents(job.path("text"), tl["line"], st["documents"], st["block_tokens"],
-                                               st["target_documents"])
+                                               st["target_documents"], st["min_block_tokens"])
     tokens = np.bincount(doc).astype(np.int64)
     check_documents(len(tokens), f"{job.path('text')} ({len(doc)} tokens)", st["documents"])
     if len(tokens) < st["min_documents"]:

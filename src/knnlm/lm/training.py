@@ -217,6 +217,33 @@ def fairseq_log_seconds(lines) -> tuple[float, float, int]:
     return once, every + (last or 0.0), segments
 
 
+# the fewest windows of tokens_per_sample tokens a train split must hold to be trained on (one batch of two samples):
+# fewer, and fairseq-train stops with an error of its own in its log, not naming the split
+MIN_TRAIN_WINDOWS = 2
+
+
+def check_train_split(data_bin: str | Path, tokens_per_sample: int) -> int:
+    """The train split's tokens in the binarized data folder `data_bin` (fairseq-preprocess's train.idx), checked
+    before fairseq-train runs: at least MIN_TRAIN_WINDOWS windows of tokens_per_sample tokens. Returns the count.
+    Raises ArtifactError naming the file, the tokens it has and the tokens needed."""
+    from fairseq.data import MMapIndexedDataset
+
+    from ..io import ArtifactError
+
+    prefix = Path(data_bin) / "train"
+    if not Path(f"{prefix}.idx").is_file():
+        raise ArtifactError(f"{prefix}.idx: no binarized train split (run the job that prepares the data)")
+    ds = MMapIndexedDataset(str(prefix))
+    tokens = int(ds.sizes.sum())
+    del ds  # its memory map: not kept alive by a traceback's frame
+    need = MIN_TRAIN_WINDOWS * tokens_per_sample
+    if tokens < need:
+        raise ArtifactError(f"{prefix}.bin: the train split has {tokens:,} tokens, too few to train an LM on: at least "
+                            f"{MIN_TRAIN_WINDOWS} windows of config 'lm.tokens_per_sample' = {tokens_per_sample} tokens "
+                            f"({need:,}) are needed; give a longer train split (config 'data.files')")
+    return tokens
+
+
 def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: str | Path, threads: int,
           log_file: str | Path, on_log=None, init_from: str | Path | None = None, teacher: str | Path | None = None,
           soft_label_weight: float = 0.5, keep: str = "best") -> dict[str, list[tuple[int, float]]]:
@@ -234,6 +261,7 @@ def train(lm: dict, data_bin: str | Path, work_dir: str | Path, out_checkpoint: 
 
     if keep not in ("best", "last"):
         raise ValueError(f"keep must be 'best' or 'last', found {keep!r}")
+    check_train_split(data_bin, int(lm["tokens_per_sample"]))
     ident = {"lm": lm, **({"init_from": sha256_file(init_from)} if init_from else {}),
              **({"teacher": sha256_file(teacher), "soft_label_weight": soft_label_weight} if teacher else {})}
     digest = hashlib.sha256(json.dumps(ident if len(ident) > 1 else lm, sort_keys=True).encode()).hexdigest()[:12]

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from ..io import ArtifactError, atomic_path, create_npy, iter_chunks, release_rows
+from ..io import ArtifactError, atomic_path, create_npy, iter_chunks, release_rows, rerun_hint
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +188,8 @@ def read_index(path: str | Path):
         index = faiss.read_index(str(path))
         faiss.extract_index_ivf(index)
     except RuntimeError as e:
-        raise ArtifactError(f"{path}: not a complete faiss IVF index ({str(e).strip().splitlines()[-1][:200]}); delete "
-                            f"it and rerun the job that builds it") from e
+        raise ArtifactError(f"{path}: not a complete faiss IVF index ({str(e).strip().splitlines()[-1][:200]}); "
+                            f"{rerun_hint(path)}") from e
     return index
 
 
@@ -323,12 +323,12 @@ def check_neighbours(ids: np.ndarray, dists: np.ndarray, ntotal: int, index_path
         r, c = np.argwhere(bad)[0]
         raise ArtifactError(f"{index_path}: the search returned neighbour id {int(ids[r, c])} for query "
                             f"{first_row + int(r)}, outside the {ntotal} rows its ids may name ({int(bad.sum())} such "
-                            "ids in this batch): the index is damaged; delete it and rerun the job that builds it")
+                            f"ids in this batch): the index is damaged; {rerun_hint(index_path)}")
     nonfinite = (ids >= 0) & ~np.isfinite(dists)
     if nonfinite.any():
         r, c = np.argwhere(nonfinite)[0]
         raise ArtifactError(f"{index_path}: the search returned distance {float(dists[r, c])} for query "
-                            f"{first_row + int(r)}: the index is damaged; delete it and rerun the job that builds it")
+                            f"{first_row + int(r)}: the index is damaged; {rerun_hint(index_path)}")
 
 
 def search_filled(index, ivf, q: np.ndarray, k: int, nprobe: int, nlist: int, probed_keys=None):

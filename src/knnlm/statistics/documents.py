@@ -7,8 +7,8 @@ document (lines before the first heading join the first document; ` = = Section 
 number of articles: paragraphs of one article share its topic and its effect, so they are not independent units
 (a paragraph-level interval over 9 articles covered 50 %, docs/coverage.md). Text without article structure:
 'blank_lines' when that gives at least 'stats.target_documents' paragraphs, else blocks of ⌊T / target_documents⌋
-tokens; every caption and row then names that unit. split_token_documents reads the split's text (its lines); the rest
-takes arrays.
+tokens, at least 'stats.min_block_tokens'; every caption and row then names that unit (per split, where splits
+differ). split_token_documents reads the split's text (its lines); the rest takes arrays.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def line_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, b
 
 
 def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, block_tokens: int = 2048,
-                          target_documents: int = 40) -> tuple[np.ndarray, str, int]:
+                          target_documents: int = 40, min_block_tokens: int | None = None) -> tuple[np.ndarray, str, int]:
     """Documents of a split's target tokens (config 'stats.documents'; 'auto' as the module docstring says).
 
     text_path: the split's text file; line: [T] int line of each target (knnlm.data.bpe_token_lines or
@@ -74,13 +74,20 @@ def split_token_documents(text_path: str | Path, line: np.ndarray, scheme: str, 
     if scheme != "blocks":
         with open(text_path, encoding="utf-8") as f:
             lines = f.readlines()
-    return lines_token_documents(lines, line, scheme, block_tokens, target_documents, str(text_path))
+    return lines_token_documents(lines, line, scheme, block_tokens, target_documents, str(text_path), min_block_tokens)
 
 
 def lines_token_documents(lines: list[str] | None, line: np.ndarray, scheme: str, block_tokens: int = 2048,
-                          target_documents: int = 40, source: str = "<text>") -> tuple[np.ndarray, str, int]:
+                          target_documents: int = 40, source: str = "<text>",
+                          min_block_tokens: int | None = None) -> tuple[np.ndarray, str, int]:
     """split_token_documents of a text given as its lines (each with its newline; None for scheme 'blocks');
-    `source` names the text in errors."""
+    `source` names the text in errors. The blocks 'auto' falls back to are at least `min_block_tokens` long (config
+    'stats.min_block_tokens'; None: its default): a short text gets fewer, longer blocks (and so, under
+    'stats.min_documents', no verdict), never pieces of a few tokens of one passage counted as independent units."""
+    if min_block_tokens is None:
+        from ..config import section_defaults
+
+        min_block_tokens = section_defaults("stats")["min_block_tokens"]
     line = np.asarray(line)
     if scheme not in SCHEMES:
         raise ValueError(f"config key 'stats.documents': expected one of {', '.join(SCHEMES)}, found {scheme!r}")
@@ -93,7 +100,7 @@ def lines_token_documents(lines: list[str] | None, line: np.ndarray, scheme: str
             ids = line_documents(lines, s)[line].astype(np.int32)
             if scheme != "auto" or len(np.unique(ids)) >= target_documents:
                 return _renumber(ids), s, 0
-        block_tokens = max(1, len(line) // target_documents)
+        block_tokens = max(1, min_block_tokens, len(line) // target_documents)
     return (np.arange(len(line)) // block_tokens).astype(np.int32), "blocks", int(block_tokens)
 
 
@@ -123,6 +130,15 @@ def documents_label(scheme: str, counts: dict[str, int], block_tokens: int = 0) 
 
 def scheme_label(scheme: dict, counts: dict[str, int]) -> str:
     """knnlm.statistics.documents.documents_label of a documents_scheme() for `counts` ({split: documents}); the block
-    size only when every split shares it."""
-    blocks = set(scheme["block_tokens"].values())
-    return documents_label(scheme["scheme"], counts, blocks.pop() if len(blocks) == 1 else 0)
+    size only when every split shares it. Splits whose schemes differ (config 'stats.documents: auto' found articles
+    in one, none in another) are each labelled by their own: 'WikiText articles: 60 valid; token blocks of 184 tokens
+    (the text has no article structure): 2 test'."""
+    schemes = scheme.get("schemes") or {s: scheme["scheme"] for s in counts}
+    by = {}
+    for split, n in counts.items():
+        by.setdefault(schemes.get(split, scheme["scheme"]), {})[split] = n
+    parts = []
+    for sch, part in by.items():
+        blocks = {scheme["block_tokens"].get(s, 0) for s in part}
+        parts.append(documents_label(sch, part, blocks.pop() if len(blocks) == 1 else 0))
+    return "; ".join(parts)
