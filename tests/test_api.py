@@ -527,6 +527,21 @@ def test_a_store_written_as_knn_transformers_writes_it_imports_exactly(tmp_path,
     knn = KNNLM.from_datastore(lm, tmp_path / "ds", mask="exact", k=8)
     v = knn.verify(rows=10_000)
     assert v["att"] < 5e-3 and v["rows"] == len(v["checked_rows"]) == man["N"] - 63  # all but the first windows' rows
+    # --link: the keys read in place (no second copy on disk), a bundle of them a real .npy, the same numbers
+    importer_main(["--keys", str(kf), "--vals", str(vf), "--out", str(tmp_path / "linked"), "--block-size", "64",
+                   "--stride", "32", "--lm", str(model), "--link"])
+    assert not (tmp_path / "linked" / "keys_att.npy").exists()
+    linked = KNNLM.from_datastore(lm, tmp_path / "linked", mask="exact", k=8)
+    text1 = "The tower was built in 1890 .\n"
+    np.testing.assert_array_equal(linked.score(text1).lp, knn.score(text1).lp)
+    linked.save_pretrained(tmp_path / "linked_bundle")
+    assert np.load(tmp_path / "linked_bundle" / "keys_att.npy").shape == (man["N"], knn.keys.shape[1])
+    np.testing.assert_array_equal(KNNLM.from_pretrained(tmp_path / "linked_bundle", mask="exact").score(text1).lp,
+                                  knn.score(text1).lp)
+    kf.rename(kf.with_suffix(".moved"))
+    with pytest.raises(ArtifactError, match=r"its att keys are linked to .*keys.npy, which is missing"):
+        KNNLM.from_datastore(lm, tmp_path / "linked", mask="exact", k=8)
+    kf.with_suffix(".moved").rename(kf)
     # the same rows aligned as a fairseq-eval-lm store: the windows' first rows are off by one, and refused
     import_memmap(kf, vf, tmp_path / "as_fairseq", tokens_per_sample=64, context_window=32)
     with pytest.raises(ArtifactError, match=r"largest relative error att .* at row \d+"):
@@ -824,6 +839,42 @@ def test_build_a_knn_lm_from_any_model_and_text(tmp_path, wikitext2_dir):
         KNNLM.build(lm, "a b c\n", tmp_path / "small", k=100000)
     with pytest.raises(ArtifactError, match="missing text file"):
         KNNLM.build(lm, tmp_path / "absent.txt", tmp_path / "none")
+
+
+def test_build_checks_every_setting_before_any_work_and_takes_the_peers_names(tmp_path, wikitext2_dir, monkeypatch):
+    """KNNLM.build refuses a bad λ, τ, key, metric, k or window before it dumps anything (no folder is left); its
+    windows overlap by half the LM's window by default (knn-transformers' stride); the peers' option names set this
+    API's settings, and an unknown name is refused with the closest of ours."""
+    from hf_tiny import make_tiny_hf
+    from knnlm.api import KNNLM, HuggingFaceLM, peer_settings
+    from knnlm.datastore import dump
+    from knnlm.io import ArtifactError
+
+    lm = HuggingFaceLM(str(make_tiny_hf(tmp_path / "model", wikitext2_dir / "wiki.train.tokens")))
+    text = "".join((wikitext2_dir / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines(True)[:30])
+    dumped = []
+    monkeypatch.setattr(dump, "dump_datastore", lambda *a, **k: dumped.append(a) or 1 / 0)
+    for kw, err, msg in (({"lam": 2.0}, ValueError, r"lam must be >= 0 and <= 1, found 2.0"),
+                         ({"temperature": 0}, ValueError, r"temperature must be > 0, found 0"),
+                         ({"metric": "cos"}, ValueError, r"metric must be one of \['l2', 'ip'\], found 'cos'"),
+                         ({"key": "mlp"}, ValueError, r"key must be one of \['att', 'ffn'\]"),
+                         ({"k": 0}, ValueError, r"k must be >= 1, found 0"),
+                         ({"context_window": lm.tokens_per_sample}, ValueError,
+                          rf"context_window must be >= 0 and <= {lm.tokens_per_sample - 1}"),
+                         ({"knn_sim_func": "cosine"}, ValueError, r"knn_sim_func must be one of \['l2', 'dot'\]"),
+                         ({"lambda_": 0.3}, TypeError, r"unknown setting 'lambda_' .*did you mean 'lam'")):
+        with pytest.raises(err, match=msg):
+            KNNLM.build(lm, text, tmp_path / "ds", **kw)
+        assert not (tmp_path / "ds").exists() and not dumped
+    assert peer_settings({"lmbda": 0.3, "knn_temp": 2.0, "probe": 8, "knn_sim_func": "dot", "recompute_dists": True,
+                          "knn_keytype": "last_ffn_output"}) == {"lam": 0.3, "temperature": 2.0, "nprobe": 8,
+                                                                 "metric": "ip", "score": "real", "key": "ffn"}
+    monkeypatch.undo()
+    knn = KNNLM.build(lm, text, tmp_path / "ds", k=8, knn_sim_func="dot", lmbda=0.3, probe=2, threads=1)
+    assert (knn.metric, knn.lam, knn.nprobe, knn.context_window) == ("ip", 0.3, 2, lm.tokens_per_sample // 2)
+    assert json.loads((tmp_path / "ds" / "manifest.json").read_text())["context_window"] == lm.tokens_per_sample // 2
+    with pytest.raises(ArtifactError, match=r"dstore_size=5 given, the datastore has"):
+        KNNLM.from_datastore(lm, tmp_path / "ds", metric="ip", k=8, dstore_size=5)
 
 
 def test_a_wrapped_hugging_face_model_is_the_knn_lm(tmp_path, wikitext2_dir):

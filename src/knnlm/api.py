@@ -487,8 +487,16 @@ class KNNLM:
                                 "from_run, from_datastore or build_datastore)")
         ds = DatastoreLayout(out_dir)
         ds.path("index", key=self.key, metric=self.metric).parent.mkdir(parents=True, exist_ok=True)
+        linked = bool((self.manifest.get("linked_keys") or {}).get(self.key))
         for name, arr in (("keys", self.keys), ("vals", self.vals)):
             dst = ds.path(name, key=self.key)
+            if name == "keys" and linked:  # keys read in place from a headerless file: the bundle gets an .npy of them
+                from .io import create_npy, iter_chunks
+
+                with create_npy(dst, arr.shape, np.float16) as out:
+                    for a, b in iter_chunks(len(arr), 1 << 16, out, arr):
+                        out[a:b] = arr[a:b]
+                continue
             with atomic_path(dst) as tmp:
                 src = getattr(arr, "filename", None)
                 if src:
@@ -499,7 +507,8 @@ class KNNLM:
                 else:
                     with open(tmp, "wb") as f:
                         np.save(f, np.asarray(arr, dtype=np.float16 if name == "keys" else np.int32))
-        write_json(ds.path("manifest"), {**self.manifest, "key_types": [self.key]})
+        write_json(ds.path("manifest"), {**{n: v for n, v in self.manifest.items() if n != "linked_keys"},
+                                         "key_types": [self.key]})
         if self._index is not None:
             import faiss
 

@@ -45,6 +45,8 @@ def main(argv=None) -> None:
     ap.add_argument("--unknown-windows", action="store_true", help="import without the windows (checked loosely)")
     ap.add_argument("--lm", help="a Hugging Face model (folder or hub id) whose keys these are: verified at import")
     ap.add_argument("--no-verify", action="store_true", help="import without verifying (the store is marked so)")
+    ap.add_argument("--link", action="store_true", help="read float16 keys in place instead of copying them (the "
+                                                         "keys file must stay where it is)")
     ap.add_argument("--index", help="a prebuilt FAISS IVF index of these keys (knn-transformers' index_<model>_<N>_<D>"
                                     ".indexed): imported without training, checked against the keys")
     ap.add_argument("--probe", type=int, help="with --index: lists probed per query (default: the index's own)")
@@ -63,7 +65,7 @@ def main(argv=None) -> None:
                         checkpoint_sha256=sha256_file(a.checkpoint) if a.checkpoint else None,
                         tokens_per_sample=a.tokens_per_sample, context_window=a.context_window,
                         block_size=a.block_size, stride=a.stride, unknown_windows=a.unknown_windows,
-                        lm_identity=lm.identity if lm else None)
+                        lm_identity=lm.identity if lm else None, link_keys=a.link)
     if lm:
         verify_import(a.out, lm, a.key_type)
     else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 
+from pathlib import Path
+
 import numpy as np
 
 from ..io import (ArtifactError, check_manifest, create_npy, open_npy, read_json, release_rows, save_npy, write_json)
@@ -100,7 +102,17 @@ def open_datastore(manifest_path, vals_path, keys_path=None, key_type: str | Non
         raise ArtifactError(f"{manifest_path}: key type {key_type!r} not in datastore (has {man['key_types']})")
     if checkpoint_sha256 is not None:
         check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"datastore {manifest_path}")
-    keys = None if keys_path is None else open_npy(keys_path, (man["N"], man["D"]), np.float16)
+    linked = (man.get("linked_keys") or {}).get(key_type) if keys_path is not None else None
+    if linked and not Path(keys_path).exists():  # an imported store's keys read in place (import_memmap link_keys)
+        raw = Path(linked["path"])
+        want = man["N"] * man["D"] * 2
+        if not raw.is_file() or raw.stat().st_size != want:
+            raise ArtifactError(f"{manifest_path}: its {key_type} keys are linked to {raw}, which "
+                                + ("is missing" if not raw.is_file() else f"has {raw.stat().st_size} bytes, not {want}")
+                                + " (moved or replaced?); import the store again")
+        keys = np.memmap(raw, dtype=np.float16, mode="r", shape=(man["N"], man["D"]))
+    else:
+        keys = None if keys_path is None else open_npy(keys_path, (man["N"], man["D"]), np.float16)
     vals = open_npy(vals_path, (man["N"],), np.int32)
     return keys, vals, man
 

@@ -61,7 +61,8 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                   dim: int | None = None, keys_dtype: str = "float16", vals_dtype: str = "int32", key_type: str = "att",
                   vocab_size: int | None = None, checkpoint_sha256: str | None = None, tokens_per_sample: int | None = None,
                   context_window: int | None = None, block_size: int | None = None, stride: int | None = None,
-                  unknown_windows: bool = False, lm_identity: dict | None = None, chunk: int = 1 << 16) -> dict:
+                  unknown_windows: bool = False, lm_identity: dict | None = None, link_keys: bool = False,
+                  chunk: int = 1 << 16) -> dict:
     """Copy a memmap datastore into out_dir as keys [N, D] float16, vals [N] int32 and a manifest
     (knnlm.paths.DatastoreLayout); returns the manifest.
 
@@ -75,7 +76,9 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
     block_size, context_window = block_size − stride; their rows aligned as knn-transformers writes them,
     stream_offset 1). Without either, pass unknown_windows=True: the store is then checked only loosely
     (KNNLM.verify logs). lm_identity: the LM's identity (HuggingFaceLM.identity: its weights', tokenizer's and
-    vocabulary's sha256), recorded so that a load with another LM is checked whatever its `verify` says. Raises ArtifactError naming the file for a wrong size, a non-finite key
+    vocabulary's sha256), recorded so that a load with another LM is checked whatever its `verify` says.
+    link_keys: read float16 keys in place (the manifest's 'linked_keys' names the file; checked for finite values
+    and hashed, not copied: no second copy of the largest file on disk); the file must stay where it is. Raises ArtifactError naming the file for a wrong size, a non-finite key
     in fp16, or a val outside [0, vocab_size) (int16 vals of a vocabulary over 32,767 overflow: re-dump with int32
     vals); ValueError for a missing N or D, a bad key type, or windows that are missing or inconsistent.
     """
@@ -92,14 +95,21 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                          f"the file name (knn-transformers' dstore_<model>_<N>_<D>_keys.npy)")
     keys = _memmap(keys_file, keys_dtype, (size, dim), "keys")
     vals = _memmap(vals_file, vals_dtype, (size, 1), "vals")
+    if link_keys and np.dtype(keys_dtype) != np.float16:
+        raise ValueError(f"{keys_file}: keys of {keys_dtype} cannot be read in place (this layout's keys are float16); "
+                         "import them without linking (a float16 copy)")
     out.mkdir(parents=True, exist_ok=True)
     ds = DatastoreLayout(out)
-    with create_npy(ds.path("keys", key=key_type), (size, dim), np.float16) as k_out, \
+    import contextlib
+
+    with (contextlib.nullcontext(keys) if link_keys else create_npy(ds.path("keys", key=key_type), (size, dim),
+                                                                      np.float16)) as k_out, \
          create_npy(ds.path("vals"), (size,), np.int32) as v_out:
         for s in tqdm(range(0, size, chunk), desc="import datastore", unit=" chunk", mininterval=10):
             e = min(size, s + chunk)
-            with np.errstate(over="ignore"):
-                k_out[s:e] = keys[s:e]
+            if not link_keys:
+                with np.errstate(over="ignore"):
+                    k_out[s:e] = keys[s:e]
             if not np.isfinite(k_out[s:e]).all():
                 raise ArtifactError(f"{keys_file}: non-finite keys (in fp16) in rows {s}..{e - 1}")
             v = np.asarray(vals[s:e, 0]).astype(np.int64)
@@ -110,7 +120,7 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                                     f"{vocab_size or 'vocab'}) ({vals_dtype} vals of a vocabulary over its range "
                                     f"overflow: re-dump with int32 vals)")
             v_out[s:e] = v
-            for a in (k_out, v_out, keys, vals):
+            for a in ((v_out, keys, vals) if link_keys else (k_out, v_out, keys, vals)):
                 release_rows(a, s, e)
     layout = "knn-transformers" if m else "urvashik/knnlm"
     ident = {n: v for n, v in (lm_identity or {}).items()
@@ -119,6 +129,7 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                 "key_types": [key_type], "checkpoint_sha256": checkpoint_sha256, **ident, "source": "imported",
                 **({"tokens_per_sample": int(tokens_per_sample), "context_window": int(context_window or 0),
                     "stream_offset": 1 if block_size is not None else 0} if tokens_per_sample else {}),
+                **({"linked_keys": {key_type: {"path": str(keys_file.resolve())}}} if link_keys else {}),
                 "imported_from": {"layout": layout, "keys": str(keys_file), "vals": str(vals_file),
                                   "keys_dtype": keys_dtype, "vals_dtype": vals_dtype,
                                   "keys_sha256": sha256_file(keys_file), "vals_sha256": sha256_file(vals_file)}}
