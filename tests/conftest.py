@@ -18,6 +18,17 @@ def rss_mb(field: str = "VmRSS") -> float:
         return next(int(line.split()[1]) for line in f if line.startswith(f"{field}:")) / 1024
 
 
+def copy_artifact(src: Path, dst: Path) -> None:
+    """Copy a run's artifact (a file, or a folder such as data-bin/) with its checksum record beside it
+    (knnlm.io.checksum_path), as a run folder is moved: a job refuses an artifact of a run's folder without one."""
+    from knnlm.io import checksum_path
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+    if checksum_path(src).exists():
+        shutil.copy2(checksum_path(src), checksum_path(dst))
+
+
 def run_snakemake(*args, check=True):
     """Run snakemake from the project root; returns CompletedProcess (stdout+stderr merged)."""
     cmd = SNAKEMAKE + ["--profile", "profiles/local", *args]

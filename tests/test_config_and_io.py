@@ -675,3 +675,24 @@ def test_a_tau_grid_that_cannot_resolve_tau_is_refused():
     with pytest.raises(ConfigError, match=r"config keys 'temperature.start', 'stop', 'step' \(1.0, 1.0, 0.5\) give the "
                                           r"τ grid \[1.0\]: tuning τ needs at least 2 values"):
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"temperature": {"start": 1.0, "stop": 1.0}})
+
+
+def test_k_beyond_the_smallest_store_of_a_dumped_datastore_is_refused_before_any_job(tmp_path):
+    """With a datastore already dumped, config 'knn.k' larger than the smallest subset store the run searches is
+    refused when the DAG is built, naming the key, the store's ratio and its keys; a fitting k passes."""
+    from knnlm.config import check_k_fits_stores
+    from knnlm.paths import Layout
+
+    cfg = load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"results_dir": str(tmp_path)})
+    lay = Layout.of(cfg)
+    check_k_fits_stores(cfg, lay)  # nothing dumped yet: the search jobs check it
+    lm = next(iter(cfg["lms"]))
+    man = lay.path("datastore_manifest", lm=lm)
+    man.parent.mkdir(parents=True)
+    write_json(man, {"N": 1000, "D": 8})
+    smallest = min(cfg["datastore_size"]["ratios"] + cfg["retrieval"]["probe_sweep"]["ratios"])
+    fits = int(round(smallest * 1000))
+    check_k_fits_stores({**cfg, "knn": {**cfg["knn"], "k": fits}}, lay)
+    with pytest.raises(ConfigError, match=rf"config key 'knn.k' = {fits + 1:,}: the smallest store this run searches "
+                                          rf"\(ratio {smallest:g} of the 1,000 keys of LM '{lm}'.*has {fits:,} keys"):
+        check_k_fits_stores({**cfg, "knn": {**cfg["knn"], "k": fits + 1}}, lay)

@@ -35,8 +35,11 @@ def test_knn_distribution_and_entropy_against_loops():
         for r in range(b):
             assert h[r] == pytest.approx(-sum(p * math.log(p) for p in ref[r] if p > 0), abs=1e-12)
     assert entropy(np.eye(3))[0] == 0.0 and entropy(np.full((1, 4), 0.25))[0] == pytest.approx(math.log(4))
-    with pytest.raises(ValueError, match="temperature"):
-        knn_distribution(ids, dists, vals, "l2", 0.0, v)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        knn_distribution(ids, dists, vals, "l2", -0.5, v)
+    # τ = 0 is the limit τ → 0: the mass on the nearest neighbours (a tiny τ gives the same)
+    np.testing.assert_allclose(knn_distribution(ids, dists, vals, "l2", 0.0, v),
+                               knn_distribution(ids, dists, vals, "l2", 1e-6, v), atol=1e-12)
 
 
 def test_top_p_sample_draws_from_the_nucleus():

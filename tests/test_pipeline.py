@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import PROJECT_ROOT, TINY_HF, TINY_OVERFIT, TINY_SEED2, TINY_SOFT, run_snakemake
+from conftest import PROJECT_ROOT, TINY_HF, TINY_OVERFIT, TINY_SEED2, TINY_SOFT, copy_artifact, run_snakemake
 from knnlm.config import load_config, temperatures
 from knnlm.lm.fairseq import load_lm
 from knnlm.datastore.dump import open_datastore, open_queries
@@ -1251,10 +1251,10 @@ def test_datastore_from_another_corpus(tiny_run, tmp_path, wikitext2_dir):
     src = tiny_run["root"]
     dst = tmp_path / "tiny"
     for d in ("data", "bpe", "data-bin"):
-        shutil.copytree(src / d, dst / d)
+        copy_artifact(src / d, dst / d)
     (dst / "lms/base").mkdir(parents=True)
     for f in ("checkpoint.pt", "training.json"):
-        shutil.copy2(src / "lms/base" / f, dst / "lms/base" / f)
+        copy_artifact(src / "lms/base" / f, dst / "lms/base" / f)
     shutil.copytree(src / "lms/base/queries", dst / "lms/base/queries")  # the queries do not depend on the datastore
     other = tmp_path / "other.tokens"
     lines = (wikitext2_dir / "wiki.train.tokens").read_text(encoding="utf-8").splitlines(keepends=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from conftest import PROJECT_ROOT, SNAKEMAKE
+from conftest import PROJECT_ROOT, SNAKEMAKE, copy_artifact
 from knnlm.paths import Layout
 
 _FFN_IP = {"lm": "base", "store": "full", "key": "ffn", "metric": "ip"}
@@ -110,7 +110,7 @@ def test_killed_in_every_long_job_the_dag_resumes_to_the_same_tables(tiny_run, t
     # determinism: the same config and seed train the same LM, bit for bit, as the tiny run did
     fresh = tmp_path / "fresh"
     for part in ("data", "bpe", "data-bin"):
-        shutil.copytree(tiny_run["root"] / part, fresh / "tiny" / part)
+        copy_artifact(tiny_run["root"] / part, fresh / "tiny" / part)
     lm = SNAKEMAKE + ["--profile", "profiles/local", "--configfile", *tiny_run["configfiles"], "--config",
                       f"results_dir={fresh}", "--cores", "2", str(Layout(fresh, "tiny").path("checkpoint", lm="base"))]
     r = subprocess.run(lm, cwd=PROJECT_ROOT, capture_output=True, text=True)

@@ -308,16 +308,19 @@ def test_tied_temperatures_give_the_smallest_tau():
 
 def test_a_tie_over_every_tau_never_picks_tau_zero():
     """When every τ ties (k = 1, or λ* = 0), τ* is the grid's τ closest to 1, never the limit τ = 0 (which no
-    generation could use); τ = 0 is chosen only when it alone is best, and then p_kNN over the vocabulary is its
-    limit (the mass shared by the neighbours tied at the best score), as the sweep's τ = 0 is; a tie at equal
-    distance from 1 goes to the smaller τ. A k = 1 sweep through tune_temperature gives τ = 1."""
+    generation could use); a flat run of tied τ from 0 (one-hot p_kNN) gives its first τ > 0, whatever the rounding
+    at the run's far end; τ = 0 is chosen only when it alone is best, and then p_kNN over the vocabulary is its limit
+    (the mass shared by the neighbours tied at the best score), as the sweep's τ = 0 is; a tie at equal distance
+    from 1 goes to the smaller τ. A k = 1 sweep through tune_temperature gives τ = 1."""
     from knnlm.scoring.interpolation import (first_minimum, knn_distribution, knn_log_prob_from_cache,
                                              sweep_temperature_from_cache, tune_temperature)
 
     taus = [round(0.1 * i, 9) for i in range(31)]  # the config's default grid, 0 … 3
     assert first_minimum([2.0] * len(taus), taus=taus) == taus.index(1.0)
     assert first_minimum([1.0] + [2.0] * 30, taus=taus) == 0
-    assert first_minimum([3.0, 2.0, 2.0, 3.0], taus=[0.25, 0.5, 2.0, 4.0]) == 1
+    flat = [2.0] * 5 + [2.0 * (1 + 5e-10), 2.0 * (1 - 5e-10)] + [3.0] * 24  # the run's end within rounding
+    assert first_minimum(flat, taus=taus) == 1 and first_minimum(flat) == 0
+    assert first_minimum([2.0, 2.0, 2.0, 2.0], taus=[0.25, 0.5, 2.0, 4.0]) == 1
     rng = np.random.default_rng(0)
     ids, dists = rng.integers(0, 50, (40, 1)), rng.random((40, 1)).astype(np.float32)
     vals, targets = rng.integers(0, 9, 50), rng.integers(0, 9, 40)

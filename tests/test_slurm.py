@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import PROJECT_ROOT, SNAKEMAKE
+from conftest import PROJECT_ROOT, SNAKEMAKE, copy_artifact
 from knnlm.io import read_json
 from knnlm.paths import Layout
 
@@ -98,9 +98,7 @@ def test_slurm_profile_runs_the_tiny_dag(slurm, tiny_run, tmp_path):
     results = tmp_path / "results"
     ours, ref = Layout(results, "tiny"), Layout(tiny_run["results_dir"], "tiny")
     for part in ("data", "bpe", "data-bin", "lms/base/checkpoint.pt", "lms/base/training.json", "lms/base/fairseq"):  # the local run's LM
-        src, dst = tiny_run["root"] / part, results / "tiny" / part
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
+        copy_artifact(tiny_run["root"] / part, results / "tiny" / part)  # with its checksum record
     before = {j["JobId"] for j in _jobs_of(PROJECT_ROOT)}
     # the profile as users get it; on this 2-core machine: the config's threads instead of the cluster's
     # set-threads, 2 jobs at a time, no account, and job status from squeue (no slurmdbd here)

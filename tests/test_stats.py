@@ -431,7 +431,8 @@ def _wikitext_text(n_articles, paragraphs=3):
 @pytest.mark.parametrize("articles, want", [(45, "wikitext"), (3, "wikitext"), (10, "blank_lines"), (3, "blocks")])
 def test_auto_documents_follow_the_stated_rule(tmp_path, articles, want):
     """auto: articles whenever the text has article structure, however few (paragraphs of one article are not
-    independent); without it, blank-line paragraphs when they give >= target_documents, else >= target blocks."""
+    independent); without it, blank-line paragraphs when they give >= target_documents, else blocks of ⌊T / target⌋
+    tokens and at least stats.min_block_tokens."""
     lines = _wikitext_text(articles, paragraphs=30 if want == "blocks" else 3)
     if want != "wikitext":
         lines = [l for l in lines if not re.match(r"^ = [^=].* = $", l.rstrip("\n"))]  # no article titles
@@ -445,8 +446,12 @@ def test_auto_documents_follow_the_stated_rule(tmp_path, articles, want):
     assert n >= min(40, articles) and np.all(np.diff(doc) >= 0) and doc[0] == 0 and n == doc.max() + 1
     if want == "wikitext":
         assert n == articles
-    if want == "blocks":
-        assert block == len(line) // 40
+    if want == "blocks":  # ⌊T / target⌋ tokens, at least stats.min_block_tokens
+        from knnlm.config import section_defaults
+
+        assert block == max(section_defaults("stats")["min_block_tokens"], len(line) // 40)
+        assert split_token_documents(tmp_path / "t", line, "auto", target_documents=40,
+                                     min_block_tokens=1)[2] == len(line) // 40
     # explicit schemes are taken as they are, even when they give few documents
     assert split_token_documents(tmp_path / "t", line, "wikitext")[1] == "wikitext"
 

@@ -316,6 +316,29 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
     return cfg
 
 
+def check_k_fits_stores(cfg: dict, layout) -> None:
+    """Config 'knn.k' against the stores the run searches, before any job: for every base LM whose datastore is
+    already dumped (its manifest under `layout`, a knnlm.paths.Layout), k must not exceed the keys of its smallest
+    subset store (round(ratio × N) for the ratios of 'datastore_size.ratios' and 'retrieval.probe_sweep.ratios'),
+    and a search job refuses it too where the store is first opened (knnlm.search.index.resolve_index_params).
+    Raises ConfigError naming the key, the store and its keys."""
+    from .io import read_json
+
+    k = cfg["knn"]["k"]
+    ratios = [*cfg["datastore_size"]["ratios"], *cfg["retrieval"]["probe_sweep"]["ratios"]] or [1.0]
+    for lm in cfg["lms"]:
+        man = layout.path("datastore_manifest", lm=lm)
+        if not man.is_file():
+            continue
+        n = int(read_json(man)["N"])
+        smallest = min(ratios)
+        keys = int(round(smallest * n))
+        if k > keys:
+            raise ConfigError(f"config key 'knn.k' = {k:,}: the smallest store this run searches (ratio {smallest:g} of "
+                              f"the {n:,} keys of LM {lm!r}, {man}) has {keys:,} keys; k must be at most that (or drop "
+                              "the ratio from 'datastore_size.ratios' / 'retrieval.probe_sweep.ratios')")
+
+
 def temperatures(cfg: dict) -> list[float]:
     """The τ grid of config section 'temperature': start, start+step, ..., stop (inclusive, rounded to 1e-9)."""
     t = cfg["temperature"]

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
-from knnlm.config import (ConfigError, check_data, data_inputs, derived_lm, interpolated_loss_variants, lm_section,
-                          interpolated_loss_reference, lm_tokens_per_sample, parametric_tables, parametric_variants,
-                          split_files, table4_lms, temperatures, validate_config, yaml_overrides)
+from knnlm.config import (ConfigError, check_data, check_k_fits_stores, data_inputs, derived_lm,
+                          interpolated_loss_variants, lm_section, interpolated_loss_reference, lm_tokens_per_sample,
+                          parametric_tables, parametric_variants, split_files, table4_lms, temperatures,
+                          validate_config, yaml_overrides)
 from knnlm.io import sha256_files
 from knnlm.lm import backend
 from snakemake.utils import update_config
@@ -29,6 +30,7 @@ CFG = validate_config(config, source="snakemake config (--configfile / --config)
 check_data(CFG)
 
 LAYOUT = Layout.of(CFG)
+check_k_fits_stores(CFG, LAYOUT)  # k against every store of a datastore already dumped, before any job
 # The software of every job (each rule's `conda:`): the project's pinned environment, used with --sdm conda;
 # by default jobs run in the environment snakemake itself runs in (.venv from scripts/setup.sh).
 ENV = str(Path(workflow.basedir).parent.joinpath("environment.yml"))

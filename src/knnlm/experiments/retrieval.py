@@ -194,10 +194,12 @@ def search(job: Job) -> dict:
     idx_meta = read_json(job.path("index_meta"))
     if idx_meta["datastore_checkpoint_sha256"] != man["checkpoint_sha256"]:
         raise ArtifactError(f"{job.path('index')} was built from another checkpoint than the datastore {job.path('manifest')}")
+    from ..datastore.stores import same_index_store
+
     built = {n: idx_meta.get(n) for n in ("key_type", "metric", "store")}
-    # the store whose index this is (a probe-sweep point searches its base store's index): the folder it is in
+    # the store whose index this is (a probe-sweep point, an '-alltokens' store: its base store's)
     want = {"key_type": job.wildcards["key"], "metric": job.wildcards["metric"],
-            "store": Path(job.path("index")).parents[1].name}
+            "store": same_index_store(job.wildcards["store"])}
     if built != want:
         raise ArtifactError(f"{job.path('index_meta')}: an index built for {built}, where this job searches {want} (a "
                             "file moved or copied under another name?); rerun the job that builds it")

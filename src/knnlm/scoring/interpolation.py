@@ -262,24 +262,29 @@ TIE_RTOL = 1e-9  # values this close (relative) are ties: the parallel sums' rou
 def first_minimum(values, rtol: float = TIE_RTOL, taus=None) -> int:
     """Index of the minimum of `values` (1-D, finite somewhere), values within `rtol` (relative) of it counting as
     ties (the rounding of the parallel sums), so the same data give the same choice on every run and machine. Ties
-    go to the first value, or with `taus` (the τ of each value) to the τ closest to 1 in log scale, the smaller on
-    equal distance: where the data cannot tell τ values apart (k = 1, or λ* = 0, where every τ ties) the untuned
-    τ = 1 of Khandelwal et al. (2020) stands, and τ = 0 (the limit τ → 0) is chosen only when it alone is best."""
+    go to the first value; with `taus` (the τ of each value, ascending) to the first tied τ > 0, so the limit τ = 0
+    is chosen only when it alone is best, and when every τ ties (k = 1, or λ* = 0: the data cannot tell τ values
+    apart) to the τ closest to 1 in log scale (the untuned τ of Khandelwal et al. 2020), the smaller on equal
+    distance. The first of a tied run is robust to rounding (the run's far end is not), so it is what a flat curve
+    gives."""
     v = np.asarray(values, dtype=np.float64)
     best = np.nanmin(v)
     tied = np.flatnonzero(v <= best + rtol * abs(best))
     if taus is None or len(tied) == 1:
         return int(tied[0])
-    t = np.asarray(taus, dtype=np.float64)[tied]
-    with np.errstate(divide="ignore"):
-        dist = np.where(t > 0, np.abs(np.log(np.where(t > 0, t, 1.0))), np.inf)
-    return int(tied[np.lexsort((t, dist))[0]])
+    t = np.asarray(taus, dtype=np.float64)
+    if len(tied) == len(v):
+        with np.errstate(divide="ignore"):
+            dist = np.where(t > 0, np.abs(np.log(np.where(t > 0, t, 1.0))), np.inf)
+        return int(np.lexsort((t, dist))[0])
+    positive = tied[t[tied] > 0]
+    return int(positive[0] if len(positive) else tied[0])
 
 
 def tune_temperature(lp_lm_valid: np.ndarray, sweep_valid: np.ndarray, temperatures, lambda_steps: int) -> int:
     """Index of the τ whose best λ (over linspace(0, 1, lambda_steps)) gives the lowest valid NLL (the minimum of
-    nll_grid, found by best_lambda_per_tau; ties within TIE_RTOL go to the τ closest to 1, first_minimum, or to
-    the first value when `temperatures` is None)."""
+    nll_grid, found by best_lambda_per_tau; ties within TIE_RTOL go to the first τ > 0, or with every τ tied to
+    the τ closest to 1: first_minimum; to the first value when `temperatures` is None)."""
     _, nll = best_lambda_per_tau(lp_lm_valid, sweep_valid, lambda_grid(lambda_steps))
     return first_minimum(nll, taus=temperatures)
 
@@ -382,7 +387,7 @@ def temperature_sweep(lp_lm: dict[str, np.ndarray], sweeps: dict[str, dict[str, 
                 nll = per_document(-lp, doc, len(doc_words))
                 lo, hi = ppl_intervals(nll, doc_words, stats)
                 res[f"{split}_lo"], res[f"{split}_hi"] = lo.tolist(), hi.tolist()
-        i = first_minimum(res["valid_interp_ppl_word"], taus=taus)  # ties (to rounding) go to the τ closest to 1
+        i = first_minimum(res["valid_interp_ppl_word"], taus=taus)  # ties (to rounding): first_minimum's rule
         res["best"] = {"tau": taus[i], "lambda": res["lambda"][i], "valid_interp_ppl_word": res["valid_interp_ppl_word"][i],
                        "test_interp_ppl_word": res["test_interp_ppl_word"][i],
                        "test_interp_ppl_token": res["test_interp_ppl_token"][i]}
