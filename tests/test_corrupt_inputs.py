@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,8 +91,40 @@ def _find(commands, prefix):
     return names[0]
 
 
+def _swap_index(io, tmp_path, other):
+    """Point input 'index' at a copy of the same store's index `other` ('att_l2', 'ffn_ip', ...), as a file put under
+    the job's index name; returns the copy."""
+    src = Path(io["input"]["index"])
+    dst = tmp_path / f"in_index_{src.name}"
+    shutil.copy(src.with_name(f"{other}.faiss"), dst)
+    io["input"]["index"] = str(dst)
+    return dst
+
+
+def _unrecorded_in_run(io, tmp_path, name):
+    """Copy input `name` into the job's run folder (results_dir/tiny, where every artifact has a checksum record)
+    without its record, as a file copied in by hand or whose record was deleted; returns the copy."""
+    src = Path(io["input"][name])
+    dst = tmp_path / "results" / "tiny" / "lms" / "base" / src.name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(src, dst)
+    io["input"][name] = str(dst)
+    return dst
+
+
 CASES = {
     # (job log-name prefix, what is corrupted, the error it must give)
+    "another metric's index under this name": ("search_base_full_ffn_l2_test", lambda io, t: _swap_index(io, t, "ffn_ip"),
+                                               r"an index of metric ip, where this job searches l2"),
+    "the other key type's index under this name": ("search_base_full_ffn_l2_test",
+                                                   lambda io, t: _swap_index(io, t, "att_l2"),
+                                                   r"the vectors it holds are not these ffn keys"),
+    "an index recorded for another store": ("search_base_full_ffn_l2_test",
+                                            lambda io, t: _edit_json(_copy(io, t, "index_meta"), store="r0.2"),
+                                            r"an index built for .*'store': 'r0.2'.*where this job searches .*'full'"),
+    "an index in the run's folder without its record": (
+        "search_base_full_ffn_l2_test", lambda io, t: _unrecorded_in_run(io, t, "index"),
+        r"no checksum record .*`snakemake -R .*ffn_l2\.faiss <your options>`.*`python -m knnlm\.adopt "),
     "index from another checkpoint": ("search_base_full_ffn_l2_test",
                                       lambda io, t: _edit_json(_copy(io, t, "index_meta"), datastore_checkpoint_sha256="0" * 64),
                                       r"was built from another checkpoint than the datastore"),

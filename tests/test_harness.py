@@ -100,6 +100,18 @@ def test_generate_until_is_greedy_and_stops(bundle):
         HarnessKNNLM(bundle=str(path), lamda=0.1)
 
 
+def _tiny_task(folder, docs):
+    """A multiple-choice task 'knnlm_tiny_mc' of `docs` ({'question', 'choices', 'answer'}) in folder (its YAML and a
+    JSON lines file), for the harness's include_path."""
+    data = folder / "docs.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "tiny_mc.yaml").write_text(
+        "task: knnlm_tiny_mc\ndataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+        "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
+
+
 def test_a_local_task_runs_through_the_harness(bundle, tmp_path):
     """A 4-question multiple-choice task from a local JSON file, run by lm_eval.simple_evaluate on the registered
     'knnlm' model: its accuracy is the share of questions whose answer has the highest log-likelihood by the
@@ -114,13 +126,7 @@ def test_a_local_task_runs_through_the_harness(bundle, tmp_path):
             {"question": "It was rebuilt after the", "choices": [" war .", " tower .", " 1890 ."], "answer": 0},
             {"question": "The game began in the", "choices": [" north .", " war .", " tower ."], "answer": 0},
             {"question": "The first line of the", "choices": [" text .", " game .", " war ."], "answer": 0}]
-    data = tmp_path / "docs.jsonl"
-    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (tmp_path / "tiny_mc.yaml").write_text(
-        "task: knnlm_tiny_mc\ndataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
-        "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
+    _tiny_task(tmp_path, docs)
     model = HarnessKNNLM(bundle=str(path))
     res = lm_eval.simple_evaluate(model=model, tasks=["knnlm_tiny_mc"],
                                   task_manager=TaskManager(include_path=str(tmp_path)), num_fewshot=0)
@@ -130,9 +136,23 @@ def test_a_local_task_runs_through_the_harness(bundle, tmp_path):
     assert acc == pytest.approx(by_hand)
 
 
-def test_the_harness_command_line_knows_the_model():
-    from lm_eval.api.registry import get_model
+def test_the_harness_command_line_runs_the_model_by_its_entry_point(bundle, tmp_path):
+    """`knnlm-lm-eval` (the package's console script: lm-eval's command line with the 'knnlm' model registered) runs
+    a local task on a bundle by name; lm-eval's own `lm_eval` does not know the name (lm-eval 0.4.13 reads no model
+    plugins), which is why the script exists."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from knnlm.harness import HarnessKNNLM
-
-    assert get_model("knnlm") is HarnessKNNLM
+    path, _ = bundle
+    _tiny_task(tmp_path, [{"question": "The tower was built in", "choices": [" 1890 .", " the war ."], "answer": 0},
+                          {"question": "It was rebuilt after the", "choices": [" war .", " tower ."], "answer": 0}])
+    bin_dir = Path(sys.executable).parent
+    args = ["--model", "knnlm", "--model_args", f"bundle={path}", "--tasks", "knnlm_tiny_mc", "--include_path",
+            str(tmp_path)]
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1"}
+    r = subprocess.run([str(bin_dir / "knnlm-lm-eval"), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "knnlm_tiny_mc" in r.stdout and "acc" in r.stdout, r.stdout[-2000:]
+    r = subprocess.run([str(bin_dir / "lm_eval"), *args], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode != 0 and "knnlm" in (r.stdout + r.stderr)
