@@ -696,3 +696,11 @@ def test_k_beyond_the_smallest_store_of_a_dumped_datastore_is_refused_before_any
     with pytest.raises(ConfigError, match=rf"config key 'knn.k' = {fits + 1:,}: the smallest store this run searches "
                                           rf"\(ratio {smallest:g} of the 1,000 keys of LM '{lm}'.*has {fits:,} keys"):
         check_k_fits_stores({**cfg, "knn": {**cfg["knn"], "k": fits + 1}}, lay)
+    # dumped queries of 10^12 tokens: their neighbour caches would not fit the disk, whatever k
+    for split in ("valid", "test"):
+        qm = lay.path("queries_manifest", lm=lm, split=split)
+        qm.parent.mkdir(parents=True)
+        write_json(qm, {"T": 10 ** 12, "D": 8})
+    with pytest.raises(ConfigError, match=r"config key 'knn.k' = 1: the full store's FAISS neighbour caches alone need "
+                                          r"[0-9,.]+ GiB .* more than the [0-9,.]+ GiB free under"):
+        check_k_fits_stores({**cfg, "knn": {**cfg["knn"], "k": 1}}, lay)

@@ -320,12 +320,18 @@ def check_k_fits_stores(cfg: dict, layout) -> None:
     """Config 'knn.k' against the stores the run searches, before any job: for every base LM whose datastore is
     already dumped (its manifest under `layout`, a knnlm.paths.Layout), k must not exceed the keys of its smallest
     subset store (round(ratio × N) for the ratios of 'datastore_size.ratios' and 'retrieval.probe_sweep.ratios'),
-    and a search job refuses it too where the store is first opened (knnlm.search.index.resolve_index_params).
-    Raises ConfigError naming the key, the store and its keys."""
+    and a search job refuses it too where the store is first opened (knnlm.search.index.resolve_index_params); and
+    where the queries are dumped and the full store not yet searched, the disk its FAISS neighbour caches alone will
+    take (T × k × 8 bytes per split, key type and metric; memmaps, written and read in chunks, so disk and not
+    memory is what they need) must be free. Raises ConfigError naming the key, the store and its keys, or the
+    caches' size and the free space."""
     from .io import read_json
+
+    import shutil
 
     k = cfg["knn"]["k"]
     ratios = [*cfg["datastore_size"]["ratios"], *cfg["retrieval"]["probe_sweep"]["ratios"]] or [1.0]
+    need, free = 0, None
     for lm in cfg["lms"]:
         man = layout.path("datastore_manifest", lm=lm)
         if not man.is_file():
@@ -337,6 +343,20 @@ def check_k_fits_stores(cfg: dict, layout) -> None:
             raise ConfigError(f"config key 'knn.k' = {k:,}: the smallest store this run searches (ratio {smallest:g} of "
                               f"the {n:,} keys of LM {lm!r}, {man}) has {keys:,} keys; k must be at most that (or drop "
                               "the ratio from 'datastore_size.ratios' / 'retrieval.probe_sweep.ratios')")
+        # the neighbour caches of the full store's FAISS searches alone (ids int32 + distances float32, k per token,
+        # every token of valid and test, each key type and metric): a lower bound of what k costs on disk
+        for split in ("valid", "test"):
+            qm = layout.path("queries_manifest", lm=lm, split=split)
+            if qm.is_file() and not layout.path("nb_ids", lm=lm, store="full", key=cfg["datastore"]["key_types"][0],
+                                                metric=cfg["index"]["metrics"][0], split=split).exists():
+                need += (int(read_json(qm)["T"]) * k * 8 * len(cfg["datastore"]["key_types"])
+                         * len(cfg["index"]["metrics"]))
+        free = shutil.disk_usage(man.parent).free
+    if free is not None and need > free:
+        raise ConfigError(f"config key 'knn.k' = {k:,}: the full store's FAISS neighbour caches alone need "
+                          f"{need / 2**30:,.1f} GiB (k ids and distances per valid and test token, each key type and "
+                          f"metric), more than the {free / 2**30:,.1f} GiB free under {layout.root}; choose a smaller k "
+                          "or free the disk")
 
 
 def temperatures(cfg: dict) -> list[float]:
