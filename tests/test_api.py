@@ -782,6 +782,9 @@ def test_a_bundle_is_portable_and_checks_what_it_loads(tmp_path, wikitext2_dir, 
     assert cfg["lm"]["hub"] is False and cfg["lm"]["model_relative"] == "../model"
     monkeypatch.chdir(tmp_path)  # another working folder
     np.testing.assert_array_equal(KNNLM.from_pretrained(work / "bundle").score(text).lp, want)
+    assert KNNLM.from_pretrained(work / "bundle", probe=3, lmbda=0.5).settings()["nprobe"] == 3  # the peers' names
+    with pytest.raises(TypeError, match=r"a bundle's metric is the one it was saved with \('l2'\)"):
+        KNNLM.from_pretrained(work / "bundle", knn_sim_func="dot")
     moved = tmp_path / "moved"
     shutil.move(str(work), str(moved))  # the bundle and its model moved together: the saved absolute path is gone
     np.testing.assert_array_equal(KNNLM.from_pretrained(moved / "bundle").score(text).lp, want)

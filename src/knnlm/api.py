@@ -199,10 +199,10 @@ def find_bundle_lm(lm: dict, bundle: str | Path) -> str:
         if cand.is_dir():
             return str(cand)
         tried.append(str(cand))
-    if lm.get("hub") is None and model and not model.startswith(("/", ".", "~")) and not Path(model).exists():
-        return model  # a bundle of an earlier format: its model as given, a Hub id when it is no folder
+    earlier = (f"; a bundle of an earlier version does not say whether {model!r} is a Hub id: if it is, pass "
+               f"lm=HuggingFaceLM({model!r})") if lm.get("hub") is None else ""
     raise ArtifactError(f"{path}: the bundle's LM is not found (looked for {' and '.join(tried)}): pass the same "
-                        "weights as lm= (HuggingFaceLM(<its folder>))")
+                        f"weights as lm= (HuggingFaceLM(<its folder>)){earlier}")
 
 
 def count_words(lines: list[str]) -> int:
@@ -552,8 +552,9 @@ class KNNLM:
                 "mask": c["mask"], "score": c["score"],
                 **peer_settings({n: v for n, v in settings.items() if n in PEER_NAMES}),
                 **{n: v for n, v in settings.items() if n not in PEER_NAMES}}
-        if "key" in opts:
-            raise TypeError("from_pretrained: a bundle's key type is the one it was saved with")
+        for fixed, what in (("key", "key type"), ("metric", "metric")):
+            if fixed in opts:  # the keys and the index it was saved with
+                raise TypeError(f"from_pretrained: a bundle's {what} is the one it was saved with ({c[fixed]!r})")
         knn = cls.from_datastore(lm, bundle, c["key"], c["metric"], index=c.get("index"),
                                  context_window=c["context_window"], max_tokens=c["max_tokens"], threads=threads,
                                  verify=verify, tuned_on=c.get("tuned_on"), rebuild_index=rebuild_index, **opts)
