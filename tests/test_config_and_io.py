@@ -643,7 +643,8 @@ def test_schema_errors_say_what_the_key_is_not_a_schema_dump():
     with pytest.raises(ConfigError) as e:
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"name": "a b"})
     assert "config key 'name': expected string (experiment name" in str(e.value) and "pattern" not in str(e.value)
-    with pytest.raises(ConfigError, match=r"config key 'knn.k': expected integer, minimum 1, found 0"):
+    with pytest.raises(ConfigError, match=r"config key 'knn.k': expected integer, minimum 1 \(neighbours per query;.*"
+                                          r"\), found 0"):
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"knn": {"k": 0}})
 
 
