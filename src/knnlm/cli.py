@@ -55,7 +55,7 @@ def verify_inputs(job: Job) -> int:
     file as it is (python -m knnlm.adopt <file>: checked and recorded)."""
     from pathlib import Path
 
-    from .io import ArtifactError, checksum_path, verify_checksum
+    from .io import verify_checksum
 
     root = Path(job.cfg["results_dir"], job.cfg["name"]).resolve() if "results_dir" in job.cfg and "name" in job.cfg else None
     n = 0
@@ -63,15 +63,8 @@ def verify_inputs(job: Job) -> int:
         path = Path(p)
         if not path.exists():
             continue  # the reader names it
-        if verify_checksum(path):
-            n += 1
-        elif root is not None and path.resolve().is_relative_to(root):
-            raise ArtifactError(
-                f"{path}: no checksum record ({checksum_path(path).name} beside it), so nothing vouches for it: it was "
-                f"not written by a finished job of this pipeline (copied in by hand, or its record deleted). Job "
-                f"{job.snakemake_rule or job.rule} reads it; rerun the job that makes it and what rests on it with "
-                f"`snakemake -R {path} <your options>`, or adopt the file as it is with `python -m knnlm.adopt {path}` "
-                "(checked, then recorded)")
+        in_run = root is not None and path.resolve().is_relative_to(root)
+        n += verify_checksum(path, required=in_run, reader=job.snakemake_rule or job.rule)
     return n
 
 

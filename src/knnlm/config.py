@@ -325,19 +325,18 @@ def check_k_fits_stores(cfg: dict, layout) -> None:
     take (T × k × 8 bytes per split, key type and metric; memmaps, written and read in chunks, so disk and not
     memory is what they need) must be free. Raises ConfigError naming the key, the store and its keys, or the
     caches' size and the free space."""
-    from .io import read_json
-
     import shutil
 
+    from .io import read_json
+
     k = cfg["knn"]["k"]
-    ratios = [*cfg["datastore_size"]["ratios"], *cfg["retrieval"]["probe_sweep"]["ratios"]] or [1.0]
+    smallest = min([*cfg["datastore_size"]["ratios"], *cfg["retrieval"]["probe_sweep"]["ratios"]] or [1.0])
     need, free = 0, None
     for lm in cfg["lms"]:
         man = layout.path("datastore_manifest", lm=lm)
         if not man.is_file():
             continue
         n = int(read_json(man)["N"])
-        smallest = min(ratios)
         keys = int(round(smallest * n))
         if k > keys:
             raise ConfigError(f"config key 'knn.k' = {k:,}: the smallest store this run searches (ratio {smallest:g} of "

@@ -9,6 +9,7 @@ are merged in order, as Snakemake's --configfile.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -88,23 +89,17 @@ def read_text_file(path: str, what: str = "text") -> str:
     return text
 
 
+@contextlib.contextmanager
 def naming(path: str):
     """A context manager that names the file `path` in an input error raised inside it (the tokenizer's '<text>')."""
-    import contextlib
-
     from .io import ArtifactError
 
-    @contextlib.contextmanager
-    def cm():
-        try:
-            yield
-        except (ArtifactError, ValueError) as e:
-            msg = str(e)
-            if path in msg:
-                raise
-            raise type(e)(f"{path}: {msg.replace('<text>: ', '')}") from None
-
-    return cm()
+    try:
+        yield
+    except (ArtifactError, ValueError) as e:
+        if path in str(e):
+            raise
+        raise type(e)(f"{path}: {str(e).replace('<text>: ', '')}") from None
 
 
 def run_knnlm(a: argparse.Namespace, **settings):

@@ -127,14 +127,14 @@ def import_index(out_dir: str | Path, index_file: str | Path, key_type: str = "a
 
     from .datastore.dump import open_datastore
     from .io import atomic_path
-    from .search.index import check_index_fits, read_index
+    from .search.index import check_index_fits, metric_name, read_index
 
     ds, index_file = DatastoreLayout(out_dir), Path(index_file)
     keys, _, man = open_datastore(ds.path("manifest"), ds.path("vals"), ds.path("keys", key=key_type), key_type)
     index = read_index(index_file)
     if index.ntotal != man["N"]:
         raise ArtifactError(f"{index_file}: an index of {index.ntotal:,} keys, the store has {man['N']:,}")
-    metric = {faiss.METRIC_L2: "l2", faiss.METRIC_INNER_PRODUCT: "ip"}.get(index.metric_type)
+    metric = metric_name(index)
     if metric is None:
         raise ArtifactError(f"{index_file}: an index of metric {index.metric_type}; expected L2 or inner product")
     fit = check_index_fits(index, index_file, metric, keys, key_type)

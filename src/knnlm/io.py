@@ -249,22 +249,25 @@ def _maker_hint(maker: dict) -> str:
     return f"job {rule}" + (f" ({wc})" if wc else "") + f"; rerun it: snakemake -R {rule} …"
 
 
-def verify_checksum(path: str | Path, required: bool = False) -> bool:
+def verify_checksum(path: str | Path, required: bool = False, reader: str | None = None) -> bool:
     """Check artifact `path` against its checksum record (write_checksum) before it is trusted.
 
     A file whose size, mtime, ctime and inode are those the checksum was taken of is not read again (an edit in
     place changes its ctime even when its mtime is put back); any other is hashed and compared. Returns True when
     checked, False when there is no record and `required` is false.
     Raises ArtifactError naming the file and the job that made it if its content differs from the record, a file
-    of the record is missing or new, the record is unreadable, or (required) there is no record.
+    of the record is missing or new, the record is unreadable, or (required) there is no record (naming the job
+    `reader` that reads it, and the commands that remake or adopt it).
     """
     path = Path(path)
     rec_path = checksum_path(path)
     if not rec_path.is_file():
         if required:
-            raise ArtifactError(f"{path}: no checksum record ({rec_path.name} beside it): it was not written by a "
-                                f"finished job of this pipeline (or by an older version); {rerun_hint(path)}, or adopt "
-                                f"it as it is: `python -m knnlm.adopt {path}`")
+            raise ArtifactError(f"{path}: no checksum record ({rec_path.name} beside it), so nothing vouches for it: "
+                                "it was not written by a finished job of this pipeline (copied in by hand, its record "
+                                "deleted, or an older version)." + (f" Job {reader} reads it;" if reader else "")
+                                + f" {rerun_hint(path)}, or adopt it as it is: `python -m knnlm.adopt {path}` (checked, "
+                                "then recorded)")
         return False
     try:
         rec = read_json(rec_path)

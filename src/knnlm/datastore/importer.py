@@ -33,6 +33,7 @@ refuses a store that is not that LM's; --no-verify imports without the check and
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -100,8 +101,6 @@ def import_memmap(keys_file: str | Path, vals_file: str | Path, out_dir: str | P
                          "import them without linking (a float16 copy)")
     out.mkdir(parents=True, exist_ok=True)
     ds = DatastoreLayout(out)
-    import contextlib
-
     with (contextlib.nullcontext(keys) if link_keys else create_npy(ds.path("keys", key=key_type), (size, dim),
                                                                       np.float16)) as k_out, \
          create_npy(ds.path("vals"), (size,), np.int32) as v_out:

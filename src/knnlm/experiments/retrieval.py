@@ -20,7 +20,7 @@ import numpy as np
 
 from ..job import Job
 from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_json, release_rows,
-                  save_npy, write_json)
+                  rerun_hint, save_npy, write_json)
 from ..scoring.results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
@@ -202,7 +202,7 @@ def search(job: Job) -> dict:
             "store": same_index_store(job.wildcards["store"])}
     if built != want:
         raise ArtifactError(f"{job.path('index_meta')}: an index built for {built}, where this job searches {want} (a "
-                            "file moved or copied under another name?); rerun the job that builds it")
+                            f"file moved or copied under another name?); {rerun_hint(job.path('index'))}")
     params = _index_params(job, store, man)
     check_index_matches(idx_meta, params, job.path("index"))
     everything = searches_every_token(job.wildcards["store"])  # Table 1 reads the full store's search of every token

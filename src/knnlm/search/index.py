@@ -122,6 +122,13 @@ def faiss_metric(metric: str):
     raise ValueError(f"metric must be 'l2' or 'ip', found {metric!r}")
 
 
+def metric_name(index) -> str | None:
+    """The metric of a faiss index by this project's name ('l2' | 'ip'; faiss_metric's inverse), None for another."""
+    import faiss
+
+    return {faiss.METRIC_L2: "l2", faiss.METRIC_INNER_PRODUCT: "ip"}.get(index.metric_type)
+
+
 SAMPLE_BLOCK = 4096  # training-sample rows read per block (build_ivfpq)
 
 
@@ -211,10 +218,10 @@ def check_index_fits(index, index_path, metric: str, keys: np.ndarray, key: str,
     ArtifactError naming the index file and what it holds instead."""
     import faiss
 
-    got = {faiss.METRIC_L2: "l2", faiss.METRIC_INNER_PRODUCT: "ip"}.get(index.metric_type, str(index.metric_type))
+    got = metric_name(index) or str(index.metric_type)
     if got != metric:
         raise ArtifactError(f"{index_path}: an index of metric {got}, where this job searches {metric} (another "
-                            "metric's index under this name?); rerun the job that builds it")
+                            f"metric's index under this name?); {rerun_hint(index_path)}")
     if index.d != keys.shape[1]:
         raise ArtifactError(f"{index_path}: an index of dimension {index.d}, the {key} keys have {keys.shape[1]}")
     ivf = faiss.extract_index_ivf(index)
@@ -249,7 +256,7 @@ def check_index_fits(index, index_path, metric: str, keys: np.ndarray, key: str,
         raise ArtifactError(f"{index_path}: the vectors it holds are not these {key} keys (median reconstruction error "
                             f"{own:.3g} on them, {other:.3g} on unrelated keys of the store: ratio {ratio:.2f} > "
                             f"{FIT_RATIO}); an index of other keys (the other key type's, another store's) under this "
-                            "name? Rerun the job that builds it")
+                            f"name? {rerun_hint(index_path)[0].upper()}{rerun_hint(index_path)[1:]}")
     return {"reconstruction_error": own, "unrelated_error": other, "ratio": ratio, "samples": int(len(ids))}
 
 
