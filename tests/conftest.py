@@ -88,7 +88,8 @@ def tiny_lms(results: Path) -> Path:
     tokenizer (tests/hf_tiny.py), made once under results/hf/, the tiny LM trained with another seed, which App.
     E.5 ensembles with the base LM (config 'hypotheses.ensemble_lms'), the base LM trained 20 updates further
     without dropout (App. E.6.1, 'hypotheses.overfit_lms') and the seed-2 LM trained on the base LM's soft labels
-    (App. E.6.2, 'hypotheses.soft_label_lms'). Returns the overlay's path."""
+    (App. E.6.2, 'hypotheses.soft_label_lms'); the base, overfit and soft-label LMs are the regime map's LM axis
+    ('regime.lms'). Returns the overlay's path."""
     from hf_tiny import make_tiny_hf
 
     model = results / "hf" / TINY_HF
@@ -103,7 +104,10 @@ def tiny_lms(results: Path) -> Path:
                                                                      "warmup_updates": 5}},
                                                TINY_SOFT: {"source": "train", "teacher": "base", "lm": {"seed": 2}}},
                                        "hypotheses": {"ensemble_lms": [TINY_SEED2], "overfit_lms": [TINY_OVERFIT],
-                                                      "soft_label_lms": [TINY_SOFT]}}))
+                                                      "soft_label_lms": [TINY_SOFT]},
+                                       # the regime map's LM axis: the base LM, trained further, and a third of
+                                       # another strength (the seed-2 LM of the same strength is left out)
+                                       "regime": {"lms": ["base", TINY_OVERFIT, TINY_SOFT]}}))
     return overlay
 
 
@@ -128,7 +132,7 @@ def headingless_data(results: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """The whole DAG on configs/tiny.yaml over its WikiText-2 slice without headings (headingless_data), once per
+    """The whole DAG (targets 'all' and 'regime') on configs/tiny.yaml over its WikiText-2 slice without headings (headingless_data), once per
     test session, into a temporary results_dir, or (for quick iterations while developing) into
     $KNNLM_TINY_RESULTS, where only what changed is rerun."""
     reused = bool(os.environ.get("KNNLM_TINY_RESULTS"))
@@ -138,7 +142,7 @@ def tiny_run(tmp_path_factory):
     env_uri = os.environ.pop("MLFLOW_TRACKING_URI", None)
     try:
         r = run_snakemake("--configfile", "configs/tiny.yaml", str(data), str(overlay), "--config",
-                          f"results_dir={results}", "--cores", "2")
+                          f"results_dir={results}", "--cores", "2", "--", "all", "regime")
     finally:
         if env_uri is not None:
             os.environ["MLFLOW_TRACKING_URI"] = env_uri

@@ -139,8 +139,41 @@ def test_target_of_splits_all_from_the_extras_and_the_followups():
             "search_base_full-np256_att_l2_test": "extras", "write_store_table_base_variance": "extras",
             "write_probe_sweep_base": "extras", "write_retomaton_base": "followups",
             "datastore_neighbours_base_full_att_l2": "followups", "write_pruning_base": "followups",
-            "write_generation_base": "followups"}
+            "write_generation_base": "followups", "write_regime_base": "regime"}
     assert {j: target_of(j, rule_of(j)) for j in want} == want
+    # a job that an invocation of 'regime' alone ran is the map's cost beyond 'all', whatever its name says
+    assert target_of("search_base_full-np1024_att_l2_test", "search", regime_only=True) == "regime"
+    assert target_of("search_big_full_att_l2_test", "search", regime_only=True) == "regime"
+
+
+def test_regime_only_jobs_are_those_an_invocation_of_regime_alone_ran(tmp_path):
+    """A job counts against 'regime' when its benchmark file was written inside the span of an invocation whose
+    targets are only 'regime'; one of 'all regime' together leaves its jobs to 'all'; the lines count them apart."""
+    import json
+    import os
+
+    from knnlm.report.budget import regime_only_jobs, target_lines
+    from knnlm.report.times import rule_of
+
+    root = tmp_path / "run"
+    (root / "invocations").mkdir(parents=True)
+    (root / "benchmarks").mkdir()
+    for name, targets, a, b in (("x", ["all"], 1000.0, 2000.0), ("y", ["regime"], 3000.0, 4000.0),
+                                ("z", ["all", "regime"], 5000.0, 6000.0)):
+        (root / "invocations" / f"{name}.invocation.json").write_text(json.dumps(
+            {"targets": targets, "local": True, "start": {"time": a}, "end": {"time": b}}))
+    walls = {"bpe": 60, "search_big_full_att_l2_test": 120, "write_regime_base": 30, "search_mid_full_att_l2_test": 90}
+    for job, end in zip(walls, (1500.0, 3500.0, 3600.0, 5500.0)):
+        (root / "benchmarks" / f"{job}.tsv").write_text("s\n1\n")
+        os.utime(root / "benchmarks" / f"{job}.tsv", (end, end))
+    jobs = _budget_jobs(walls)
+    assert regime_only_jobs(root, jobs) == {"search_big_full_att_l2_test", "write_regime_base"}
+    budgets = {"all": {"intel": 100, "amd": 150}, "regime": {"intel": None, "amd": 60}}
+    t = target_lines(jobs, {}, lambda j: "other", rule_of, "amd", budgets, False,
+                     regime_jobs=regime_only_jobs(root, jobs)).set_index("target")
+    assert t.loc["regime", "jobs"] == 2 and t.loc["regime", "measured on amd (min)"] == pytest.approx(2.5)
+    assert t.loc["all", "jobs"] == 2 and t.loc["regime", "outcome"] == "pass"
+    assert regime_only_jobs(tmp_path / "none", jobs) == set()
 
 
 def _budget_jobs(walls):

@@ -17,6 +17,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_PATH = PROJECT_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 SPLITS = ("train", "valid", "test")
 RAW_SPLIT_NAME = "wiki.{split}.tokens"  # the raw corpus files in config key 'data.dir' (WikiText layout)
+# the values of config 'lms.<name>.source' whose LMs read the run's own BPE tokens (knnlm.lm.BACKENDS' run_tokens);
+# an 'hf' LM tokenises the text itself
+RUN_TOKEN_SOURCES = ("train", "fairseq")
 
 
 class ConfigError(ValueError):
@@ -96,13 +99,16 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
     and the index builds ('index.metrics'); ConfigError naming the key otherwise, before any job runs."""
     var = cfg["variance"]
     varied = bool(var["index_seeds"] or var["draw_seeds"])  # the variance section is used only then
+    rg = cfg["regime"]
     key_types = {"retrieval.key_types": cfg["retrieval"]["key_types"],
                  "datastore_size.key_types": cfg["datastore_size"]["key_types"],
                  "parametric.key_types": cfg["parametric"]["key_types"],
                  **{f"parametric.{p}.key_types": cfg["parametric"][p]["key_types"] for p in ("adaptive", "mos", "clustered")},
                  **({"variance.key_type": [var["key_type"]]} if varied else {}),
-                 "table4.key_type": [cfg["table4"]["key_type"]]}
+                 "table4.key_type": [cfg["table4"]["key_type"]],
+                 "regime.key_type / regime.variants": [rg["key_type"]] + [k for k, _ in rg["variants"]]}
     metrics = {"retrieval.metrics": cfg["retrieval"]["metrics"], "datastore_size.metrics": cfg["datastore_size"]["metrics"],
+               "regime.metric / regime.variants": [rg["metric"]] + [m for _, m in rg["variants"]],
                **({"variance.metric": [var["metric"]]} if varied else {}), "table4.metric": [cfg["table4"]["metric"]]}
     for named, source_key, noun, verb in ((key_types, "datastore.key_types", "key types", "dump"),
                                           (metrics, "index.metrics", "metrics", "build")):
@@ -111,6 +117,25 @@ def _check_keys_and_metrics(cfg: dict, source: str) -> None:
             if set(v) - set(have):
                 raise ConfigError(f"{source}: config key '{k}' names {noun} {sorted(set(v) - set(have))} that "
                                   f"'{source_key}' does not {verb} (it {verb}s {have})")
+
+
+def _check_regime(cfg: dict, source: str) -> None:
+    """Fill config 'regime''s defaults from the run ('lms': every LM of 'lms' over the run's BPE; 'ratios':
+    'datastore_size.ratios') and check them: ConfigError for an LM 'lms' does not have or one with its own tokenizer
+    (its tokens are not the others', so its points would not pair), or a variant that repeats the map's own pair."""
+    rg = cfg["regime"]
+    own_bpe = [n for n, lm in cfg["lms"].items() if lm["source"] in RUN_TOKEN_SOURCES]
+    if rg["lms"] is None:
+        rg["lms"] = own_bpe
+    bad = [n for n in rg["lms"] if n not in own_bpe]
+    if bad:
+        raise ConfigError(f"{source}: config key 'regime.lms' names {bad}: expected LMs of 'lms' that read the run's "
+                          f"own BPE (so every point scores the same tokens): {own_bpe}")
+    if rg["ratios"] is None:
+        rg["ratios"] = list(cfg["datastore_size"]["ratios"])
+    if [rg["key_type"], rg["metric"]] in [list(v) for v in rg["variants"]]:
+        raise ConfigError(f"{source}: config key 'regime.variants' repeats the map's own (key_type, metric) "
+                          f"{[rg['key_type'], rg['metric']]}: expected other pairs")
 
 
 def _check_lms(cfg: dict, schema: dict, source: str) -> None:
@@ -293,6 +318,7 @@ def validate_config(config: dict, source: str = "<config>") -> dict:
             store_kind_of(name)
         except ValueError as e:
             raise ConfigError(f"{source}: config key 'stores.extra': {e}") from None
+    _check_regime(cfg, source)
     _check_keys_and_metrics(cfg, source)
     _check_table4_lms(cfg, source)
     t = cfg["temperature"]

@@ -465,3 +465,11 @@ def report_caption(name):
     default caption (which points to the caption inside the table's Markdown) when there is none."""
     path = Path(workflow.basedir) / "report" / f"{name}.rst"
     return str(path if path.exists() else path.with_name("default.rst"))
+
+
+def regime_figures(effects, ext=None):
+    """The regime map's figures: one per effect id of `effects` (claims.yaml 'regime_effects'), PNG and PDF (or
+    `ext` only)."""
+    return {f"fig_{e}": [report(artifact("figure", lm=PRIMARY, figure=f"regime_{e}", ext=x),
+                                caption=report_caption("default"), category="Regime map")
+                         for x in ([ext] if ext else ("png", "pdf"))] for e in effects}

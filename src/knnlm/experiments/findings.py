@@ -124,7 +124,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
     'claims', the entries), each as _claim gives it. Raises ValueError naming the file and the entry for an unknown
     field, a missing one, a duplicate id, an unknown table of paper numbers or margin."""
     path = Path(path)
-    doc = _claims_document(path)
+    doc = claims_document(path)
     tables = doc.get("paper_numbers") or {}
     shares = {k: v["share"] for k, v in (doc.get("margins") or {}).items()}
     axes, by_source = doc.get("regime") or {}, doc.get("regime_of_source") or {}
@@ -166,10 +166,10 @@ def load_regime(path: str | Path = CLAIMS_FILE) -> dict:
     """The regime axes of the claims table at `path` ('regime': {axis: {'name', 'paper', 'factor', 'source'}}): what a
     claim's outcome may depend on where this run is far from the paper's, and how far (a factor) still counts as the
     paper's regime."""
-    return _claims_document(Path(path)).get("regime") or {}
+    return claims_document(Path(path)).get("regime") or {}
 
 
-def _claims_document(path: Path) -> dict:
+def claims_document(path: Path) -> dict:
     """The parsed claims table at `path` (load_claims and load_regime read its parts; a text already parsed in this
     process is not parsed again)."""
     return _parse_yaml(path.read_text(encoding="utf-8"))
@@ -602,7 +602,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
             "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens", "units": units, "verdict": v}
 
 
-def _vocabulary_size(job: Job) -> int | None:
+def vocabulary_size(job: Job) -> int | None:
     """V, the base LM's vocabulary size, from input 'vocabulary': a fairseq LM's binarised data (its dict.txt and
     fairseq's 4 special symbols) or a Hugging Face LM's model card ('vocab_size'); None without it."""
     if not job.input.get("vocabulary"):
@@ -626,7 +626,7 @@ def regime_values(job: Job, settings: dict | None) -> dict[str, tuple[float, str
         if len(base):
             v = float(base["PPL (word)"].iloc[0])
             out["lm"] = (v, f"{v:,.2f}")
-    vocab = _vocabulary_size(job)
+    vocab = vocabulary_size(job)
     n = ((settings or {}).get("store_meta") or {}).get("N")
     if n and vocab:
         out["store"] = (n / vocab, f"{n / vocab:,.0f} ({n:,} rows over {vocab:,} entries)")

@@ -23,6 +23,8 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..config import RUN_TOKEN_SOURCES
+
 
 class LanguageModel(Protocol):
     """What the Python API needs of a base LM (knnlm.lm.fairseq.FairseqLM, knnlm.lm.hf.HuggingFaceLM).
@@ -81,9 +83,10 @@ class Backend:
 
 
 BACKENDS = {
-    "train": Backend("fairseq", "knnlm.lm.fairseq", "checkpoint", "checkpoint", run_tokens=True, trained=True),
-    "fairseq": Backend("fairseq", "knnlm.lm.fairseq", "checkpoint", None, run_tokens=True),
-    "hf": Backend("hf", "knnlm.lm.hf", "model_card", "model_card", run_tokens=False),
+    "train": Backend("fairseq", "knnlm.lm.fairseq", "checkpoint", "checkpoint", run_tokens="train" in RUN_TOKEN_SOURCES,
+                     trained=True),
+    "fairseq": Backend("fairseq", "knnlm.lm.fairseq", "checkpoint", None, run_tokens="fairseq" in RUN_TOKEN_SOURCES),
+    "hf": Backend("hf", "knnlm.lm.hf", "model_card", "model_card", run_tokens="hf" in RUN_TOKEN_SOURCES),
 }
 
 

@@ -2,8 +2,9 @@
 
 Targets: 'all' (every table, figure and findings row of Xu et al. 2023 and the follow-up claims tested in it),
 'extras' (our own robustness checks, the second IVFPQ seed, the subset draws and the probe sweep, and the costliest
-follow-ups) and 'followups' (RetoMaton, greedy merging, generation: part of 'extras'). Each job of a run counts
-against the target that needs it (target_of). The budgets, minutes of job time per CPU kind, are config 'budget'.
+follow-ups), 'followups' (RetoMaton, greedy merging, generation: part of 'extras') and 'regime' (the regime map,
+its cost beyond 'all': the jobs an invocation that targets only 'regime' runs, after 'all', and the map's own job).
+Each job of a run counts against the target that needs it (target_of). The budgets, minutes of job time per CPU kind, are config 'budget'.
 
 Honest timing: every local Snakemake invocation records, at its start and end (invocation_start,
 invocation_end, called by the Snakefile's onstart / onsuccess / onerror), the machine's busy CPU time from
@@ -21,8 +22,9 @@ from pathlib import Path
 
 INVOCATION_ENV = "KNNLM_INVOCATION_RECORD"  # the record of the running invocation (set by the Snakefile's onstart)
 CONTENDED = 0.10  # other processes' share of the machine's busy CPU time above which a run is contended
-TARGETS = ("all", "extras", "followups")
+TARGETS = ("all", "extras", "followups", "regime")
 FOLLOWUP_RULES = ("write_retomaton", "datastore_neighbours", "write_pruning", "write_generation")
+REGIME_RULES = ("write_regime",)
 
 
 def machine_cpu_seconds(stat: str = "/proc/stat") -> float:
@@ -120,11 +122,38 @@ def contention(root: str | Path, jobs=None) -> dict:
             "contended": bool(share is not None and share > CONTENDED), "unmeasured": unmeasured, "covered": covered}
 
 
-def target_of(job: str, rule: str) -> str:
+def regime_only_jobs(root: str | Path, jobs) -> set[str]:
+    """The jobs (of `jobs`, knnlm.report.times.stage_table()) that an invocation targeting only 'regime' ran: those
+    whose benchmark file was written inside the span of such an invocation's record (invocation_start). Run
+    `snakemake all` first and then `snakemake regime` for these to be the regime map's cost beyond 'all'; an
+    invocation of both targets leaves the shared jobs to 'all'."""
+    from ..io import read_json
+
+    spans = []
+    for _, p in _layout(root).find("invocation"):
+        rec = read_json(p)
+        if rec.get("targets") and set(rec["targets"]) <= {"regime"} and (rec.get("start") or {}).get("time"):
+            spans.append((rec["start"]["time"], (rec.get("end") or {}).get("time", float("inf"))))
+    if not spans:
+        return set()
+    lay = _layout(root)
+    out = set()
+    for j in jobs["job"]:
+        b = lay.path("benchmark", job=j)
+        if b.exists() and any(a <= b.stat().st_mtime <= e for a, e in spans):
+            out.add(j)
+    return out
+
+
+def target_of(job: str, rule: str, regime_only: bool = False) -> str:
     """The target whose budget a job's time counts against, from its benchmark file stem '<rule>_<wildcards>' and
-    its rule (knnlm.report.times.rule_of): 'followups' for the jobs of RetoMaton, greedy merging and generation;
-    'extras' for our robustness checks (a store of another IVFPQ seed '-ivf<k>', another subset draw '-draw<k>', a
-    probe count '-np<n>', and their tables 'variance' and 'probe_sweep'); 'all' for every other job."""
+    its rule (knnlm.report.times.rule_of): 'regime' for the regime map's job and for every job that an invocation
+    targeting only 'regime' ran (`regime_only`, from regime_only_jobs); 'followups' for the jobs of RetoMaton, greedy
+    merging and generation; 'extras' for our robustness checks (a store of another IVFPQ seed '-ivf<k>', another
+    subset draw '-draw<k>', a probe count '-np<n>', and their tables 'variance' and 'probe_sweep'); 'all' for every
+    other job."""
+    if regime_only or rule in REGIME_RULES:
+        return "regime"
     if rule in FOLLOWUP_RULES:
         return "followups"
     parts = job[len(rule) + 1:].split("_") if job.startswith(rule + "_") else []
@@ -147,7 +176,7 @@ def budgets_of(root: str | Path) -> dict:
 
 
 def target_lines(jobs, factors: dict[str, float], stage_of, rule_of, kind_here: str | None,
-                 budgets: dict, contended: bool, measured: bool = True):
+                 budgets: dict, contended: bool, measured: bool = True, regime_jobs: set[str] = frozenset()):
     """One row per target: its jobs, the measured job minutes here, the estimate on the other CPU kind, each
     against its budget, and the outcome.
 
@@ -155,7 +184,8 @@ def target_lines(jobs, factors: dict[str, float], stage_of, rule_of, kind_here: 
     knnlm.report.cost.other_kind_table; a stage without one keeps its time); stage_of: job -> stage; rule_of: job ->
     its rule (knnlm.report.times.rule_of); kind_here:
     'intel' | 'amd' | None; budgets: budgets_of(); contended: contention()['contended']; measured: whether the
-    invocations' readings cover the run's jobs (contention()['covered'] ≥ 0.99). 'extras' counts its own jobs and
+    invocations' readings cover the run's jobs (contention()['covered'] ≥ 0.99); regime_jobs: regime_only_jobs().
+    'extras' counts its own jobs and
     the follow-ups'. Outcome: 'pass' when every known budget holds, 'FAIL' when one does not, 'contended (no
     verdict)' when the run was contended and its times pass, 'unmeasured (no verdict)' when they pass but the
     machine's idleness was not measured over the jobs, 'incomplete (no verdict)' when they pass but 'all' has no
@@ -163,14 +193,14 @@ def target_lines(jobs, factors: dict[str, float], stage_of, rule_of, kind_here: 
     import pandas as pd
 
     other = {"intel": "amd", "amd": "intel"}.get(kind_here or "")
-    t = jobs.assign(target=[target_of(j, rule_of(j)) for j in jobs["job"]], stage=[stage_of(j) for j in jobs["job"]])
+    t = jobs.assign(target=[target_of(j, rule_of(j), j in regime_jobs) for j in jobs["job"]], stage=[stage_of(j) for j in jobs["job"]])
     t["there_s"] = [w * factors.get(s, 1.0) for w, s in zip(t["wall_s"], t["stage"])]
     rows = []
     for target in TARGETS:
         g = t[t["target"].isin(["extras", "followups"] if target == "extras" else [target])]
         here, there = g["wall_s"].sum() / 60, g["there_s"].sum() / 60
-        b_here = budgets[target].get(kind_here) if kind_here else None
-        b_there = budgets[target].get(other) if other else None
+        b_here = budgets.get(target, {}).get(kind_here) if kind_here else None
+        b_there = budgets.get(target, {}).get(other) if other else None
         fails = [(v, b) for v, b in ((here, b_here), (there, b_there)) if b is not None and v > b]
         known = [b for b in (b_here, b_there) if b is not None]
         complete = target != "all" or any(r == "write_findings" for r in map(rule_of, g["job"]))

@@ -94,6 +94,7 @@ STAGES = {
     "beyond the paper: RetoMaton (fewer searches)": ["write_retomaton"],
     "beyond the paper: greedy merging (a smaller datastore)": ["datastore_neighbours", "write_pruning"],
     "beyond the paper: generation (entropy by decoding step)": ["write_generation"],
+    "beyond the paper: regime map (trends toward the paper's regime)": ["write_regime"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 
@@ -252,9 +253,10 @@ def budget_section(root: Path, jobs: pd.DataFrame, est) -> str:
                    for _, r in df.iterrows() if r["stage"] != "total" and r["measured here (min)"] > 0}
     stage = {r: st for st, rs in STAGES.items() for r in rs}
     lines = budget.target_lines(jobs, factors, lambda j: stage.get(rule_of(j), "other"), rule_of, here,
-                                budget.budgets_of(root), c["contended"], measured)
+                                budget.budgets_of(root), c["contended"], measured, budget.regime_only_jobs(root, jobs))
     return (f"{lines.to_markdown(index=False, floatfmt='.1f')}\n\nEach target's job time is the sum of its jobs' "
-            f"wall times (knnlm.report.budget.target_of: 'extras' counts its own jobs and the follow-ups'); the "
+            f"wall times (knnlm.report.budget.target_of: 'extras' counts its own jobs and the follow-ups'; 'regime' "
+            f"the map's job and every job of an invocation of 'regime' alone, its cost beyond 'all'); the "
             f"estimate on the other kind scales each stage as the table below does. Budgets: config 'budget'. "
             f"{idle}{cover}")
 

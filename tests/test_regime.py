@@ -1,0 +1,105 @@
+"""The regime map (knnlm.experiments.regime): its effects table, and the tiny run's 'regime' target against a
+recomputation from the settings JSONs it reads."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from knnlm.experiments import regime
+from knnlm.experiments.findings import REGIME
+
+
+def test_effects_of_the_claims_table_are_complete():
+    ids = [e["id"] for e in regime.EFFECTS]
+    assert len(ids) == len(set(ids)) >= 8
+    for e in regime.EFFECTS:
+        assert e["words"] and e["kind"] in ("ratio", "share")
+        if isinstance(e.get("paper"), list):
+            assert e["paper_value"] == pytest.approx(e["paper"][0] / e["paper"][1] - 1)
+    gain = next(e for e in regime.EFFECTS if e["id"] == "knn_gain")
+    assert gain["paper_value"] == pytest.approx(19.174 / 21.75 - 1)
+
+
+@pytest.mark.parametrize("entry,message", [
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "colour": 1}, "unknown fields"),
+    ({"id": "x", "name": "n", "a": "base", "words": "w", "paper": [1, 2]}, "missing fields ['b']"),
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w"}, "paper"),
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "kind": "odds"}, "kind"),
+])
+def test_a_bad_effect_is_refused_naming_the_file(tmp_path, entry, message):
+    p = tmp_path / "claims.yaml"
+    p.write_text(yaml.safe_dump({"regime_effects": [entry]}))
+    with pytest.raises(ValueError) as e:
+        regime.load_effects(p)
+    assert str(p) in str(e.value) and message in str(e.value)
+
+
+def test_setting_names_add_tau_star_to_the_knn_sides_only():
+    e = {"a": "faiss_mask_faiss_score", "b": "base"}
+    assert regime.setting_names(e, "tuned", "ffn/l2") == ("ffn/l2:faiss_mask_faiss_score τ*", "ffn/l2:base")
+    assert regime.setting_names({"a": "att/ip:x", "b": "y"}, "1", "ffn/l2") == ("att/ip:x", "ffn/l2:y")
+
+
+def _ppl(s, split, setting):
+    return math.exp(sum(s["doc_nll"][split][setting]) / sum(s["doc_words"][split]))
+
+
+def test_tiny_regime_slopes_match_a_refit_from_the_settings(tiny_run):
+    root = tiny_run["root"]
+    cfg = yaml.safe_load(Path("configs/tiny.yaml").read_text())
+    k = cfg["knn"]["k"]
+    out = json.loads((root / "lms" / "base" / "tables" / "regime_trends.json").read_text())
+    rows = {(r["axis"], r["effect"], r["temperature"], r["split"]): r for r in out["trends"]}
+    # every effect on every axis has a test row: a trend, or why not
+    for e in regime.EFFECTS:
+        for axis in regime.AXES:
+            for t in e["temperatures"]:
+                assert (axis, e["id"], regime.TEMPERATURES[t], "test") in rows, (axis, e["id"], t)
+    import pandas as pd
+
+    pts = pd.read_csv(root / "lms" / "base" / "tables" / "regime_lm.csv")
+    lms = list(dict.fromkeys(pts["point"]))
+    assert len(lms) >= 3
+    # the kNN-LM's gain at τ = 1 along the LM axis, recomputed from each LM's full-store settings JSON
+    main = f"{cfg['regime']['key_type']}_{cfg['regime']['metric']}"
+    ss = [json.loads((root / "lms" / n / "stores" / "full" / "settings" / f"{main}.json").read_text()) for n in lms]
+    ppl_lm = np.array([_ppl(s, "test", "base") for s in ss])
+    effect = np.array([_ppl(s, "test", "faiss_mask_faiss_score") / _ppl(s, "test", "base") - 1 for s in ss])
+    x = -np.log(ppl_lm)  # the LM axis grows toward the paper's regime as the perplexity falls
+    slope = np.polyfit(x, effect, 1)[0]
+    r = rows[("lm", "knn_gain", "τ = 1", "test")]
+    assert r["slope"]["value"] == pytest.approx(slope, rel=1e-9)
+    assert r["slope"]["lo"] < r["slope"]["value"] < r["slope"]["hi"]
+    assert r["orientation"] == "axis falls"
+    near = int(np.argmin(np.abs(np.log(ppl_lm) - math.log(REGIME["lm"]["paper"]))))
+    assert r["nearest point"] == lms[near]
+    g = pts[(pts["effect"] == "knn_gain") & (pts["temperature"] == "τ = 1") & (pts["split"] == "test")]
+    got = dict(zip(g["point"], g["effect (%)"]))
+    for n, v in zip(lms, effect):
+        assert got[n] == pytest.approx(100 * v, rel=1e-6)
+    # the verdict follows the slope's interval and the paper's side of the nearest point
+    if r["slope"]["lo"] > 0 or r["slope"]["hi"] < 0:
+        gap = r["paper's value (%)"] / 100 - effect[near]
+        assert r["trend"] in (("toward" if np.sign(gap) == np.sign(slope) else "away"),) or \
+            r["trend"].startswith("inconclusive")
+    else:
+        assert r["trend"] == "flat" or r["trend"].startswith("inconclusive")
+
+
+def test_tiny_regime_axes_grow_with_their_settings(tiny_run):
+    tables = tiny_run["root"] / "lms" / "base" / "tables"
+    import pandas as pd
+
+    store = pd.read_csv(tables / "regime_store.csv")
+    store = store[(store["split"] == "test") & (store["effect"] == "knn_gain") & (store["temperature"] == "τ = 1")]
+    assert len(store) >= 2 and store["axis value"].is_monotonic_increasing  # subsets in ratio order: rows / entry
+    scan = pd.read_csv(tables / "regime_scan.csv")
+    scan = scan[(scan["split"] == "test") & (scan["effect"] == "knn_gain") & (scan["temperature"] == "τ = 1")]
+    assert len(scan) >= 3 and scan["axis value"].is_monotonic_increasing  # nprobe ascending: keys scanned / k
+    assert scan["recall@k"].between(0, 1).all() and scan["recall@k"].iloc[-1] > scan["recall@k"].iloc[0]
+    figs = tiny_run["root"] / "lms" / "base" / "figures"
+    for e in regime.EFFECTS:
+        assert (figs / f"regime_{e['id']}.png").stat().st_size > 1000
