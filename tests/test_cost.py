@@ -89,12 +89,13 @@ def test_other_kind_estimate_by_hand(tmp_path):
 def test_run_parametric_flops_reads_the_run(tmp_path):
     lm = tmp_path / "lms" / "base"
     (lm / "datastore").mkdir(parents=True)
-    (lm / "datastore" / "manifest.json").write_text(json.dumps({"D": 4, "N": 100}))
+    (lm / "datastore" / "manifest.json").write_text(json.dumps({"split": "train", "D": 4, "N": 100,
+                                                                "key_types": ["att"]}))
     (lm / "parametric" / "nv1_att").mkdir(parents=True)
     np.savez(lm / "parametric" / "word_stats.npz", freq=np.zeros(8), loss=np.zeros(8))
     for split, t in (("valid", 30), ("test", 20)):
         (lm / "queries" / split).mkdir(parents=True)
-        (lm / "queries" / split / "manifest.json").write_text(json.dumps({"T": t}))
+        (lm / "queries" / split / "manifest.json").write_text(json.dumps({"split": split, "T": t, "D": 4}))
     result = {"spec": {"kind": "nv", "n": 1}, "info": {"rows": 8}, "history": {"train_tokens": 1000, "evals": 3},
               "stages": {"trained": {}}, "valid_tokens": 10}
     (lm / "parametric" / "nv1_att" / "result.json").write_text(json.dumps(result))
@@ -105,6 +106,21 @@ def test_run_parametric_flops_reads_the_run(tmp_path):
     assert cost.run_parametric_flops(tmp_path) == cost.parametric_flops(result, 4, 8, 30, 50)
 
 
-def test_gemm_rate_times_a_real_product():
-    rate = cost.gemm_rate(threads=1, repeats=2, shape=(64, 33, 512))
-    assert np.isfinite(rate) and rate > 0.1
+def test_gemm_rate_is_the_flops_of_the_product_over_its_best_time(monkeypatch):
+    """2·m·d·n flops over the fastest of the timed products (a clock that advances 0.5 s, then 0.25 s, per product),
+    and the product it times is the real one (its output equals numpy's)."""
+    import itertools
+
+    from knnlm.search import exact
+
+    ticks = itertools.chain([0.0, 0.5, 0.5, 0.75, 0.75, 1.5], itertools.repeat(1.5))
+    monkeypatch.setattr(cost.time, "perf_counter", lambda: next(ticks))
+    seen = []
+    real = exact.cpu_matmul
+    monkeypatch.setattr(exact, "cpu_matmul", lambda a, b, out: (real(a, b, out), seen.append((a, b, out.copy()))))
+    m, d, n = 8, 5, 16
+    rate = cost.gemm_rate(threads=1, repeats=3, shape=(m, d, n))
+    assert rate == pytest.approx(2.0 * m * d * n / 0.25 / 1e9)  # the best of 0.5, 0.25 and 0.75 s
+    assert len(seen) == 4  # a warm-up and the 3 timed products
+    a, b, out = seen[-1]
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5)

@@ -139,13 +139,14 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    # = 182 for 'all'; + 85 for 'regime' (the fixture runs both): the LM axis's two other LMs (base-overfit,
+    # = 182 for 'all'; + 86 for 'regime' (the fixture runs both): the LM axis's two other LMs (base-overfit,
     #   base-soft: each a datastore dump, 2 token lines, 2 documents, 2 scopes, full att and ffn stores with their
     #   indexes, 4 searches, 4 real scores, 2 exact searches (att) and 2 nested ones (ffn: full and r0.2 in one scan),
     #   the r0.2 ffn store, 2 settings), the primary LM's att/L2 variant on the full store and r0.2 (stores,
     #   index, searches, real scores, exact searches, settings), its probe stores full-np1 (att) and full-np4 (att,
-    #   ffn) with their searches, real scores and settings, and the map's own job
-    assert jobs == 182 + 85
+    #   ffn) with their searches, real scores and settings, and the map's own two jobs (the map; the findings rows
+    #   beside their trends)
+    assert jobs == 182 + 86
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient

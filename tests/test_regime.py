@@ -100,6 +100,64 @@ def test_tiny_regime_axes_grow_with_their_settings(tiny_run):
     scan = scan[(scan["split"] == "test") & (scan["effect"] == "knn_gain") & (scan["temperature"] == "τ = 1")]
     assert len(scan) >= 3 and scan["axis value"].is_monotonic_increasing  # nprobe ascending: keys scanned / k
     assert scan["recall@k"].between(0, 1).all() and scan["recall@k"].iloc[-1] > scan["recall@k"].iloc[0]
+    # the findings rows an effect follows, each beside its trends: one row per findings row of those claims
+    found = json.loads((tiny_run["root"] / "lms" / "base" / "findings.json").read_text())["rows"]
+    followed = {c for e in regime.EFFECTS for c in e["claims"]}
+    beside = pd.read_csv(tiny_run["root"] / "lms" / "base" / "findings_regime.csv")
+    assert len(beside) == sum(r["claim id"] in followed for r in found) > 0
+    assert set(beside["verdict"]) <= {r["verdict"] for r in found}
+    gain = next(e for e in regime.EFFECTS if e["id"] == "knn_gain")["claims"]  # measured on every axis of the run
+    assert beside[beside["claim id"].isin(gain)][f"trend: {REGIME['lm']['name']}"].str.match(
+        r"(toward|away|flat|inconclusive)").all()
+    assert beside[f"trend: {REGIME['lm']['name']}"].str.match(r"(toward|away|flat|inconclusive|not run)").all()
     figs = tiny_run["root"] / "lms" / "base" / "figures"
     for e in regime.EFFECTS:
         assert (figs / f"regime_{e['id']}.png").stat().st_size > 1000
+
+
+def _trend(axis, effect, temperature, trend, lo, hi):
+    return {"axis": axis, "effect": effect, "temperature": temperature, "split": "test", "trend": trend,
+            "reaches": "no", "withheld": "", "nearest point": "p", "factor to the paper's regime": "×7.4",
+            "slope": {"value": (lo + hi) / 2, "lo": lo, "hi": hi}}
+
+
+def test_findings_beside_trends_pick_the_rows_temperature_and_count_by_trend(tmp_path):
+    """Each findings row an effect follows gets that effect's trend at the row's own temperature (τ* where its
+    comparison names τ*), on every axis; the summary counts verdict × trend per axis; an effect naming a claim the
+    findings have no row of is refused, naming the file."""
+    from knnlm.io import ArtifactError, write_json
+    from knnlm.job import Job
+
+    gain = next(e for e in regime.EFFECTS if e["id"] == "knn_gain")
+    c1, c6 = gain["claims"][:2]
+    rows = [{"claim id": c1, "section": "s", "claim": "c", "comparison (a vs b)": "att/L2 vs base",
+             "ours (test, 95% CI)": "-1 %", "verdict": "reproduced"},
+            {"claim id": c6, "section": "s", "claim": "c", "comparison (a vs b)": "att/L2 τ* vs base",
+             "ours (test, 95% CI)": "-2 %", "verdict": "contradicted (its sign: reproduced)"}]
+    others = [c for e in regime.EFFECTS if e["id"] != "knn_gain" for c in e["claims"]]
+    rows += [{"claim id": c, "section": "s", "claim": "c", "comparison (a vs b)": "x vs y",
+              "ours (test, 95% CI)": "0", "verdict": "not run"} for c in others]
+    trends = [_trend("lm", "knn_gain", "τ = 1", "toward", 0.01, 0.03), _trend("lm", "knn_gain", "τ*", "away", -0.03, -0.01),
+              {"axis": "scan", "split": "test", "trend": "not run (1 point(s) of config 'regime'; a trend needs 2)"}]
+    write_json(tmp_path / "rows.json", {"rows": rows, "summary": {}})
+    write_json(tmp_path / "trends.json", {"trends": trends, "effects": []})
+    job = Job(input={"findings_rows": str(tmp_path / "rows.json"), "trends": str(tmp_path / "trends.json")},
+              output={"csv": str(tmp_path / "f.csv"), "md": str(tmp_path / "f.md")}, cfg={"name": "t"})
+    regime.findings_trends(job)
+    import pandas as pd
+
+    t = pd.read_csv(tmp_path / "f.csv").set_index("claim id")
+    lm = f"trend: {REGIME['lm']['name']}"
+    assert t.loc[c1, lm].startswith("toward: slope +2.00 pp/e-fold [+1.00, +3.00]")
+    assert t.loc[c6, lm].startswith("away: slope -2.00")
+    assert t.loc[c1, f"trend: {REGIME['scan']['name']}"].startswith("not run (1 point")
+    text = (tmp_path / "f.md").read_text()
+    summary = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.split("Summary:")[1].split("\n\n")[1]
+               .splitlines()[2:]]
+    counts = {(a, v, t): int(n) for a, v, t, n in summary}
+    assert counts[(REGIME["lm"]["name"], "reproduced", "toward")] == 1
+    assert counts[(REGIME["lm"]["name"], "contradicted", "away")] == 1
+    assert counts[(REGIME["scan"]["name"], "not run", "not run")] == len(others)
+    write_json(tmp_path / "rows.json", {"rows": rows[1:], "summary": {}})
+    with pytest.raises(ArtifactError, match=f"rows.json.*knn_gain.*{c1}"):
+        regime.findings_trends(job)

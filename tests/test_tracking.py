@@ -122,6 +122,36 @@ def test_unreachable_store_keeps_the_job_and_its_run(tmp_path, monkeypatch, capl
     assert run.info.status == "FINISHED" and run.data.metrics == {"ppl": 12.5, "loss": 1.5}
 
 
+def test_replay_keeps_a_damaged_record_and_logs_the_others(tmp_path, monkeypatch, caplog):
+    """A pending record that is not JSON stays where it is, named in a warning and in `failed`; the good one beside
+    it is still logged (replay goes on)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    monkeypatch.setattr(tracking, "RETRIES", 1)
+    monkeypatch.setattr(tracking.time, "sleep", lambda s: None)
+    cfg = {"name": "t", "results_dir": str(tmp_path), "threads": 1}
+    monkeypatch.setattr(cli, "resolve", lambda name: (lambda job: {"metrics": {"ppl": 3.0}}))
+    cli.run_job("m.job", cli.Job(cfg=cfg, rule="m.job", wildcards={"split": "test"}))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    damaged = tmp_path / tracking.PENDING_DIR / "0000-damaged.json"
+    damaged.write_text('{"cfg": {"name": ')
+    failed = []
+    assert tracking.replay(tmp_path, failed) == 1
+    assert damaged.exists() and [p for p, _ in failed] == [damaged] and "JSONDecodeError" in failed[0][1]
+    assert str(damaged) in caplog.text
+    assert _runs(tmp_path)["m.job_split=test"].data.metrics == {"ppl": 3.0}
+
+
+@pytest.mark.parametrize("value", ["x", "-1"])
+def test_a_bad_lock_timeout_names_its_variable(monkeypatch, value):
+    monkeypatch.setenv("KNNLM_MLFLOW_LOCK_TIMEOUT", value)
+    with pytest.raises(ValueError, match=f"KNNLM_MLFLOW_LOCK_TIMEOUT: expected a number ≥ 0 .*found '{value}'"):
+        tracking.env_number("KNNLM_MLFLOW_LOCK_TIMEOUT", 600.0)
+    monkeypatch.setenv("KNNLM_MLFLOW_LOCK_TIMEOUT", "2.5")
+    assert tracking.env_number("KNNLM_MLFLOW_LOCK_TIMEOUT", 600.0) == 2.5
+
+
 def test_a_held_lock_times_out_instead_of_hanging(tmp_path, monkeypatch):
     import fcntl
 

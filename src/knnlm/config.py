@@ -67,31 +67,11 @@ def check_section(section: str, values: dict, source: str) -> dict:
     return filled
 
 
-# the schema words _describe names when a value fails (the key's description says the rest)
-EXPECTATION_WORDS = ("type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems",
-                     "maxItems", "minLength", "maxLength", "uniqueItems", "multipleOf")
-
-
 def _describe(err: jsonschema.ValidationError) -> str:
-    key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
-    sch = err.schema if isinstance(err.schema, dict) else {}
-    if err.validator == "additionalProperties":
-        return f"config key '{key}': {err.message} (allowed: {sorted(sch.get('properties', {}))})"
-    if err.validator == "required":
-        return f"config key '{key}': {err.message}"
-    # what the key must be, in the schema's own words: its description, and the constraint that failed; a pattern
-    # only where no description says it in words; never the sub-schema of a whole section
-    expected = {k: sch[k] for k in EXPECTATION_WORDS if k in sch}
-    if "pattern" in sch and not sch.get("description"):
-        expected["pattern"] = sch["pattern"]
-    want = ", ".join(f"{k} {v!r}" if k != "type" else f"{v}" for k, v in expected.items()) or err.message
-    found = repr(err.instance)
-    found = found if len(found) <= 120 else found[:117] + "..."
-    hint = ""
-    if sch.get("type") == "object" and isinstance(err.instance, str):
-        hint = f" (a mapping: on the command line, --config values are YAML, e.g. {key.split('.')[-1]}={{k: 32}})"
-    desc = f" ({sch['description'].strip()})" if sch.get("description") else ""
-    return f"config key '{key}': expected {want}{desc}, found {found}{hint}"
+    """A config schema error as 'config key '<key>': expected …, found …' (knnlm.io.schema_error)."""
+    from .io import schema_error
+
+    return schema_error(err, "config key")
 
 
 def _check_keys_and_metrics(cfg: dict, source: str) -> None:

@@ -489,3 +489,51 @@ def machine(threads: int | None = None, device: str | None = None) -> dict:
         gpu = torch.cuda.get_device_name(0)
     return {"cpu": cpu, "cores": os.cpu_count(), "threads": threads, "device": device or ("gpu" if gpu else "cpu"),
             "gpu": gpu}
+
+
+# the schema words _describe names when a value fails (the key's description says the rest)
+EXPECTATION_WORDS = ("type", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems",
+                     "maxItems", "minLength", "maxLength", "uniqueItems", "multipleOf")
+
+
+def schema_error(err, noun: str = "key") -> str:
+    """A jsonschema ValidationError `err` in words: "<noun> '<dotted key>': expected <the schema's constraint>
+    (<its description>), found <the value>" (or the schema's message for an unknown or missing key)."""
+    key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
+    sch = err.schema if isinstance(err.schema, dict) else {}
+    if err.validator == "additionalProperties":
+        return f"{noun} '{key}': {err.message} (allowed: {sorted(sch.get('properties', {}))})"
+    if err.validator == "required":
+        return f"{noun} '{key}': {err.message}"
+    # what the key must be, in the schema's own words: its description, and the constraint that failed; a pattern
+    # only where no description says it in words; never the sub-schema of a whole section
+    expected = {k: sch[k] for k in EXPECTATION_WORDS if k in sch}
+    if "pattern" in sch and not sch.get("description"):
+        expected["pattern"] = sch["pattern"]
+    want = ", ".join(f"{k} {v!r}" if k != "type" else f"{v}" for k, v in expected.items()) or err.message
+    found = repr(err.instance)
+    found = found if len(found) <= 120 else found[:117] + "..."
+    hint = ""
+    if sch.get("type") == "object" and isinstance(err.instance, str):
+        hint = f" (a mapping: on the command line, --config values are YAML, e.g. {key.split('.')[-1]}={{k: 32}})"
+    desc = f" ({sch['description'].strip()})" if sch.get("description") else ""
+    return f"{noun} '{key}': expected {want}{desc}, found {found}{hint}"
+
+
+def read_checked_json(path: str | Path, schema: str) -> dict:
+    """The JSON file at `path`, checked against the package's schema `schema` (src/knnlm/schemas/<schema>.schema.yaml,
+    e.g. 'datastore_manifest'). Raises ArtifactError naming the file, each key that fails, what was expected and what
+    was found, and how to remake it (rerun_hint)."""
+    import importlib.resources
+
+    import jsonschema
+    import yaml
+
+    obj = read_json(path)
+    spec = yaml.safe_load((importlib.resources.files("knnlm") / "schemas" / f"{schema}.schema.yaml").read_text("utf-8"))
+    errors = sorted(jsonschema.Draft202012Validator(spec).iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ArtifactError(f"{path}: not a valid {spec.get('title', schema)}: "
+                            + "; ".join(schema_error(e) for e in errors) + f" (written by another version, or "
+                            f"damaged; {rerun_hint(path)})")
+    return obj

@@ -102,6 +102,8 @@ PATTERNS: dict[str, str] = {
     "table": "lms/{lm}/tables/{table}.{ext}",
     "figure": "lms/{lm}/figures/{figure}.{ext}",
     "findings": "lms/{lm}/findings.md",
+    "findings_rows": "lms/{lm}/findings.json",  # the findings rows, each with its claim's id (claims.yaml)
+    "findings_regime": "lms/{lm}/findings_regime.{ext}",  # the findings rows an effect of the regime map follows
     "log": "logs/{job}.log",
     "benchmark": "benchmarks/{job}.tsv",
     # one Snakemake invocation: its targets, budgets and CPU readings at start and end (knnlm.report.budget)

@@ -52,8 +52,24 @@ def git_commit() -> str:
         return "unknown"
 
 
-LOCK_TIMEOUT_S = float(os.environ.get("KNNLM_MLFLOW_LOCK_TIMEOUT", 600))
-RETRIES = int(os.environ.get("KNNLM_MLFLOW_RETRIES", 4))  # attempts after the first, backing off 2, 4, 8, 16 s
+def env_number(name: str, default: float, kind: type = float) -> float:
+    """The environment variable `name` as a number of `kind` (float or int), `default` when unset. Raises ValueError
+    naming the variable, what was expected and what was found, for a value that is not such a number or is < 0."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        raise ValueError(f"environment variable {name}: expected a number ≥ 0 ({'an integer' if kind is int else 'seconds'}"
+                         f"), found {raw!r}")
+    return value
+
+
+LOCK_TIMEOUT_S = env_number("KNNLM_MLFLOW_LOCK_TIMEOUT", 600.0)
+RETRIES = env_number("KNNLM_MLFLOW_RETRIES", 4, int)  # attempts after the first, backing off 2, 4, 8, 16 s
 
 
 @contextlib.contextmanager
@@ -426,17 +442,30 @@ def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict
     path.unlink()
 
 
-def replay(results_dir: str | Path) -> int:
+def replay(results_dir: str | Path, failed: list | None = None) -> int:
     """Log every run saved under <results_dir>/mlflow_pending/ (log_run's fallback) and <results_dir>/mlflow_spool/
     (runs spooled by jobs of an invocation that ended before logging them) and delete its file; returns how many
-    were logged. A run that fails again stays pending."""
-    done, live = 0, {}
-    for path in sorted((Path(results_dir) / PENDING_DIR).glob("*.json")):
-        _replay_record(path, results_dir)
-        done += 1
-    for path in sorted((Path(results_dir) / SPOOL_DIR).glob("*.json")):
-        _replay_record(path, live=live)
-        done += 1
+    were logged. A record that cannot be read or logged (damaged JSON, a missing field, the store refusing it) stays
+    where it is with a warning naming it, and the others are still logged (a spooled job's later records wait
+    behind its failed one, to keep its order); `failed`, when given, gets (path, error) of each."""
+    done, live, held = 0, {}, set()
+    failed = [] if failed is None else failed
+    records = [(p, True) for p in sorted((Path(results_dir) / PENDING_DIR).glob("*.json"))] + \
+        [(p, False) for p in sorted((Path(results_dir) / SPOOL_DIR).glob("*.json"))]
+    for path, pending in records:
+        pid = None if pending else path.stem.rpartition("-")[2]
+        if pid is not None and pid in held:
+            failed.append((path, "an earlier record of the same job failed"))
+            continue
+        try:
+            _replay_record(path, results_dir) if pending else _replay_record(path, live=live)
+            done += 1
+        except Exception as e:  # noqa: BLE001 - one damaged record never stops the others
+            if pid is not None:
+                held.add(pid)
+            failed.append((path, f"{type(e).__name__}: {e}"))
+            log.warning("MLflow: the saved run %s was not logged (%s: %s); it stays for a retry", path,
+                        type(e).__name__, e)
     return done
 
 
@@ -604,4 +633,8 @@ if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "replay":
         raise SystemExit("usage: python -m knnlm.tracking replay <results_dir>")
     logging.basicConfig(level=logging.INFO)
-    print(f"replayed {replay(sys.argv[2])} run(s) from {sys.argv[2]}/{PENDING_DIR} and {sys.argv[2]}/{SPOOL_DIR}")
+    bad: list = []
+    print(f"replayed {replay(sys.argv[2], bad)} run(s) from {sys.argv[2]}/{PENDING_DIR} and {sys.argv[2]}/{SPOOL_DIR}")
+    for path, why in bad:
+        print(f"not replayed (kept): {path}: {why}")
+    raise SystemExit(1 if bad else 0)

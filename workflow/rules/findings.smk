@@ -65,6 +65,7 @@ knnlm_rule(
     ),
     output=files(
         out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
+        rows=artifact("findings_rows"),  # the same rows with their claims' ids (the regime map joins on them)
     ),
     cfg=quoted_cfg("stats", "extras", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
 )

@@ -43,7 +43,24 @@ knnlm_rule(
 )
 
 
+knnlm_rule(
+    "write_findings_regime", "regime.findings_trends",
+    input=files(
+        findings_rows=artifact("findings_rows", lm=PRIMARY),  # the findings rows with their claims' ids
+        trends=artifact("table", lm=PRIMARY, table="regime_trends", ext="json"),
+    ),
+    output=files(
+        csv=artifact("findings_regime", lm=PRIMARY, ext="csv"),
+        md=report(artifact("findings_regime", lm=PRIMARY, ext="md"), caption=report_caption("default"),
+                  category="Regime map"),
+    ),
+    cfg=quoted_cfg(),
+    wildcards=(),
+)
+
+
 rule regime:
     input:
         artifact("table", lm=PRIMARY, table="regime_trends", ext="md"),
+        artifact("findings_regime", lm=PRIMARY, ext="md"),
         *[f for fs in regime_figures(REGIME_EFFECTS, "png").values() for f in fs],

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import (ArtifactError, check_manifest, create_npy, open_npy, read_json, release_rows, save_npy, write_json)
+from ..io import (ArtifactError, check_manifest, create_npy, open_npy, read_checked_json, release_rows, save_npy,
+                  write_json)
 
 log = logging.getLogger(__name__)
 KEY_TYPES = ("att", "ffn")
@@ -97,7 +98,7 @@ def open_datastore(manifest_path, vals_path, keys_path=None, key_type: str | Non
     one is missing or truncated, shapes disagree with the manifest, the key type is not in the datastore, or
     it was made from another checkpoint than `checkpoint_sha256`.
     """
-    man = read_json(manifest_path)
+    man = read_checked_json(manifest_path, "datastore_manifest")
     if key_type is not None and key_type not in man["key_types"]:
         raise ArtifactError(f"{manifest_path}: key type {key_type!r} not in datastore (has {man['key_types']})")
     if checkpoint_sha256 is not None:
@@ -121,7 +122,7 @@ def open_queries(manifest_path, targets_path, lm_logprobs_path, queries_path=Non
                  checkpoint_sha256: str | None = None) -> dict:
     """Open a dumped valid/test split: dict(targets [T] int32, lm_logprobs [T] float32, queries [T, D] float32
     memmap or None, manifest). Checks as open_datastore."""
-    man = read_json(manifest_path)
+    man = read_checked_json(manifest_path, "queries_manifest")
     if checkpoint_sha256 is not None:
         check_manifest(man, {"checkpoint_sha256": checkpoint_sha256}, f"queries {manifest_path}")
     t, d = man["T"], man["D"]

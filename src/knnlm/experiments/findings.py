@@ -80,7 +80,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..job import Job
-from ..io import atomic_path, read_json
+from ..io import atomic_path, read_json, write_json
 from ..statistics.captions import ci_caption, comparison_rows, contrast_row
 from .common import lm_training_label
 from ..statistics.verdicts import band_verdict, paper_verdict, within_verdict
@@ -190,6 +190,41 @@ PREMISE_ABSENT = "not tested (premise absent)"
 SUBSET = TRAINING_SUBSET_LABEL  # the kNN-LM on the alternatives' training rows
 CLAIMS = load_claims()
 REGIME = load_regime()
+
+
+def load_rules(path: str | Path = CLAIMS_FILE) -> dict[str, dict]:
+    """The rules of the claims table at `path` ('rules': {name: {'effect', 'does', 'basis'}}) that replace or qualify
+    a findings row's verdict (_tested names them). Raises ValueError naming the file and the rule for a missing field
+    or an effect other than 'replaces' / 'qualifies'."""
+    rules = claims_document(Path(path)).get("rules") or {}
+    for name, r in rules.items():
+        if not isinstance(r, dict) or set(r) != {"effect", "does", "basis"} or r["effect"] not in ("replaces",
+                                                                                                  "qualifies"):
+            raise ValueError(f"{path}: rule {name!r}: expected the fields effect ('replaces' or 'qualifies'), does and "
+                             f"basis, found {r!r}")
+    return rules
+
+
+RULES = load_rules()
+
+
+def rules_table(rows: list[dict], rules: dict[str, dict] = RULES) -> pd.DataFrame:
+    """One row per rule of `rules` (every one, touched or not): how many findings rows it touched and the verdicts
+    those rows would have had without it, by direction (a reproduction or a contradiction of the paper, or neither:
+    withheld where the rule replaces the verdict, qualified where it qualifies it). rows: findings rows with their '_rules' [(rule, verdict without it)] (_tested). Raises ValueError for
+    a rule a row names that `rules` lacks (the claims table must describe every rule the engine applies)."""
+    counts = {name: {"reproduced": 0, "contradicted": 0, "other": 0} for name in rules}
+    for row in rows:
+        for name, would in row.get("_rules") or []:
+            if name not in counts:
+                raise ValueError(f"{CLAIMS_FILE}: the findings engine applied rule {name!r}, which its 'rules' lacks")
+            kind = would.split(" (")[0]
+            counts[name][kind if kind in ("reproduced", "contradicted") else "other"] += 1
+    return pd.DataFrame([{"rule": name, "effect": r["effect"], "rows": sum(counts[name].values()),
+                          "would be reproduced": counts[name]["reproduced"],
+                          "would be contradicted": counts[name]["contradicted"],
+                          "would be neither": counts[name]["other"], "what it does": r["does"], "basis": r["basis"]}
+                         for name, r in rules.items()])
 
 
 def _pick(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -533,7 +568,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge) is added
     to its verdict in parentheses; a row's 'premise' (why the paper's premise fails here) makes it PREMISE_ABSENT.
     tau1_off (_tau1_off): the settings whose τ* beats the paper's τ = 1 in this run: the row is then reported
-    (TAU1_OFF), its verdict is the τ* twin's."""
+    (TAU1_OFF), its verdict is the τ* twin's. The row's '_rules' lists each rule of RULES that replaced or qualified
+    its verdict with the verdict it would have had without it, in the order applied (rules_table counts them)."""
     from ..statistics.documents import unit_count
 
     if isinstance(c["within"], dict) or isinstance(c["equivalent"], dict):
@@ -546,18 +582,13 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     if not label and isinstance(r.get("on"), str):  # the source's rows say what they rest on (App. D, E.1-E.4)
         label = r["on"]
     premise = r.get("premise") if isinstance(r.get("premise"), str) and r.get("premise") else ""
-    if premise:
-        v = PREMISE_ABSENT
-    elif c["count_zero"]:
+    rules = []  # (rule of RULES, the verdict the row would have had without it): the rules table counts them
+    if c["count_zero"]:
         v = {"none": "reproduced", "some": "contradicted"}.get(r["verdict"], "inconclusive (unresolved)")
     elif c["verdicts"]:
         v = c["verdicts"].get(r["verdict"], "inconclusive")
     elif c["reported"]:
         v = "reported"
-    elif n_for_verdict is not None and n_for_verdict < min_documents:
-        v = f"inconclusive ({unit_count(docs, scheme)}" + (f", n_eff {eff:.1f})" if eff is not None else ")")
-        if isinstance(r.get("n_eff of"), str) and r["n_eff of"]:  # no outcome on these documents could decide it
-            v = v[:-1] + f" < {min_documents} by construction: {r['n_eff of']})"
     elif c["share"] is not None or c["size"] is not None:  # a stated value (a share, a size) ± its band
         stated = c["share"] if c["share"] is not None else c["size"]
         v = band_verdict(r["CI low"], r["CI high"], stated - c["about"], stated + c["about"])
@@ -565,19 +596,35 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         v = band_verdict(r["CI low"], r["CI high"], -c["equivalent"], c["equivalent"])
     elif c["within"] is not None:
         v = within_verdict(r["CI low"], r["CI high"], c["within"])
-    else:
-        v = paper_verdict(r["verdict"], sign)
+    else:  # (a premise-absent row may have no CI verdict)
+        v = paper_verdict(r["verdict"], sign) if isinstance(r.get("verdict"), str) else "inconclusive"
+    by_ci = not (c["count_zero"] or c["verdicts"] or c["reported"])  # a verdict from the CI: the minimum applies
+    if premise:
+        rules.append(("premise absent", v))
+        v = PREMISE_ABSENT
+    elif by_ci and n_for_verdict is not None and n_for_verdict < min_documents:
+        few = f"inconclusive ({unit_count(docs, scheme)}" + (f", n_eff {eff:.1f})" if eff is not None else ")")
+        if isinstance(r.get("n_eff of"), str) and r["n_eff of"]:  # no outcome on these documents could decide it
+            few = few[:-1] + f" < {min_documents} by construction: {r['n_eff of']})"
+            rules.append(("too few documents by construction", v))
+        else:
+            rules.append(("too few documents", v))
+        v = few
     verdict_given = v != PREMISE_ABSENT and not v.startswith("inconclusive")  # what the qualifiers below may turn
     if str(r.get("converged", "yes")).startswith("no") and verdict_given and _alternative_looks_worse(c, r):
+        rules.append(("under-trained alternative", v))
         v = "inconclusive (under-trained)"
     elif _fewer_rows(r) and verdict_given and _alternative_looks_worse(c, r):
+        rules.append(("subset-trained alternative", v))
         v = "inconclusive (subset-trained)"
     if "converged" in r:
         trained = "" if str(r["converged"]).startswith("yes") else ", under-trained"
         label = f"{label or 'all tokens'}; {int(r['steps'])} steps{trained}"
     if tau1_off and v != PREMISE_ABSENT and not v.startswith("inconclusive ("):
+        rules.append(("τ = 1 off τ*", v))
         v = TAU1_OFF
     if base_undertrained and v in ("reproduced", "contradicted"):
+        rules.append(("base LM under-trained", v))
         v = f"{v} (base LM under-trained)"
     counts[v] = counts.get(v, 0) + 1
     if c["size"] is not None and v.startswith(("contradicted", "inconclusive")) and not v.startswith("inconclusive ("):
@@ -586,6 +633,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     if premise:
         v = f"not tested (premise absent: {premise})"
     elif isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
+        rules.append(("τ* on its grid's edge", v.split(" (")[0]))
         v = f"{v} ({r['flag']})"
     fmt = "{:.1f}" if c["share"] is not None else "{:+.2f}" if c["source"] in CONTRAST_SOURCES else "{:+.1f}"
     if c["count_zero"]:
@@ -599,7 +647,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
                          f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
     test = KIND[c["kind"]] + (f", at τ = 1 (τ* differs: {tau1_off})" if tau1_off else ", at τ = 1" if c["tau1"] else "")
     return {"section": c["section"], "claim": c["claim"], "test": test, "comparison (a vs b)": r["comparison"],
-            "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens", "units": units, "verdict": v}
+            "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens", "units": units, "verdict": v,
+            "_rules": rules}
 
 
 def vocabulary_size(job: Job) -> int | None:
@@ -717,7 +766,8 @@ def findings(job: Job) -> dict:
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
                          "comparison (a vs b)": c["shown"], "paper": _paper(c, None)[0],
                          "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
-                         "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-"})
+                         "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-",
+                         "_claim": c["id"]})
             counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1
             continue
         if sel is not None and not sel.empty and c["choose"]:  # the row the claim rests on, chosen on valid
@@ -730,6 +780,7 @@ def findings(job: Job) -> dict:
             row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
                           undertrained, _tau1_off(c, r, sources))
             row["regime"] = regime_label(c, values)
+            row["_claim"] = c["id"]
             where = by_regime["the paper's" if row["regime"].startswith("the paper's") else "another"]
             kind = row["verdict"].split(" (")[0]
             where[kind] = where.get(kind, 0) + 1
@@ -753,12 +804,23 @@ def findings(job: Job) -> dict:
                         for w, v in by_regime.items()) + ".\n\n",
             pd.DataFrame(regime_rows(values) + [r for r in [headroom_row(job)] if r]).to_markdown(index=False)
             + "\n\n",
-            pd.DataFrame(rows).to_markdown(index=False) + "\n\n", scope_power(job, small) + "\n\n",
+            "Rules: every rule that replaces or qualifies a verdict (claims.yaml 'rules'), the rows it touched and "
+            "the verdict each would have had without it ('would be neither': inconclusive, reported). A rule that "
+            "withholds only one direction leans the report that way unless its basis says why.\n\n",
+            rules_table(rows).to_markdown(index=False) + "\n\n",
+            pd.DataFrame(rows).drop(columns=["_claim", "_rules"], errors="ignore").to_markdown(index=False) + "\n\n",
+            scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
             "FAISS neighbours, distances recomputed from the keys; real_mask_real_score = exact top-k; ' τ*' = at the "
             "τ tuned on valid (λ re-tuned). 'on' says which keys / store a row used; Table 1 rows and rows whose 'on' "
             "says 'all tokens' use all tokens of the split (or the block sample it names), the others the retrieval scope.\n"]
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))
+    artifacts = [job.path("out")]
+    if job.output.get("rows"):  # the same rows, each with its claim's id: the regime map's findings join on it
+        write_json(job.path("rows"), {"rows": [{{"_claim": "claim id", "_rules": "rules"}.get(k, k): v
+                                                for k, v in r.items()} for r in rows], "summary": counts,
+                                      "rules": rules_table(rows).to_dict(orient="records")})
+        artifacts.append(job.path("rows"))
     return {"metrics": {"n_" + re.sub(r"[^0-9A-Za-z_]+", "_", k).strip("_"): n for k, n in counts.items()},
-            "artifacts": [job.path("out")]}
+            "artifacts": artifacts}

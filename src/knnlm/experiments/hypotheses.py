@@ -31,7 +31,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from ..job import Job
-from ..io import ArtifactError, iter_chunks, open_npy, read_json, release_rows
+from ..io import ArtifactError, iter_chunks, open_npy, read_checked_json, read_json, release_rows
 from ..scoring.results import METRIC_NAME, SPLITS, evaluate
 from ..scoring.interpolation import interpolate
 from ..statistics.captions import DESIGN_N_EFF, ci_caption, comparison_rows, fmt_ci, statistic_row
@@ -322,7 +322,7 @@ def hypotheses(job: Job) -> dict:
     setting = f"{key0}/{METRIC_NAME[metric]}"  # Table 1's setting of the kNN-LM whose gain is measured
     for split in ("test", "valid"):
         doc, doc_words = docs[split]
-        man = read_json(by_split(job, "queries_manifest")[split])
+        man = read_checked_json(by_split(job, "queries_manifest")[split], "queries_manifest")
         t = len(lp_lm[split])
         in_window = window_positions(t, man["tokens_per_sample"], man["context_window"])
         in_doc = document_positions(doc)

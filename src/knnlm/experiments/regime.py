@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import ArtifactError, read_json, write_json
+from ..io import ArtifactError, atomic_path, read_json, write_json
 from ..job import Job
 from ..report.figures import pyplot, save_figure
 from ..report.tables import write_table
@@ -312,3 +312,90 @@ def regime_map(job: Job) -> dict:
                 r["_slope"]["value"]
     counts = trends[trends["split"] == "test"]["trend"].value_counts().to_dict() if len(trends) else {}
     return {"metrics": metrics, "params": {f"trends_{k}": v for k, v in counts.items()}, "artifacts": written}
+
+
+def claim_temperature(effect: dict, comparison: str) -> str:
+    """Which of `effect`'s trends a findings row of comparison `comparison` sits beside: the effect's one temperature
+    when it has one (the gain of tuning τ), else 'τ*' when the row compares at τ* (its comparison names τ*), else
+    'τ = 1'."""
+    if len(effect["temperatures"]) == 1:
+        return TEMPERATURES[effect["temperatures"][0]]
+    return TEMPERATURES["tuned" if TUNED.strip() in comparison else "1"]
+
+
+def trend_text(t: dict | None) -> str:
+    """A trend row of the trends JSON as one cell: 'toward (reaches) slope +1.23 pp/e-fold [+0.40, +2.05]; nearest
+    point <name> ×<factor> from the paper's regime', or why there is none."""
+    if t is None:
+        return "not measured"
+    if "slope" not in t:
+        return t["trend"]
+    s, factor = t["slope"], t["factor to the paper's regime"]
+    head = t["trend"] + (" (reaches)" if t.get("reaches") == "yes" else "")
+    if t.get("withheld"):
+        head += f"; withheld: {t['withheld']}"
+    return (f"{head}: slope {100 * s['value']:+.2f} pp/e-fold [{100 * s['lo']:+.2f}, {100 * s['hi']:+.2f}]; nearest "
+            f"point {t['nearest point']} {factor} from the paper's regime")
+
+
+def trend_kind(t: dict | None) -> str:
+    """The trend's verdict word for the counts: toward / away / flat / rising / falling, 'inconclusive' (documents
+    too few), 'not run' (the map has no such trend: see its row) or 'not measured' (no trend row at all)."""
+    if t is None:
+        return "not measured"
+    if "slope" not in t:  # the map did not run it (its variants are not configured, or too few points)
+        return t["trend"].split(" (")[0] if t.get("trend", "").startswith("not run") else "not measured"
+    return t["trend"].split(" (")[0]
+
+
+def findings_trends(job: Job) -> dict:
+    """The findings rows that an effect of the regime map follows (claims.yaml 'regime_effects' 'claims'), each with
+    its own verdict and, beside it, the effect's trend on every axis toward the paper's regime (test split; τ = 1 or τ*
+    as the row compares), and a summary that counts the rows' verdicts by trend on each axis. Inputs 'findings_rows'
+    (the findings job's JSON) and 'trends' (regime_map's JSON); outputs 'csv' and 'md'. Raises ArtifactError when an
+    effect names a claim the findings have no row of (a claims.yaml entry without a row is a defect)."""
+    found = read_json(job.path("findings_rows"))["rows"]
+    trends = read_json(job.path("trends"))["trends"]
+    by_key = {(t["axis"], t["effect"], t.get("temperature"), t["split"]): t for t in trends if "effect" in t}
+    by_axis = {t["axis"]: t for t in trends if "effect" not in t and t["split"] == "test"}  # an axis not run
+    ids = {r["claim id"] for r in found}
+    rows, counts = [], {}
+    for e in EFFECTS:
+        missing = sorted(set(e["claims"]) - ids)
+        if missing:
+            raise ArtifactError(f"{job.path('findings_rows')}: regime effect {e['id']!r} names claims {missing} of "
+                                f"{CLAIMS_FILE}, which have no findings row")
+        for r in (r for r in found if r["claim id"] in e["claims"]):
+            temp = claim_temperature(e, r["comparison (a vs b)"])
+            verdict = r["verdict"].split(" (")[0]
+            row = {"split": "test", "section": r["section"], "claim": r["claim"], "claim id": r["claim id"],
+                   "comparison (a vs b)": r["comparison (a vs b)"], "ours (test, 95% CI)": r["ours (test, 95% CI)"],
+                   "verdict": r["verdict"], "effect followed": f"{e['name']} ({temp})"}
+            for axis in AXES:
+                t = by_key.get((axis, e["id"], temp, "test"), by_axis.get(axis))
+                row[f"trend: {REGIME[axis]['name']}"] = trend_text(t)
+                key = (axis, verdict, trend_kind(t))
+                counts[key] = counts.get(key, 0) + 1
+            rows.append(row)
+    table = pd.DataFrame(rows)
+    summary = pd.DataFrame([{"split": "test", "axis": REGIME[a]["name"], "verdict": v, "trend": t, "rows": n}
+                            for (a, v, t), n in sorted(counts.items())])
+    cols = list(table.columns) if len(table) else ["split", "claim id", "verdict"]
+    with atomic_path(job.path("csv")) as tmp:
+        table.reindex(columns=cols).to_csv(tmp, index=False)
+    text = [f"# Findings beside their trends ({job.cfg['name']})\n\n",
+            "Each findings row that an effect of the regime map follows (claims.yaml 'regime_effects'), its own verdict "
+            "(measured where this run stands) and, beside it, which way that effect moves along each regime axis as "
+            "the run approaches the paper's regime: the slope of the effect against the log of the axis with its "
+            "paired 95% CI over documents (test), 'toward' / 'away' from the paper's value or 'flat', '(reaches)' "
+            "where the point nearest the paper's regime holds the paper's value, and how far that point still is. "
+            "Only the direction is claimed, no extrapolation; the regime map's tables give every point.\n\n",
+            "Summary: the rows' verdicts counted by trend on each axis.\n\n",
+            (summary.drop(columns=["split"]).to_markdown(index=False) if len(summary) else "no row followed") + "\n\n",
+            (table.drop(columns=["split"]).to_markdown(index=False) if len(table) else "") + "\n"]
+    with atomic_path(job.path("md")) as tmp:
+        tmp.write_text("".join(text))
+    metrics = {f"n_{a}_{t}": sum(n for (a_, _, t_), n in counts.items() if a_ == a and t_ == t)
+               for a in AXES for t in {k[2] for k in counts}}
+    return {"metrics": {k.replace(" ", "_"): v for k, v in metrics.items()},
+            "artifacts": [str(job.path("csv")), str(job.path("md"))]}

@@ -14,7 +14,7 @@ import re
 import pandas as pd
 
 from ..job import Job
-from ..io import read_json
+from ..io import read_checked_json, read_json
 from ..scoring.results import METRIC_NAME
 from ..report.tables import write_table
 from .common import lm_training_label
@@ -69,7 +69,7 @@ def speed_rows(queries: dict, nb: dict, exact: dict, real: dict) -> pd.DataFrame
 
 def table(job: Job) -> dict:
     """Table 'speed' of the primary LM (CSV + Markdown) with He et al. 2021's WikiText-103 figures as its anchor."""
-    df = speed_rows(read_json(job.path("queries_manifest")), _by_key(job.paths("nb_meta")),
+    df = speed_rows(read_checked_json(job.path("queries_manifest"), "queries_manifest"), _by_key(job.paths("nb_meta")),
                     _by_key(job.paths("exact_meta")), _by_key(job.paths("real_meta")))
     anchor = ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in ANCHOR.items())
     cap = (f"Speed ({job.cfg['name']}; He et al. 2021, Sec. 2 / Figure 1): the base LM's pass over the test split "

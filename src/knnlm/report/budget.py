@@ -24,7 +24,7 @@ INVOCATION_ENV = "KNNLM_INVOCATION_RECORD"  # the record of the running invocati
 CONTENDED = 0.10  # other processes' share of the machine's busy CPU time above which a run is contended
 TARGETS = ("all", "extras", "followups", "regime")
 FOLLOWUP_RULES = ("write_retomaton", "datastore_neighbours", "write_pruning", "write_generation")
-REGIME_RULES = ("write_regime",)
+REGIME_RULES = ("write_regime", "write_findings_regime")
 
 
 def machine_cpu_seconds(stat: str = "/proc/stat") -> float:

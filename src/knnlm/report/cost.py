@@ -130,17 +130,17 @@ def run_parametric_flops(root: Path, valid_tokens: int | None = None) -> float:
     """GEMM flops of every parametric training of the run at root (artifact 'parametric_result'): D from the LM's
     datastore manifest, V from its word statistics, the scored valid and test tokens from its query manifests, the
     valid tokens of each evaluation from the result ('valid_tokens'), else `valid_tokens`, else all of valid's."""
-    from ..io import read_json
+    from ..io import read_checked_json, read_json
     from ..paths import Layout
 
     layout = Layout(Path(root).parent, Path(root).name)
     total = 0.0
     for w, p in layout.find("parametric_result"):
         lm = w["lm"]
-        dim = int(read_json(layout.path("datastore_manifest", lm=lm))["D"])
+        dim = int(read_checked_json(layout.path("datastore_manifest", lm=lm), "datastore_manifest")["D"])
         stats = layout.path("word_stats", lm=lm)
         vocab = int(np.load(stats)["freq"].shape[0]) if stats.exists() else 0
-        t = {v["split"]: int(read_json(q)["T"]) for v, q in layout.find("queries_manifest", lm=lm)}
+        t = {v["split"]: int(read_checked_json(q, "queries_manifest")["T"]) for v, q in layout.find("queries_manifest", lm=lm)}
         result = read_json(p)
         valid = int(result.get("valid_tokens") or valid_tokens or t.get("valid", 0))
         total += parametric_flops(result, dim, vocab, valid, sum(t.values()))

@@ -94,7 +94,7 @@ STAGES = {
     "beyond the paper: RetoMaton (fewer searches)": ["write_retomaton"],
     "beyond the paper: greedy merging (a smaller datastore)": ["datastore_neighbours", "write_pruning"],
     "beyond the paper: generation (entropy by decoding step)": ["write_generation"],
-    "beyond the paper: regime map (trends toward the paper's regime)": ["write_regime"],
+    "beyond the paper: regime map (trends toward the paper's regime)": ["write_regime", "write_findings_regime"],
     "pretrained LMs (checked and copied)": ["pretrained_lm"],
 }
 

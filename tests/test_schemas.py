@@ -1,0 +1,61 @@
+"""The files the package reads are checked against their schemas (src/knnlm/schemas) when read: an error names the
+file, the key, what was expected and what was found, never a bare KeyError."""
+import json
+
+import numpy as np
+import pytest
+
+from knnlm.datastore.dump import open_datastore, open_queries
+from knnlm.io import ArtifactError, read_checked_json, save_npy
+
+
+def _store(tmp_path, **manifest):
+    man = tmp_path / "manifest.json"
+    man.write_text(json.dumps(manifest))
+    save_npy(tmp_path / "vals.npy", np.arange(4, dtype=np.int32))
+    return man
+
+
+def test_a_datastore_manifest_without_key_types_names_the_file_and_the_key(tmp_path):
+    man = _store(tmp_path, split="train", N=4, D=2)
+    with pytest.raises(ArtifactError) as e:
+        open_datastore(man, tmp_path / "vals.npy")
+    assert str(man) in str(e.value) and "'key_types' is a required property" in str(e.value)
+    assert "snakemake -R" in str(e.value)
+
+
+def test_a_bad_value_says_what_was_expected_and_found(tmp_path):
+    man = _store(tmp_path, split="train", N=4, D=0, key_types=["att", "mlp"])
+    with pytest.raises(ArtifactError) as e:
+        open_datastore(man, tmp_path / "vals.npy")
+    msg = str(e.value)
+    assert "key 'D': expected integer, minimum 1" in msg and "found 0" in msg
+    assert "key 'key_types.1': expected enum ['att', 'ffn']" in msg and "found 'mlp'" in msg
+
+
+def test_a_good_manifest_opens(tmp_path):
+    man = _store(tmp_path, split="train", N=4, D=2, key_types=["att"])
+    keys, vals, m = open_datastore(man, tmp_path / "vals.npy")
+    assert keys is None and list(vals) == [0, 1, 2, 3] and m["N"] == 4
+
+
+def test_a_queries_manifest_without_its_token_count_is_refused(tmp_path):
+    man = tmp_path / "q.json"
+    man.write_text(json.dumps({"split": "test", "D": 2}))
+    with pytest.raises(ArtifactError, match=r"q\.json: not a valid queries manifest.*'T' is a required property"):
+        open_queries(man, tmp_path / "t.npy", tmp_path / "lp.npy")
+
+
+def test_every_schema_of_the_package_is_a_valid_schema(tmp_path):
+    import importlib.resources
+
+    import jsonschema
+    import yaml
+
+    schemas = list((importlib.resources.files("knnlm") / "schemas").iterdir())
+    assert len(schemas) >= 2
+    for s in schemas:
+        jsonschema.Draft202012Validator.check_schema(yaml.safe_load(s.read_text("utf-8")))
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(FileNotFoundError):
+        read_checked_json(tmp_path / "x.json", "no_such_format")
