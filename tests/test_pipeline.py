@@ -139,14 +139,11 @@ def test_every_job_logged_to_mlflow(tiny_run):
     # + 1 for the tuning sample of valid (retrieval.tuning_documents: the '-alltokens' stores' valid tokens)
     # + 5 for the kNN-LM on the parametric alternatives' training rows (store trainsubset, att/IP: store, index,
     #   2 searches of every token, score)
-    # = 182 for 'all'; + 86 for 'regime' (the fixture runs both): the LM axis's two other LMs (base-overfit,
-    #   base-soft: each a datastore dump, 2 token lines, 2 documents, 2 scopes, full att and ffn stores with their
-    #   indexes, 4 searches, 4 real scores, 2 exact searches (att) and 2 nested ones (ffn: full and r0.2 in one scan),
-    #   the r0.2 ffn store, 2 settings), the primary LM's att/L2 variant on the full store and r0.2 (stores,
-    #   index, searches, real scores, exact searches, settings), its probe stores full-np1 (att) and full-np4 (att,
-    #   ffn) with their searches, real scores and settings, and the map's own two jobs (the map; the findings rows
-    #   beside their trends)
-    assert jobs == 182 + 86
+    # = 182 for 'all'; + 19 for 'regime' (the fixture runs both): the LM axis's other LM (base-overfit: a datastore
+    #   dump, 2 token lines, 2 documents, 2 scopes, its full ffn store with its index, 2 searches, 2 real scores and
+    #   2 nested exact searches (full and r0.2 in one scan), the r0.2 ffn store, the settings), and the map's own two
+    #   jobs (the map; the findings rows beside their trends); the store and scan axes' points are all's own
+    assert jobs == 182 + 19
     if not tiny_run["reused"]:  # a reused results dir ($KNNLM_TINY_RESULTS) holds the runs of earlier reruns too
         assert count_runs(tiny_run["results_dir"], "tiny") == jobs + 1  # + the parent run of the invocation
         from mlflow.tracking import MlflowClient
@@ -985,7 +982,11 @@ def test_findings_report(tiny_run):
     family = [r for r in rows if "closes the gap to the" in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
     assert len(CLAIMS) == 128 and len(family) == 2 * 9 and len(equal_rows) == 2
-    assert all("kNN-LM att/IP on the subset" in r for r in family) and "(subset-trained)" not in text.split("Summary:")[1]
+    assert all("kNN-LM att/IP on the subset" in r for r in family)
+    # no row is subset-trained (the rules table, which says what that rule does, counts none)
+    assert "(subset-trained)" not in text.split("Summary:")[1].split("Rules:")[0]
+    assert not any("(subset-trained)" in r for r in rows)
+    assert re.search(r"\| subset-trained alternative +\| replaces +\| +0 \|", text)
     # the follow-ups' claims (Drozdov et al. 2022: two per-token gain contrasts, two λ by retrieval quality by size,
     # each with its sign; He et al. 2021: adaptive λ, half of the retrievals skipped), one row each, labelled so
     follow = [line for line in text.splitlines() if line.startswith(("| Drozdov et al. 2022", "| He et al. 2021, Sec. 3"))]
