@@ -735,17 +735,23 @@ def test_a_bundle_config_is_checked_naming_the_file_and_the_key(tmp_path):
             "metric": "l2", "k": 8, "temperature": 1.0, "lambda": 0.25, "nprobe": 4, "mask": "faiss",
             "score": "faiss", "index": None, "context_window": 16, "max_tokens": 512}
     path = tmp_path / BUNDLE_CONFIG
-    for change, msg in (({"k": "64"}, r"key 'k': expected int, found str '64'"),
-                        ({"k": 0}, r"key 'k': k must be >= 1, found 0"),
-                        ({"lambda": 1.5}, r"key 'lambda': lambda must be >= 0 and <= 1"),
-                        ({"metric": "cos"}, r"key 'metric': expected one of \['l2', 'ip'\], found 'cos'"),
-                        ({"k": None}, r"key 'k': expected int, found NoneType")):
+    valid = f"{BUNDLE_CONFIG}: not a valid kNN-LM bundle config .*: "
+    for change, msg in (({"k": "64"}, r"key 'k': expected integer, minimum 1 \(neighbours per query\), found '64'"),
+                        ({"k": 0}, r"key 'k': expected integer, minimum 1 \(neighbours per query\), found 0"),
+                        ({"lambda": 1.5}, r"key 'lambda': expected number, minimum 0, maximum 1 .*found 1.5"),
+                        ({"metric": "cos"}, r"key 'metric': expected enum \['l2', 'ip'\] .*found 'cos'"),
+                        ({"k": None}, r"key 'k': expected integer.*found None"),
+                        ({"format": 2}, r"key 'format': expected const 1 \(the bundle format this version reads")):
         path.write_text(json.dumps({**good, **change}))
-        with pytest.raises(ArtifactError, match=f"{BUNDLE_CONFIG}: {msg}"):
+        with pytest.raises(ArtifactError, match=valid + msg + ".*save the kNN-LM again with KNNLM.save_pretrained"):
             read_bundle_config(tmp_path)
     path.write_text(json.dumps({k: v for k, v in good.items() if k != "k"}))
-    with pytest.raises(ArtifactError, match=r"key 'k' is missing"):
+    with pytest.raises(ArtifactError, match=valid + r"key '<top level>': 'k' is a required property"):
         read_bundle_config(tmp_path)
+    import knnlm
+
+    spec = yaml.safe_load((Path(knnlm.__file__).parent / "schemas" / "bundle_config.schema.yaml").read_text())
+    assert spec["properties"]["format"]["const"] == BUNDLE_FORMAT  # the schema reads this version's format
     path.write_text('{"format": 1, "k": ')
     with pytest.raises(ArtifactError, match=f"{BUNDLE_CONFIG}: not valid JSON"):
         read_bundle_config(tmp_path)

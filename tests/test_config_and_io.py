@@ -638,7 +638,8 @@ def test_schema_errors_say_what_the_key_is_not_a_schema_dump():
     with pytest.raises(ConfigError) as e:
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"knn": "k:32"})
     msg = str(e.value)
-    assert "config key 'knn': expected object, found 'k:32'" in msg and "--config values are YAML" in msg
+    assert "config key 'knn': expected object (the kNN distribution of Eq. 5" in msg and "found 'k:32'" in msg
+    assert "--config values are YAML" in msg
     assert "properties" not in msg and "lambda_steps" not in msg
     with pytest.raises(ConfigError) as e:
         load_config(PROJECT_ROOT / "configs" / "tiny.yaml", {"name": "a b"})

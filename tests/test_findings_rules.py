@@ -52,8 +52,9 @@ def test_a_rule_without_an_entry_is_refused():
 
 def test_a_bad_rule_entry_is_refused_naming_the_file(tmp_path):
     p = tmp_path / "claims.yaml"
-    p.write_text(yaml.safe_dump({"rules": {"x": {"effect": "hides", "does": "d", "basis": "ours: b"}}}))
-    with pytest.raises(ValueError, match=f"{p}: rule 'x'"):
+    p.write_text(yaml.safe_dump({"claims": [], "rules": {"x": {"effect": "hides", "does": "d", "basis": "ours: b"}}}))
+    with pytest.raises(ValueError, match=f"{p}: not a valid claims table: key 'rules.x.effect': expected enum "
+                                         r"\['replaces', 'qualifies'\] \(the row gets another verdict"):
         load_rules(p)
 
 
@@ -74,3 +75,15 @@ def test_the_tiny_findings_carry_the_rules_table(tiny_run):
     for r in out["rows"]:
         if any(name == "τ = 1 off τ*" for name, _ in r.get("rules") or []):
             assert r["verdict"].startswith(TAU1_OFF)
+
+
+def test_every_claim_of_the_claims_table_has_a_row(tiny_run):
+    """No silent claim: each entry of claims.yaml yields at least one findings row, a measurement or a 'not run (why)'
+    row, and the Summary counts every row."""
+    import json
+
+    found = json.loads((tiny_run["root"] / "lms" / "base" / "findings.json").read_text())
+    ids = {r["claim id"] for r in found["rows"]}
+    assert ids == {c["id"] for c in CLAIMS}, sorted({c["id"] for c in CLAIMS} - ids)
+    assert sum(found["summary"].values()) == len(found["rows"])
+    assert all(r["verdict"] != "not run (" for r in found["rows"])

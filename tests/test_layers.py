@@ -206,3 +206,35 @@ def test_jobs_that_read_caches_start_without_torch_scipy_stats_or_mlflow(tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "[]", r.stdout
     assert len(list((tmp_path / "spool").glob("*.json"))) == 2  # the point and the run
+
+
+def test_the_api_imports_without_the_hugging_face_extra():
+    """The Hugging Face stack is the optional extra 'hf' (pyproject): with transformers, tokenizers, safetensors and
+    huggingface_hub unimportable, the API, the fairseq LM and the job entry point import, and asking for a Hugging
+    Face LM says which extra to install instead of a bare ImportError."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.abc\n"
+            "sys.path.insert(0, 'src')\n"
+            "class Block(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('transformers', 'tokenizers', 'safetensors', 'huggingface_hub'):\n"
+            "            raise ImportError(f'blocked: {name}')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from knnlm import KNNLM\n"
+            "import knnlm.api, knnlm.lm.fairseq, knnlm.lm.hf, knnlm.cli\n"
+            "try:\n"
+            "    knnlm.lm.hf.load_hf('gpt2')\n"
+            "except ImportError as e:\n"
+            "    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parents[1], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'pip install ".[hf]"' in r.stdout and "blocked: transformers" in r.stdout, r.stdout
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parents[1] / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.split(">")[0] in ("transformers", "tokenizers", "safetensors",
+                                                                          "huggingface-hub")]
+    assert {d.split(">")[0] for d in project["optional-dependencies"]["hf"]} == {
+        "transformers", "tokenizers", "safetensors", "huggingface-hub"}

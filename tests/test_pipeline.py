@@ -967,6 +967,11 @@ def test_every_claim_of_the_paper_has_a_row(tiny_run):
 def test_findings_report(tiny_run):
     text = art(tiny_run, "findings").read_text()
     assert "| claim" in text and "Summary:" in text
+    # the legend is linked, not pasted; the summary figure of the same rows is beside the report
+    from knnlm.experiments.findings import LEGEND
+
+    assert LEGEND in text and "contradicted  -- the CI excludes 0" not in text
+    assert_figure(art(tiny_run, "figure", figure="findings_summary", ext="png"))
     rows = [line for line in text.splitlines() if line.startswith(("| Sec.", "| App."))]
     assert len({r.count("|") for r in rows}) == 1  # no cell breaks the Markdown table (a '|' inside a claim)
     from knnlm.experiments.findings import CLAIMS, TAU1_OFF
@@ -979,9 +984,11 @@ def test_findings_report(tiny_run):
     # all train on the subset, so only the two claims against the kNN-LM on their own rows (att/IP at τ = 1 and at
     # its τ*) carry rows; those against the all-rows kNN-LMs stay in the parametric table. nV vs W_ds at equal rows:
     # one per 2V (att, ffn)
-    family = [r for r in rows if "closes the gap to the" in r]
+    family = [r for r in rows if "closes the gap to the" in r and "not run (tested at equal rows" not in r]
     equal_rows = [r for r in rows if "vs W_ds (learned) on the subset" in r]
     assert len(CLAIMS) == 128 and len(family) == 2 * 9 and len(equal_rows) == 2
+    # the claims against the all-rows kNN-LMs keep a row that says where they are tested (no silent claim)
+    assert sum("closes the gap to the" in r and "not run (tested at equal rows" in r for r in rows) == 4
     assert all("kNN-LM att/IP on the subset" in r for r in family)
     # no row is subset-trained (the rules table, which says what that rule does, counts none)
     assert "(subset-trained)" not in text.split("Summary:")[1].split("Rules:")[0]
@@ -1034,13 +1041,13 @@ def test_findings_report(tiny_run):
     # LMs), App. A's stronger-gains-less claim one 'not run' row (the tiny LMs' token blocks differ, so their gains
     # are not paired), Figure 2's largest-subset claim one (the tiny run sweeps one subset); E.6.1 and E.6.2 one per
     # claim (one overfitted LM, one soft-label LM)
-    # (no row: the four App. B-C claims and the two nV share claims against the all-rows kNN-LMs, their alternatives
-    # tested at equal rows; the τ* twins of the two 'not run' claims above)
-    assert len(rows) == len(CLAIMS) - 23 - 8 - 3 + len(family) + len(equal_rows) + 22  # (23 follow-up claims)
+    # (one 'not run (why)' row each: the four App. B-C claims and the two nV share claims against the all-rows
+    # kNN-LMs, their alternatives tested at equal rows; the τ* twins of the two 'not run' claims above)
+    assert len(rows) == len(CLAIMS) - 23 - 3 + len(family) + len(equal_rows) + 22  # (23 follow-up claims)
     # the paper's claims as it made them, those it made at τ = 1 (Table 1, Table 2 and App. B-C's att/IP kNN-LM,
     # Table 3 and Figure 4 at τ = 1), their twins with each side at its τ*, and ours
     kinds = ("| the paper's ", "| the paper's, at τ = 1", "| the paper's, each side at its τ* ", "| ours (beyond the paper) ")
-    assert [sum(k in r for r in rows) for k in kinds] == [59, 34, 31, 12] and sum(map(sum, [[k in r for r in rows]
+    assert [sum(k in r for r in rows) for k in kinds] == [61, 34, 35, 14] and sum(map(sum, [[k in r for r in rows]
                                                                                           for k in kinds])) == len(rows)
     # every row names its resampling unit (the tiny corpus has no headings: token blocks) with Kish's n_eff
     assert all(re.search(r"\| \d+ token blocks( \(n_eff [\d.]+\))? +\|", r) for r in rows
@@ -1055,7 +1062,9 @@ def test_findings_report(tiny_run):
     on = [re.search(r"\| (ffn/L2(?P<small>, 20% store)?, nprobe \d+ of \d+ lists \([\d.]+ %\), [\d.,]+·k keys scanned "
                     r"per query \(the paper: ~1,170·k\), recall@k [\d.]+(?P<all>, all tokens)?(?P<vs> vs full)?) +\|", r)
           for r in rows]  # column 'on'
-    assert sum("not run" in r for r in rows) == 3 and sum(bool(m) for m in on) == 12 + 13 + 1 + 4
+    # 3 'not run' (no table: the claims above) and 8 'not run (why)' rows, each with 'not run' as its number
+    assert sum(bool(re.search(r"\| not run +\|", r)) for r in rows) == 3 + 8 and sum("| not run (" in r for r in rows) == 8
+    assert sum(bool(m) for m in on) == 12 + 13 + 1 + 4
     # Table 3's claims, its τ-tuning contrast and its two gaps (Sec. 5.1, 5.2) on the full store over every token
     # (retrieval.table3_all_tokens); the 20 % store's claims (Figures 2, 4, 5a: beats the base LM, the mask and the
     # score at τ = 1 and τ*, τ = 1 not optimal with a real score), its τ-tuning contrast and its two gaps, on every

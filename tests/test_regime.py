@@ -24,14 +24,16 @@ def test_effects_of_the_claims_table_are_complete():
 
 
 @pytest.mark.parametrize("entry,message", [
-    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "colour": 1}, "unknown fields"),
-    ({"id": "x", "name": "n", "a": "base", "words": "w", "paper": [1, 2]}, "missing fields ['b']"),
-    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w"}, "paper"),
-    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "kind": "odds"}, "kind"),
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "colour": 1},
+     "key 'regime_effects.0': Additional properties are not allowed ('colour' was unexpected)"),
+    ({"id": "x", "name": "n", "a": "base", "words": "w", "paper": [1, 2]}, "key 'regime_effects.0': 'b' is a required property"),
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w"}, "key 'regime_effects.0': expected "),
+    ({"id": "x", "name": "n", "a": "base", "b": "base", "words": "w", "paper": [1, 2], "kind": "odds"},
+     "key 'regime_effects.0.kind': expected enum ['ratio', 'share'], found 'odds'"),
 ])
 def test_a_bad_effect_is_refused_naming_the_file(tmp_path, entry, message):
     p = tmp_path / "claims.yaml"
-    p.write_text(yaml.safe_dump({"regime_effects": [entry]}))
+    p.write_text(yaml.safe_dump({"claims": [], "regime_effects": [entry]}))
     with pytest.raises(ValueError) as e:
         regime.load_effects(p)
     assert str(p) in str(e.value) and message in str(e.value)

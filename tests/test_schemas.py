@@ -59,3 +59,36 @@ def test_every_schema_of_the_package_is_a_valid_schema(tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(FileNotFoundError):
         read_checked_json(tmp_path / "x.json", "no_such_format")
+
+
+def test_spool_records_as_the_writers_write_them_are_valid(tmp_path):
+    """A run record (spool_run, with every log_run argument a job gives) and a curve point (spool_points) pass the
+    spool record's schema; one without its rule does not."""
+    from knnlm import tracking
+
+    cfg = {"name": "t", "results_dir": str(tmp_path)}
+    run = tracking.spool_run(tmp_path, cfg, "score", {"lm": "base"}, extra={"log_error": "busy"},
+                             params={"k": 8}, metrics={"ppl": 3.0, "inf": float("inf")}, artifacts=[tmp_path],
+                             step_metrics={"x": [(1, 2.0)]}, start_time=1.0, status="FAILED", error="E", run_id=None)
+    point = tracking.spool_points(tmp_path, cfg, "score", {"lm": "base"}, 3, {"loss": 1.5})
+    for p in (run, point):
+        assert read_checked_json(p, "spool_record")["rule"] == "score"
+    rec = json.loads(run.read_text())
+    del rec["rule"]
+    run.write_text(json.dumps(rec))
+    with pytest.raises(ArtifactError, match=r"not a valid MLflow spool record.*'rule' is a required property"):
+        read_checked_json(run, "spool_record")
+
+
+def test_every_score_of_the_tiny_run_is_valid_and_a_damaged_one_is_named(tiny_run, tmp_path):
+    """Every kNN-LM score JSON the tiny run wrote passes its schema; one without its τ* entry is refused naming the
+    file and the key (never a bare KeyError deep in a job)."""
+    scores = sorted(p for p in tiny_run["root"].glob("lms/*/stores/*/scores/*.json") if not p.name.endswith(".sha256.json"))
+    assert scores
+    for p in scores:
+        assert read_checked_json(p, "score")["tuned"]["temperature"] > 0
+    bad = json.loads(scores[0].read_text())
+    del bad["tuned"]
+    (tmp_path / "s.json").write_text(json.dumps(bad))
+    with pytest.raises(ArtifactError, match=r"s\.json: not a valid kNN-LM score .*'tuned' is a required property"):
+        read_checked_json(tmp_path / "s.json", "score")

@@ -943,15 +943,21 @@ def test_the_claims_table_is_checked_when_read(tmp_path):
     assert table1["paper"] == (19.174, 21.75) and table1["tau1"] and table1["kind"] == "paper" and table1["sign"] is None
     bc = next(c for c in CLAIMS if isinstance(c["paper"], dict))
     assert bc["paper"]["2V embeddings att"] == (19.095, 20.529)
-    cases = {"claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x}\n"
-             "- {id: a, section: s, claim: c, source: table1, comparison: y}\n": "expected a unique 'id', found 'a'",
-             "claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x, paper: nope}\n":
-                 "'paper' names no table of 'paper_numbers'",
-             "claims:\n- {id: a, section: s, claim: c, source: table1, comparison: x, margin: 3}\n": "unexpected keyword"}
+    cases = {"claims:\n- {id: a.1, section: s, claim: c, source: table1, comparison: x}\n"
+             "- {id: a.1, section: s, claim: c, source: table1, comparison: y}\n": "expected a unique 'id', found 'a.1'",
+             "claims:\n- {id: a.1, section: s, claim: c, source: table1, comparison: x, paper: nope}\n":
+                 "'paper' names no table of 'paper_numbers'"}
     for text, msg in cases.items():
         bad = tmp_path / "claims.yaml"
         bad.write_text(text)
-        with pytest.raises(ValueError, match=f"{bad}: claim 'a': .*{msg}"):
+        with pytest.raises(ValueError, match=f"{bad}: claim 'a.1': .*{msg}"):
+            load_claims(bad)
+    schema_cases = {"margin: 3}": r"key 'claims.0': Additional properties are not allowed \('margin' was unexpected\)",
+                    "choose: best}": r"key 'claims.0.choose': expected enum \['lowest', 'highest'\], found 'best'",
+                    "within: {share: 0.1}}": r"key 'claims.0.within': expected "}
+    for tail, msg in schema_cases.items():
+        bad.write_text("claims:\n- {id: a.1, section: s, claim: c, source: table1, comparison: x, " + tail + "\n")
+        with pytest.raises(ValueError, match=f"{bad}: not a valid claims table: {msg}"):
             load_claims(bad)
     assert CLAIMS_FILE.name == "claims.yaml"
 

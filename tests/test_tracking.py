@@ -1,4 +1,5 @@
 """MLflow bookkeeping (knnlm.tracking): a failed job leaves a FAILED run, jobs are children of the invocation's run."""
+import json
 import os
 
 import pytest
@@ -136,10 +137,15 @@ def test_replay_keeps_a_damaged_record_and_logs_the_others(tmp_path, monkeypatch
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     damaged = tmp_path / tracking.PENDING_DIR / "0000-damaged.json"
     damaged.write_text('{"cfg": {"name": ')
+    partial = tmp_path / tracking.PENDING_DIR / "0001-partial.json"  # JSON, but not a record: no rule
+    partial.write_text(json.dumps({"cfg": {"name": "t", "results_dir": str(tmp_path)}, "wildcards": {}, "tags": {},
+                                   "kw": {"metrics": {"ppl": 1.0}}}))
     failed = []
     assert tracking.replay(tmp_path, failed) == 1
-    assert damaged.exists() and [p for p, _ in failed] == [damaged] and "JSONDecodeError" in failed[0][1]
-    assert str(damaged) in caplog.text
+    assert damaged.exists() and partial.exists() and [p for p, _ in failed] == [damaged, partial]
+    assert "not valid JSON" in failed[0][1]
+    assert "not a valid MLflow spool record" in failed[1][1] and "'rule' is a required property" in failed[1][1]
+    assert str(damaged) in caplog.text and str(partial) in caplog.text
     assert _runs(tmp_path)["m.job_split=test"].data.metrics == {"ppl": 3.0}
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .io import ArtifactError, open_npy, read_json
+from .io import ArtifactError, open_npy, read_checked_json, read_json
 from .lm import LanguageModel, backend, text_lines
 from .lm.fairseq import FairseqLM  # noqa: F401 (the API's LMs)
 from .lm.hf import HuggingFaceLM
@@ -131,42 +131,15 @@ def _token_range(vals) -> tuple[int, int]:
     return lo, hi
 
 
-# the fields of BUNDLE_CONFIG that from_pretrained reads, with their JSON types
-BUNDLE_FIELDS = {"format": (int,), "lm": (dict,), "key": (str,), "metric": (str,), "k": (int,),
-                 "temperature": (int, float), "lambda": (int, float), "nprobe": (int, type(None)), "mask": (str,),
-                 "score": (str,), "index": (dict, type(None)), "context_window": (int,), "max_tokens": (int,)}
-
-
 def read_bundle_config(bundle: str | Path) -> dict:
-    """BUNDLE_CONFIG of the bundle folder `bundle` (KNNLM.save_pretrained), checked before anything is loaded: a JSON
-    object of this version's format with every field of BUNDLE_FIELDS of its type, k ≥ 1, τ > 0, λ in [0, 1], a
-    known key type, metric, mask and score. Raises ArtifactError naming the file and the key on any fault (a missing
-    file, invalid JSON, a missing key, a wrong type or value)."""
+    """BUNDLE_CONFIG of the bundle folder `bundle` (KNNLM.save_pretrained), checked before anything is loaded
+    against its schema (src/knnlm/schemas/bundle_config.schema.yaml: this version's format, every field of its type,
+    k ≥ 1, τ > 0, λ in [0, 1], a known key type, metric, mask and score). Raises ArtifactError naming the file and
+    each key at fault (a missing file, invalid JSON, a missing key, a wrong type or value)."""
     path = Path(bundle) / BUNDLE_CONFIG
     if not path.is_file():
         raise ArtifactError(f"{path}: no bundle config (a folder written by KNNLM.save_pretrained)")
-    c = read_json(path)
-    if not isinstance(c, dict):
-        raise ArtifactError(f"{path}: expected a JSON object, found {type(c).__name__}")
-    if c.get("format") != BUNDLE_FORMAT:
-        raise ArtifactError(f"{path}: bundle format {c.get('format')!r}, this version reads {BUNDLE_FORMAT}")
-    for name, types in BUNDLE_FIELDS.items():
-        if name not in c:
-            raise ArtifactError(f"{path}: key {name!r} is missing (KNNLM.save_pretrained writes it)")
-        if isinstance(c[name], bool) or not isinstance(c[name], types):
-            raise ArtifactError(f"{path}: key {name!r}: expected {' or '.join(t.__name__ for t in types)}, found "
-                                f"{type(c[name]).__name__} {c[name]!r}")
-    allowed = {"key": ("att", "ffn"), "metric": ("l2", "ip"), "mask": MASKS, "score": SCORES}
-    for name, values in allowed.items():
-        if c[name] not in values:
-            raise ArtifactError(f"{path}: key {name!r}: expected one of {list(values)}, found {c[name]!r}")
-    try:
-        check_setting("k", c["k"], integer=True, lo=1)
-        check_setting("temperature", c["temperature"], lo=0.0, lo_open=True)
-        check_setting("lambda", c["lambda"], lo=0.0, hi=1.0)
-    except (TypeError, ValueError) as e:
-        raise ArtifactError(f"{path}: key {str(e).split()[0]!r}: {e}") from None
-    return c
+    return read_checked_json(path, "bundle_config", remake="save the kNN-LM again with KNNLM.save_pretrained")
 
 
 def bundle_lm_location(identity: dict, bundle: str | Path) -> dict:
@@ -356,7 +329,7 @@ class KNNLM:
         if missing:
             raise ArtifactError(f"run {lay.root}: missing {', '.join(missing)} (run the pipeline's dump and build_index "
                                 f"jobs for lm {lm!r}, store {store!r} first)")
-        man = read_json(man_path)
+        man = read_checked_json(man_path, "datastore_manifest")
         keys = open_npy(lay.path("keys", lm=lm, key=key), (man["N"], man["D"]), np.float16)
         vals = open_npy(lay.path("vals", lm=lm), (man["N"],), np.int32)
         k = int(settings.pop("k", cfg["knn"]["k"]))
@@ -365,7 +338,7 @@ class KNNLM:
             if not sp.exists():
                 raise ArtifactError(f"{sp}: no Table 1 score for {key}/{metric} to take τ and λ from; run the "
                                     f"pipeline's score job, or pass temperature= and lam=")
-            s = read_json(sp)
+            s = read_checked_json(sp, "score")
             row = s["tuned"] if tuned else s
             settings.setdefault("temperature", row["temperature"])
             settings.setdefault("lam", row["lambda"])
@@ -414,7 +387,7 @@ class KNNLM:
         man_path = ds.path("manifest")
         if not man_path.is_file():
             raise ArtifactError(f"{man_path}: no datastore manifest (a folder from build_datastore or knnlm.datastore.importer)")
-        key = key or read_json(man_path)["key_types"][0]
+        key = key or read_checked_json(man_path, "datastore_manifest")["key_types"][0]
         keys, vals, man = open_datastore(man_path, ds.path("vals"), ds.path("keys", key=key), key)
         if "dstore_size" in p and int(p["dstore_size"]) != man["N"]:
             raise ArtifactError(f"{man_path}: dstore_size={p['dstore_size']} given, the datastore has {man['N']} rows")

@@ -520,20 +520,26 @@ def schema_error(err, noun: str = "key") -> str:
     return f"{noun} '{key}': expected {want}{desc}, found {found}{hint}"
 
 
-def read_checked_json(path: str | Path, schema: str) -> dict:
+def read_checked_json(path: str | Path, schema: str, remake: str | None = None) -> dict:
     """The JSON file at `path`, checked against the package's schema `schema` (src/knnlm/schemas/<schema>.schema.yaml,
     e.g. 'datastore_manifest'). Raises ArtifactError naming the file, each key that fails, what was expected and what
-    was found, and how to remake it (rerun_hint)."""
+    was found, and how to remake it (`remake`; default: rerun_hint, the pipeline job that makes it)."""
+    obj = read_json(path)
+    title, errors = schema_errors(obj, schema)
+    if errors:
+        raise ArtifactError(f"{path}: not a valid {title}: " + "; ".join(errors) + f" (written by another version, or "
+                            f"damaged; {remake or rerun_hint(path)})")
+    return obj
+
+
+def schema_errors(obj, schema: str) -> tuple[str, list[str]]:
+    """(the schema's title, each error of `obj` against the package's schema `schema` in words, schema_error, ordered
+    by key). Raises FileNotFoundError for a schema the package does not have."""
     import importlib.resources
 
     import jsonschema
     import yaml
 
-    obj = read_json(path)
     spec = yaml.safe_load((importlib.resources.files("knnlm") / "schemas" / f"{schema}.schema.yaml").read_text("utf-8"))
     errors = sorted(jsonschema.Draft202012Validator(spec).iter_errors(obj), key=lambda e: list(e.absolute_path))
-    if errors:
-        raise ArtifactError(f"{path}: not a valid {spec.get('title', schema)}: "
-                            + "; ".join(schema_error(e) for e in errors) + f" (written by another version, or "
-                            f"damaged; {rerun_hint(path)})")
-    return obj
+    return spec.get("title", schema), [schema_error(e) for e in errors]

@@ -413,10 +413,10 @@ def _replay_record(path: Path, results_dir: str | Path | None = None, live: dict
     """Log one record (spool_run's run, spool_points's curve points, or log_run's pending fallback) and delete it.
     results_dir: where the store is (None: the record's own); live: {(job name, pid): run id} of the runs opened for
     live points so far, which the same job's final record finishes (updated here)."""
-    import json
+    from .io import read_checked_json
 
     live = {} if live is None else live
-    rec = json.loads(path.read_text())
+    rec = read_checked_json(path, "spool_record", remake="it stays for a retry; delete it to drop its run")
     cfg = {**rec["cfg"], **({"results_dir": str(results_dir)} if results_dir is not None else {})}
     attempt = (_job_name(rec["rule"], rec["wildcards"]), rec.get("pid"))
     if "points" in rec:
@@ -458,7 +458,10 @@ def replay(results_dir: str | Path, failed: list | None = None) -> int:
             failed.append((path, "an earlier record of the same job failed"))
             continue
         try:
-            _replay_record(path, results_dir) if pending else _replay_record(path, live=live)
+            if pending:
+                _replay_record(path, results_dir)
+            else:
+                _replay_record(path, live=live)
             done += 1
         except Exception as e:  # noqa: BLE001 - one damaged record never stops the others
             if pid is not None:

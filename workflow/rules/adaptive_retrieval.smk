@@ -5,7 +5,8 @@
 
 
 knnlm_rule(
-    "write_adaptive_retrieval", "adaptive_retrieval.table",
+    "write_adaptive_retrieval",
+    "adaptive_retrieval.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=per_split("token_features"),
@@ -16,11 +17,20 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="adaptive_retrieval", ext="csv"),
-        md=report(artifact("table", table="adaptive_retrieval", ext="md"), caption=report_caption("token_gains"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="adaptive_retrieval", ext="md"),
+            caption=report_caption("token_gains"),
+            category="Beyond the paper",
+        ),
         cmp_csv=artifact("table", table="adaptive_retrieval_comparisons", ext="csv"),
-        fig=[report(artifact("figure", figure="adaptive_retrieval", ext=e), caption=report_caption("token_gains"),
-                    category="Beyond the paper") for e in ("png", "pdf")],
+        fig=[
+            in_report(
+                artifact("figure", figure="adaptive_retrieval", ext=e),
+                caption=report_caption("token_gains"),
+                category="Beyond the paper",
+            )
+            for e in ("png", "pdf")
+        ],
     ),
     cfg=cfg_json("quality", "knn", "stats", "profile"),
     threads=THREADS,

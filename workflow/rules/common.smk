@@ -8,18 +8,46 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir).parent.joinpath("src")))
-from knnlm.config import (ConfigError, check_data, check_k_fits_stores, data_inputs, derived_lm,
-                          interpolated_loss_variants, lm_section, interpolated_loss_reference, lm_tokens_per_sample,
-                          parametric_tables, parametric_variants, split_files, table4_lms, temperatures,
-                          validate_config, yaml_overrides)
+from knnlm.config import (
+    ConfigError,
+    check_data,
+    check_k_fits_stores,
+    data_inputs,
+    derived_lm,
+    interpolated_loss_variants,
+    lm_section,
+    interpolated_loss_reference,
+    lm_tokens_per_sample,
+    parametric_tables,
+    parametric_variants,
+    split_files,
+    table4_lms,
+    temperatures,
+    validate_config,
+    yaml_overrides,
+)
 from knnlm.io import sha256_files
 from knnlm.lm import backend
 from snakemake.utils import update_config
 from knnlm.paths import WILDCARDS, Layout, PretrainedLayout
 from knnlm.report.front_page import front_page
-from knnlm.datastore.stores import (ALL_TOKENS, TRAINING_SUBSET, nested_shards, probe_store, same_index_store,
-                          same_keys_store, same_search_store, scores_every_token, searches_every_token, store_name,
-                          store_wildcard)
+from knnlm.datastore.stores import (
+    ALL_TOKENS,
+    TRAINING_SUBSET,
+    nested_shards,
+    probe_store,
+    same_index_store,
+    same_keys_store,
+    same_search_store,
+    scores_every_token,
+    searches_every_token,
+    store_name,
+    store_wildcard,
+)
+
+# Snakemake's report() marker of an output (its --report) by another name: a line that begins with "report(" reads
+# to Snakemake's parser as its global 'report:' keyword, and the formatter (snakefmt) begins lines with calls
+in_report = report
 
 if not config:
     raise ConfigError("no config given: run snakemake with --configfile configs/<name>.yaml (see README)")
@@ -38,7 +66,9 @@ ENV = str(Path(workflow.basedir).parent.joinpath("environment.yml"))
 # env of --sdm conda comes before it in a job's shell): no job's command names the interpreter's path, so a moved or
 # rebuilt environment reruns nothing.
 _BIN = Path(sys.executable).parent
-os.environ["PATH"] = os.pathsep.join([str(_BIN)] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != str(_BIN)])
+os.environ["PATH"] = os.pathsep.join(
+    [str(_BIN)] + [p for p in os.environ.get("PATH", "").split(os.pathsep) if p != str(_BIN)]
+)
 PY = "python" if (_BIN / "python").exists() else shlex.quote(Path(sys.executable).name)
 THREADS = CFG["threads"]
 SPLITS = ["train", "valid", "test"]
@@ -51,8 +81,11 @@ HF_LMS = [n for n in LMS if not BACKEND[n].run_tokens]  # tokenised by their own
 # config 'pretrained': the shipped LMs (knnlm.lm.shipped) that replace the training of 'train' LMs of the same name
 SHIPPED = PretrainedLayout(CFG["pretrained"]) if CFG["pretrained"] else None
 PRETRAINED = [n for n in LMS if SHIPPED and BACKEND[n].trained and SHIPPED.path("checkpoint", lm=n).is_file()]
-PRETRAINED_BPE = ([str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
-                  if SHIPPED and SHIPPED.path("bpe_model").is_file() else [])
+PRETRAINED_BPE = (
+    [str(SHIPPED.path(f)) for f in ("bpe_model", "bpe_vocab")]
+    if SHIPPED and SHIPPED.path("bpe_model").is_file()
+    else []
+)
 FAIRSEQ_LMS = [n for n in LMS if BACKEND[n].run_tokens]  # tokenised by the run's BPE, scored over data-bin
 KEYS = CFG["datastore"]["key_types"]
 # The primary LM's output layer is one matrix W_sm (not an adaptive softmax): the jobs that read W_sm run for it
@@ -64,13 +97,18 @@ RETRIEVAL = CFG["retrieval"]  # (key, metric) pairs of Table 3 and of the stores
 # The smallest store of 'temperature.ratios' (the paper's 5 %): its Sec. 5 claims (findings), and, with
 # 'retrieval.small_store_all_tokens' while the scope samples the splits, the same store scored on every token.
 SMALL_STORE = store_name(min(CFG["temperature"]["ratios"]))
-SMALL_ALL_TOKENS = (SMALL_STORE + ALL_TOKENS if RETRIEVAL["small_store_all_tokens"] and RETRIEVAL["max_queries"]
-                    and SMALL_STORE != "full" else None)
+SMALL_ALL_TOKENS = (
+    SMALL_STORE + ALL_TOKENS
+    if RETRIEVAL["small_store_all_tokens"] and RETRIEVAL["max_queries"] and SMALL_STORE != "full"
+    else None
+)
 # The (key, metric) of the paper's Table 3 (att/L2 when the run has them) and, with 'retrieval.table3_all_tokens'
 # while the scope samples the splits, the full store scored on every token for it ('table3_all'): finding 2 of
 # the paper (approximate beats exact retrieval, Sec. 5.1) then rests on every document of valid and test.
-TABLE3_KEY = dict(key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["key_types"][0],
-                  metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0])
+TABLE3_KEY = dict(
+    key="att" if "att" in RETRIEVAL["key_types"] else RETRIEVAL["key_types"][0],
+    metric="l2" if "l2" in RETRIEVAL["metrics"] else RETRIEVAL["metrics"][0],
+)
 BASE_LMS = table4_lms(CFG)  # Table 4's base LMs (config 'table4.lms'; LMs trained from another one never)
 # The (key, metric) whose per-token gains token_gains, lambda_by_quality and adaptive_retrieval read
 GAINS_KEY = TABLE3_KEY
@@ -81,6 +119,7 @@ FULL_ALL_TOKENS = f"full{ALL_TOKENS}" if RETRIEVAL["table3_all_tokens"] and RETR
 # docs/statistics.md's rule, target 'sample_size'); FULL_EVERY_TOKEN: the full store is scored on every test token
 TABLE3_FRACTION = RETRIEVAL["table3_fraction"]
 FULL_EVERY_TOKEN = FULL_ALL_TOKENS if TABLE3_FRACTION >= 1 else None
+
 
 wildcard_constraints:
     **{**WILDCARDS, "lm": "|".join(LMS), "store": store_wildcard()},
@@ -125,21 +164,27 @@ def cfg_of_store(*sections):
     """params function: cfg_json(*sections) plus, for the alternatives' training subset (store TRAINING_SUBSET), the
     keys of config 'parametric' that choose its rows (train_tokens, seed), so that no other store reruns when they
     change."""
+
     def fn(wildcards):
         if wildcards.store != TRAINING_SUBSET:
             return quoted_cfg(*sections)
         return quoted_cfg(*sections, parametric={k: CFG["parametric"][k] for k in ("train_tokens", "seed")})
+
     return fn
 
 
 def cfg_of_lm(*sections):
     """params function: cfg_json(*sections) plus, for a Hugging Face LM, its own entry of config 'lms' (with its
     window resolved), so that adding another LM to 'lms' reruns nothing of the others."""
+
     def fn(wildcards):
         lm = CFG["lms"][wildcards.lm]
         if BACKEND[wildcards.lm].run_tokens:  # an adaptive softmax is checked against the checkpoint when dumping
             return quoted_cfg(*sections, **({"adaptive_softmax": True} if lm["adaptive_softmax"] else {}))
-        return quoted_cfg(*sections, lms={wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}})
+        return quoted_cfg(
+            *sections, lms={wildcards.lm: {**lm, "tokens_per_sample": lm_tokens_per_sample(CFG, wildcards.lm)}}
+        )
+
     return fn
 
 
@@ -154,10 +199,20 @@ def io(fixed=None, **extra):
     `fixed`: wildcard values the rule fixes (its inputs are one store's, its outputs name no store), passed to the
     job as if they were wildcards.
     """
+
     def fn(wildcards, input, output):
         wc = {**dict(wildcards.items()), **(fixed or {})}
-        return shlex.quote(json.dumps({"input": _named(input), "output": _named(output), "wildcards": wc,
-                                       "extra": {k: v.format(**wc) for k, v in extra.items()}}))
+        return shlex.quote(
+            json.dumps(
+                {
+                    "input": _named(input),
+                    "output": _named(output),
+                    "wildcards": wc,
+                    "extra": {k: v.format(**wc) for k, v in extra.items()},
+                }
+            )
+        )
+
     return fn
 
 
@@ -196,8 +251,9 @@ def _wildcards_of(named):
     return seen
 
 
-def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1, resources=None, constraints=None,
-               log_name=None):
+def knnlm_rule(
+    name, job, input, output, cfg, io=None, wildcards=None, threads=1, resources=None, constraints=None, log_name=None
+):
     """Define the rule `name` that runs knnlm job `job` ('<module>.<function>' of knnlm.experiments, run by knnlm.cli).
 
     input, output: files(...) (or a dict of named files); cfg: the rule's params.cfg, the config sections the job
@@ -222,21 +278,21 @@ def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1
         output:
             *outputs[0],
             **outputs[1],
-        params:
-            cfg=cfg,
-            io=io or _io(),
-            rule=name,  # named by the checksum records of its outputs
-        threads: threads
-        resources:
-            **(resources or {}),
-        wildcard_constraints:
-            **(constraints or {}),
         log:
             log_of(log_name or name, *names),
         benchmark:
             bench_of(log_name or name, *names)
+        wildcard_constraints:
+            **(constraints or {}),
         conda:
             ENV
+        threads: threads
+        resources:
+            **(resources or {}),
+        params:
+            cfg=cfg,
+            io=io or _io(),
+            rule=name,  # named by the checksum records of its outputs
         shell:
             command
 
@@ -244,9 +300,11 @@ def knnlm_rule(name, job, input, output, cfg, io=None, wildcards=None, threads=1
 def lm_training(lm=None):
     """Input function: the training.json of base LM `lm` (default: the rule's {lm}) when this run trains it, else
     nothing (an existing checkpoint or a Hugging Face LM: its caption says so)."""
+
     def fn(wc):
         name = lm or wc.lm
         return artifact("lm_training", lm=name) if BACKEND[name].trained else []
+
     return fn
 
 
@@ -262,22 +320,28 @@ def lm_model(split):
             return {b.weights_input: lm_weights(wc.lm), "data_bin": artifact("datastore_bin" if own else "data_bin")}
         text = artifact("datastore_text") if own else artifact("split_tokens", split=split or wc.split)
         return {b.weights_input: lm_weights(wc.lm), "text": text}
+
     return fn
 
 
 def hf_local_files(wc):
     """The weight and config files of a Hugging Face LM given as a local directory (none for a Hub id)."""
     d = Path(CFG["lms"][wc.lm]["path"])
-    return sorted(str(f) for pat in ("*.safetensors", "*.bin", "config.json", "tokenizer*.json") for f in d.glob(pat)) \
-        if d.is_dir() else []
+    return (
+        sorted(str(f) for pat in ("*.safetensors", "*.bin", "config.json", "tokenizer*.json") for f in d.glob(pat))
+        if d.is_dir()
+        else []
+    )
 
 
 def lm_sources(wc):
     """Input function of train_lm: the checkpoints a derived LM is trained from ('init' for 'lms.<lm>.init_from',
     'teacher' for 'lms.<lm>.teacher'); nothing for an LM trained from scratch on one-hot labels."""
     lm = CFG["lms"][wc.lm]
-    return {**({"init": artifact("checkpoint", lm=lm["init_from"])} if lm["init_from"] else {}),
-            **({"teacher": lm_weights(lm["teacher"])} if lm["teacher"] else {})}
+    return {
+        **({"init": artifact("checkpoint", lm=lm["init_from"])} if lm["init_from"] else {}),
+        **({"teacher": lm_weights(lm["teacher"])} if lm["teacher"] else {}),
+    }
 
 
 def train_options(name):
@@ -325,8 +389,11 @@ def datastore(key=None, lm="{lm}"):
 def queries(split=None, key=None, lm="{lm}"):
     """Named inputs of the dumped queries of one split (or per-split lists when split is None)."""
     get = (lambda n, **f: artifact(n, split=split, **f)) if split else per_split
-    out = {"queries_manifest": get("queries_manifest", lm=lm), "targets": get("targets", lm=lm),
-           "lm_logprobs": get("lm_logprobs", lm=lm)}
+    out = {
+        "queries_manifest": get("queries_manifest", lm=lm),
+        "targets": get("targets", lm=lm),
+        "lm_logprobs": get("lm_logprobs", lm=lm),
+    }
     if key:
         out["queries"] = get("queries", lm=lm, key=key)
     return out
@@ -335,17 +402,23 @@ def queries(split=None, key=None, lm="{lm}"):
 def exact_of(name):
     """Input function: the exact search ('real mask') of the store with the same keys (an '-ivf<k>' store shares
     its base store's exact search: knnlm.datastore.stores.same_keys_store)."""
+
     def fn(wc):
-        return [artifact(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
-                for s in EVAL_SPLITS]
+        return [
+            artifact(name, lm=wc.lm, store=same_keys_store(wc.store), key=wc.key, metric=wc.metric, split=s)
+            for s in EVAL_SPLITS
+        ]
+
     return fn
 
 
 def index_of(name):
     """Input function: the IVFPQ index artifact `name` ('index', 'index_meta') the job's store searches (an
     '-alltokens' store searches its base store's index: knnlm.datastore.stores.same_index_store)."""
+
     def fn(wc):
         return artifact(name, lm=wc.lm, store=same_index_store(wc.store), key=wc.key, metric=wc.metric)
+
     return fn
 
 
@@ -354,21 +427,26 @@ def scope_of(full_is_all=False, both_splits=False):
     `both_splits`), or nothing for a store scored on every token (knnlm.datastore.stores.scores_every_token) and, when
     `full_is_all`, for a store whose FAISS search covers every token (searches_every_token: the full store, which
     Table 1 reads, and the alternatives' training subset)."""
+
     def fn(wc):
         if scores_every_token(wc.store) or (full_is_all and searches_every_token(wc.store)):
             return []
         return per_split("scope", lm=wc.lm) if both_splits else artifact("scope", lm=wc.lm, split=wc.split)
+
     return fn
 
 
 def tuning_sample_of(both_splits=False):
     """Input function: for a store scored on every token, the tuning sample of valid (config
     'retrieval.tuning_documents', rule tuning_sample) when the job scores valid (or `both_splits`); else nothing."""
+
     def fn(wc):
-        if not (RETRIEVAL["tuning_documents"] and scores_every_token(wc.store)) or \
-                not (both_splits or wc.split == "valid"):
+        if not (RETRIEVAL["tuning_documents"] and scores_every_token(wc.store)) or not (
+            both_splits or wc.split == "valid"
+        ):
             return []
         return artifact("tuning_sample", lm=wc.lm, split="valid")
+
     return fn
 
 
@@ -376,10 +454,14 @@ def table3_sample_of(both_splits=False):
     """Input function: for a store scored on every token while config 'retrieval.table3_fraction' < 1, the block
     sample of the job's split (of both splits, in EVAL_SPLITS order, when `both_splits`; rule table3_sample); else
     nothing."""
+
     def fn(wc):
         if TABLE3_FRACTION >= 1 or not scores_every_token(wc.store):
             return []
-        return per_split("table3_sample", lm=wc.lm) if both_splits else artifact("table3_sample", lm=wc.lm, split=wc.split)
+        return (
+            per_split("table3_sample", lm=wc.lm) if both_splits else artifact("table3_sample", lm=wc.lm, split=wc.split)
+        )
+
     return fn
 
 
@@ -390,8 +472,12 @@ def nested_shards_of(name):
 
     def fn(wc):
         last = [store_name(r) for r in ratios].index(wc.store)
-        return [artifact(name, lm=wc.lm, key=wc.key, metric=wc.metric, split=wc.split, shard=i)
-                for i, (seg, _, _) in enumerate(nested_shards(ratios, RETRIEVAL["exact_shards"])) if seg <= last]
+        return [
+            artifact(name, lm=wc.lm, key=wc.key, metric=wc.metric, split=wc.split, shard=i)
+            for i, (seg, _, _) in enumerate(nested_shards(ratios, RETRIEVAL["exact_shards"]))
+            if seg <= last
+        ]
+
     return fn
 
 
@@ -401,21 +487,29 @@ def search_of(name, both_splits=False):
     """Input function: FAISS search artifact `name` ('nb_ids', 'nb_dists', 'nb_meta') of the job's store, of both
     splits when `both_splits`; 'full-alltokens' reads the full store's own search, which covers every token with the
     same index (knnlm.datastore.stores.same_search_store)."""
+
     def fn(wc):
         store = same_search_store(wc.store)
-        return per_split(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric) if both_splits else \
-            artifact(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric, split=wc.split)
+        return (
+            per_split(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric)
+            if both_splits
+            else artifact(name, lm=wc.lm, store=store, key=wc.key, metric=wc.metric, split=wc.split)
+        )
+
     return fn
 
 
 SETTINGS_INPUTS = {
-    **datastore(), **queries(), "store": artifact("store_prep"), "scope": scope_of(both_splits=True),
-    "tuning_sample": tuning_sample_of(both_splits=True), "table3_sample": table3_sample_of(both_splits=True),
+    **datastore(),
+    **queries(),
+    "store": artifact("store_prep"),
+    "scope": scope_of(both_splits=True),
+    "tuning_sample": tuning_sample_of(both_splits=True),
+    "table3_sample": table3_sample_of(both_splits=True),
     **{n: search_of(n, both_splits=True) for n in ("nb_ids", "nb_dists", "nb_meta")},
     **{n: per_split(n) for n in ("real_dists", "documents")},
     **{n: exact_of(n) for n in ("exact_ids", "exact_dists", "exact_meta")},
 }
-
 
 
 def settings_inputs(store, key, metric):
@@ -431,6 +525,7 @@ def settings_inputs(store, key, metric):
             v = v(w) if callable(v) else v
             out[name] = [fill(p) for p in v] if isinstance(v, list) else fill(v)
         return out
+
     return fn
 
 
@@ -451,8 +546,9 @@ STORE_TABLES = {}
 
 def settings_of(store, section):
     """The settings files of `store` for every (key, metric) of config section `section` ({lm} left open)."""
-    return expand(artifact("settings", store=store), key=section["key_types"], metric=section["metrics"],
-                  allow_missing=True)
+    return expand(
+        artifact("settings", store=store), key=section["key_types"], metric=section["metrics"], allow_missing=True
+    )
 
 
 def tables(*names):
@@ -470,6 +566,14 @@ def report_caption(name):
 def regime_figures(effects, ext=None):
     """The regime map's figures: one per effect id of `effects` (claims.yaml 'regime_effects'), PNG and PDF (or
     `ext` only)."""
-    return {f"fig_{e}": [report(artifact("figure", lm=PRIMARY, figure=f"regime_{e}", ext=x),
-                                caption=report_caption("default"), category="Regime map")
-                         for x in ([ext] if ext else ("png", "pdf"))] for e in effects}
+    return {
+        f"fig_{e}": [
+            in_report(
+                artifact("figure", lm=PRIMARY, figure=f"regime_{e}", ext=x),
+                caption=report_caption("default"),
+                category="Regime map",
+            )
+            for x in ([ext] if ext else ("png", "pdf"))
+        ]
+        for e in effects
+    }

@@ -3,13 +3,20 @@
 # 'temperature.ratios' (att/L2 when swept; scored on every token when 'retrieval.small_store_all_tokens') test the
 # paper's 5 %-datastore claims (Sec. 5, Figures 4 and 5a); on the retrieval scope, against the full store's, that a
 # larger datastore is better (Sec. 4, Figure 2).
-_SMALL_KEY = dict(key="att" if "att" in DATASTORE_SIZE["key_types"] else DATASTORE_SIZE["key_types"][0],
-                  metric="l2" if "l2" in DATASTORE_SIZE["metrics"] else DATASTORE_SIZE["metrics"][0])
+_SMALL_KEY = dict(
+    key="att" if "att" in DATASTORE_SIZE["key_types"] else DATASTORE_SIZE["key_types"][0],
+    metric="l2" if "l2" in DATASTORE_SIZE["metrics"] else DATASTORE_SIZE["metrics"][0],
+)
 SMALL_SETTINGS = (
-    {} if SMALL_STORE == "full"
-    else {"small_store": artifact("settings", store=SMALL_ALL_TOKENS or SMALL_STORE, **_SMALL_KEY),
-          "size_store": artifact("settings", store=SMALL_STORE, **_SMALL_KEY),  # against the full store's: Figure 2's claim
-          "full_store": artifact("settings", store="full", **_SMALL_KEY)}
+    {}
+    if SMALL_STORE == "full"
+    else {
+        "small_store": artifact("settings", store=SMALL_ALL_TOKENS or SMALL_STORE, **_SMALL_KEY),
+        "size_store": artifact(
+            "settings", store=SMALL_STORE, **_SMALL_KEY
+        ),  # against the full store's: Figure 2's claim
+        "full_store": artifact("settings", store="full", **_SMALL_KEY),
+    }
 )
 # the largest subset of 'datastore_size.ratios' (the paper's 90 %) against the full store: no diminishing returns
 _LARGE = store_name(max([r for r in DATASTORE_SIZE["ratios"] if r < 1] or [1]))
@@ -18,13 +25,17 @@ if SMALL_SETTINGS and _LARGE not in ("full", SMALL_STORE):
 # He et al. 2021's PCA-reduced keys (half the dimensions in the paper), cited in Sec. 5.2 as another approximation:
 # the first PCA store of 'stores.extra' against the full one, same (key, metric) and scope
 PCA_SETTINGS = (
-    {} if len(PCA_STORES) < 2
-    else {"pca_store": artifact("settings", store=PCA_STORES[1], **_SMALL_KEY),
-          "pca_full": artifact("settings", store="full", **_SMALL_KEY)}
+    {}
+    if len(PCA_STORES) < 2
+    else {
+        "pca_store": artifact("settings", store=PCA_STORES[1], **_SMALL_KEY),
+        "pca_full": artifact("settings", store="full", **_SMALL_KEY),
+    }
 )
 
 knnlm_rule(
-    "write_findings", "findings.findings",
+    "write_findings",
+    "findings.findings",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         # its headroom: the best valid perplexity of the LMs trained on from it without dropout (App. E.6.1's)
@@ -35,7 +46,9 @@ knnlm_rule(
         table1_table=artifact("table", table="table1", ext="csv"),
         vocabulary=artifact("data_bin") if BACKEND[PRIMARY].run_tokens else artifact("model_card", lm=PRIMARY),
         # Table 3's claims on every token when 'retrieval.table3_all_tokens' (table3_all), else on the scope
-        table3=artifact("table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"),
+        table3=artifact(
+            "table", table="table3_all_comparisons" if FULL_ALL_TOKENS else "table3_comparisons", ext="csv"
+        ),
         table3_table=artifact("table", table="table3_all" if FULL_ALL_TOKENS else "table3", ext="csv"),
         # the settings of Table 3's pair (per-document NLL): the gain of tuning τ compared between settings
         table3_settings=artifact("settings", store=FULL_ALL_TOKENS or "full", **TABLE3_KEY),
@@ -45,30 +58,48 @@ knnlm_rule(
         which_words=artifact("table", table="which_words_comparisons", ext="csv"),  # App. D
         hypotheses=artifact("table", table="hypotheses_comparisons", ext="csv") if PLAIN_W_SM else [],  # App. E.1-E.4
         # App. E.6.3 (when 'hypotheses.interpolated_loss' names key types W_ds is trained for)
-        interpolated_loss=artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS and PLAIN_W_SM else [],
+        interpolated_loss=(
+            artifact("table", table="interpolated_loss_comparisons", ext="csv") if ILOSS and PLAIN_W_SM else []
+        ),
         ensembling=artifact("table", table="ensembling_comparisons", ext="csv") if ENSEMBLE else [],  # App. E.5
         overfitting=artifact("table", table="overfitting_comparisons", ext="csv") if OVERFIT else [],  # App. E.6.1
         soft_labels=artifact("table", table="soft_labels_comparisons", ext="csv") if SOFT_LABEL else [],  # App. E.6.2
         # beyond the paper: Drozdov et al. 2022's claims (per-token gains, λ by retrieval quality), He et al. 2021's
         token_gains=artifact("table", table="token_gains_comparisons", ext="csv") if PLAIN_W_SM else [],
         lambda_by_quality=artifact("table", table="lambda_by_quality_comparisons", ext="csv") if PLAIN_W_SM else [],
-        adaptive_retrieval=artifact("table", table="adaptive_retrieval_comparisons", ext="csv") if PLAIN_W_SM else [],  # He et al. 2021
+        adaptive_retrieval=(
+            artifact("table", table="adaptive_retrieval_comparisons", ext="csv") if PLAIN_W_SM else []
+        ),  # He et al. 2021
         k_sweep=artifact("table", table="k_sweep_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 4
         leakage=artifact("table", table="leakage_comparisons", ext="csv"),  # Borgeaud et al. 2022, Figure 6
         ngram=artifact("table", table="ngram_comparisons", ext="csv"),  # Khandelwal et al. 2020, Figure 7
         # the costliest follow-ups: only when 'extras.in_all' (else their rows say 'not run')
-        retomaton=artifact("table", table="retomaton_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # Alon et al. 2022, Figure 3
-        pruning=artifact("table", table="pruning_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # He et al. 2021, Table 3
-        generation=artifact("table", table="generation_comparisons", ext="csv") if EXTRAS_IN_ALL else [],  # Wang et al. 2023
+        retomaton=(
+            artifact("table", table="retomaton_comparisons", ext="csv") if EXTRAS_IN_ALL else []
+        ),  # Alon et al. 2022, Figure 3
+        pruning=(
+            artifact("table", table="pruning_comparisons", ext="csv") if EXTRAS_IN_ALL else []
+        ),  # He et al. 2021, Table 3
+        generation=(
+            artifact("table", table="generation_comparisons", ext="csv") if EXTRAS_IN_ALL else []
+        ),  # Wang et al. 2023
         **SMALL_SETTINGS,
         **PCA_SETTINGS,
     ),
     output=files(
-        out=report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
+        out=in_report(artifact("findings"), caption=report_caption("findings"), category="Findings"),
         rows=artifact("findings_rows"),  # the same rows with their claims' ids (the regime map joins on them)
+        # the verdicts of the rows by part of the paper, at a glance (the README's figure, through docs/results.md)
+        figure=in_report(
+            artifact("figure", figure="findings_summary", ext="png"),
+            caption=report_caption("default"),
+            category="Findings",
+        ),
     ),
     cfg=quoted_cfg("stats", "extras", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
 )
 
 
-TARGETS["findings"] = expand(artifact("findings"), lm=PRIMARY)
+TARGETS["findings"] = expand(artifact("findings"), lm=PRIMARY) + expand(
+    artifact("figure", figure="findings_summary", ext="png"), lm=PRIMARY
+)

@@ -17,7 +17,8 @@ def generation_lm(wc):
 
 
 knnlm_rule(
-    "write_generation", "generation.table",
+    "write_generation",
+    "generation.table",
     input=files(
         unpack(generation_lm),
         lm_training=lm_training(),  # the base LM's convergence, in the caption
@@ -30,11 +31,17 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="generation", ext="csv"),
-        md=report(artifact("table", table="generation", ext="md"), caption=report_caption("generation"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="generation", ext="md"),
+            caption=report_caption("generation"),
+            category="Beyond the paper",
+        ),
         cmp_csv=artifact("table", table="generation_comparisons", ext="csv"),
-        png=report(artifact("figure", figure="generation", ext="png"), caption=report_caption("generation"),
-                   category="Beyond the paper"),
+        png=in_report(
+            artifact("figure", figure="generation", ext="png"),
+            caption=report_caption("generation"),
+            category="Beyond the paper",
+        ),
         pdf=artifact("figure", figure="generation", ext="pdf"),
     ),
     cfg=cfg_json("knn", "generation", "stats", "profile", "lms", "lm", "bpe"),

@@ -9,8 +9,10 @@ ILOSS = [(v, k) for v, k in interpolated_loss_variants(CFG) if ("nv1", k) in par
 ENSEMBLE = CFG["hypotheses"]["ensemble_lms"]
 for _name in ENSEMBLE:
     if _name not in CFG["lms"] or _name == PRIMARY or not BACKEND[_name].run_tokens:
-        raise ConfigError(f"config key 'hypotheses.ensemble_lms': expected names of config 'lms' other than the primary "
-                          f"LM {PRIMARY!r} whose source is 'train' or 'fairseq' (this run's tokens), found {_name!r}")
+        raise ConfigError(
+            f"config key 'hypotheses.ensemble_lms': expected names of config 'lms' other than the primary "
+            f"LM {PRIMARY!r} whose source is 'train' or 'fairseq' (this run's tokens), found {_name!r}"
+        )
 # App. E.6.1 / E.6.2 (extras): LMs trained from the primary LM (config 'lms.<name>.init_from' / 'teacher', validated
 # by knnlm.config), each alone and interpolated with it; they get no row of Table 4
 OVERFIT = CFG["hypotheses"]["overfit_lms"]
@@ -35,7 +37,8 @@ def with_base_inputs(names):
 
 
 knnlm_rule(
-    "write_hypotheses", "hypotheses.hypotheses",
+    "write_hypotheses",
+    "hypotheses.hypotheses",
     input=files(
         unpack(output_layer),  # W_sm
         lm_training=lm_training(),  # the base LM's convergence, in the caption
@@ -52,12 +55,14 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="hypotheses", ext="csv"),
-        md=report(artifact("table", table="hypotheses", ext="md"), caption=report_caption("hypotheses"),
-                  category="App. E"),
+        md=in_report(
+            artifact("table", table="hypotheses", ext="md"), caption=report_caption("hypotheses"), category="App. E"
+        ),
         cmp_csv=artifact("table", table="hypotheses_comparisons", ext="csv"),
     ),
-    cfg=cfg_with_keys("hypotheses", ("topk", "sparsify_temperatures", "max_lp_words"), "knn", "temperature", "stats",
-                          "profile"),
+    cfg=cfg_with_keys(
+        "hypotheses", ("topk", "sparsify_temperatures", "max_lp_words"), "knn", "temperature", "stats", "profile"
+    ),
     threads=THREADS,
 )
 
@@ -70,22 +75,30 @@ TARGETS["hypotheses"] = tables("hypotheses") if PLAIN_W_SM else []  # E.1 and E.
 
 
 knnlm_rule(
-    "write_interpolated_loss", "hypotheses.interpolated_loss",
+    "write_interpolated_loss",
+    "hypotheses.interpolated_loss",
     input=files(
         lm_training=lm_training(),
         lm_logprobs=per_split("lm_logprobs"),
         documents=per_split("documents"),
         **{f"iloss_result_{k}": artifact("parametric_result", variant=v, key=k) for v, k in ILOSS},
         **{f"iloss_{k}": per_split("parametric_logprobs", variant=v, key=k) for v, k in ILOSS},
-        **{f"w_ds_result_{k}": artifact("parametric_result", variant=interpolated_loss_reference(v), key=k)
-           for v, k in ILOSS},
-        **{f"w_ds_{k}": per_split("parametric_logprobs", variant=interpolated_loss_reference(v), key=k)
-           for v, k in ILOSS},
+        **{
+            f"w_ds_result_{k}": artifact("parametric_result", variant=interpolated_loss_reference(v), key=k)
+            for v, k in ILOSS
+        },
+        **{
+            f"w_ds_{k}": per_split("parametric_logprobs", variant=interpolated_loss_reference(v), key=k)
+            for v, k in ILOSS
+        },
     ),
     output=files(
         csv=artifact("table", table="interpolated_loss", ext="csv"),
-        md=report(artifact("table", table="interpolated_loss", ext="md"), caption=report_caption("hypotheses"),
-                  category="App. E"),
+        md=in_report(
+            artifact("table", table="interpolated_loss", ext="md"),
+            caption=report_caption("hypotheses"),
+            category="App. E",
+        ),
         cmp_csv=artifact("table", table="interpolated_loss_comparisons", ext="csv"),
     ),
     cfg=cfg_json("knn", "stats", "profile"),
@@ -99,16 +112,25 @@ if ILOSS:
 # E.5 (an extra, like Table 4): the other LMs of 'hypotheses.ensemble_lms' ensembled with the primary LM, against the
 # kNN component of Table 1 (full store, Table 3's key type and metric).
 knnlm_rule(
-    "write_ensembling", "hypotheses.ensembling",
+    "write_ensembling",
+    "hypotheses.ensembling",
     input=files(
         **with_base_inputs(ENSEMBLE),
     ),
     output=files(
         csv=artifact("table", table="table8", ext="csv"),
-        md=report(artifact("table", table="table8", ext="md"), caption=report_caption("hypotheses"), category="App. E"),
+        md=in_report(
+            artifact("table", table="table8", ext="md"), caption=report_caption("hypotheses"), category="App. E"
+        ),
         cmp_csv=artifact("table", table="ensembling_comparisons", ext="csv"),
-        fig8=[report(artifact("figure", figure="fig8_ensembling", ext=e), caption=report_caption("hypotheses"),
-                     category="App. E") for e in ("png", "pdf")],
+        fig8=[
+            in_report(
+                artifact("figure", figure="fig8_ensembling", ext=e),
+                caption=report_caption("hypotheses"),
+                category="App. E",
+            )
+            for e in ("png", "pdf")
+        ],
     ),
     cfg=cfg_json("knn", "stats", "profile"),
     constraints=dict(
@@ -121,18 +143,20 @@ if ENSEMBLE:
     TARGETS["ensembling"] = tables("table8")
 
 
-
 # E.6.1 and E.6.2 (extras, like Table 4): LMs trained from the primary LM, each interpolated with it, against the kNN-LM
 # of Table 1 (full store, Table 3's pair): 'hypotheses.overfit_lms' trained it further to overfit (Table 9);
 # 'hypotheses.soft_label_lms' are fresh LMs on its soft labels, next to the one-hot LMs of 'hypotheses.ensemble_lms'.
 knnlm_rule(
-    "write_overfitting", "hypotheses.overfitting",
+    "write_overfitting",
+    "hypotheses.overfitting",
     input=files(
         **with_base_inputs(OVERFIT),
     ),
     output=files(
         csv=artifact("table", table="table9", ext="csv"),
-        md=report(artifact("table", table="table9", ext="md"), caption=report_caption("hypotheses"), category="App. E"),
+        md=in_report(
+            artifact("table", table="table9", ext="md"), caption=report_caption("hypotheses"), category="App. E"
+        ),
         cmp_csv=artifact("table", table="overfitting_comparisons", ext="csv"),
     ),
     cfg=cfg_with_keys("hypotheses", ("overfit_lms",), "knn", "stats", "profile"),
@@ -143,14 +167,16 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "write_soft_labels", "hypotheses.soft_labels",
+    "write_soft_labels",
+    "hypotheses.soft_labels",
     input=files(
         **with_base_inputs(SOFT_LABEL + ENSEMBLE),
     ),
     output=files(
         csv=artifact("table", table="soft_labels", ext="csv"),
-        md=report(artifact("table", table="soft_labels", ext="md"), caption=report_caption("hypotheses"),
-                  category="App. E"),
+        md=in_report(
+            artifact("table", table="soft_labels", ext="md"), caption=report_caption("hypotheses"), category="App. E"
+        ),
         cmp_csv=artifact("table", table="soft_labels_comparisons", ext="csv"),
     ),
     cfg=cfg_with_keys("hypotheses", ("soft_label_lms",), "lms", "knn", "stats", "profile"),

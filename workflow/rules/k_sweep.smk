@@ -4,7 +4,8 @@
 
 
 knnlm_rule(
-    "write_k_sweep", "k_sweep.table",
+    "write_k_sweep",
+    "k_sweep.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         **datastore(),
@@ -16,11 +17,15 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="k_sweep", ext="csv"),
-        md=report(artifact("table", table="k_sweep", ext="md"), caption=report_caption("k_sweep"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="k_sweep", ext="md"), caption=report_caption("k_sweep"), category="Beyond the paper"
+        ),
         cmp_csv=artifact("table", table="k_sweep_comparisons", ext="csv"),
-        png=report(artifact("figure", figure="k_sweep", ext="png"), caption=report_caption("k_sweep"),
-                   category="Beyond the paper"),
+        png=in_report(
+            artifact("figure", figure="k_sweep", ext="png"),
+            caption=report_caption("k_sweep"),
+            category="Beyond the paper",
+        ),
         pdf=artifact("figure", figure="k_sweep", ext="pdf"),
     ),
     cfg=cfg_json("knn", "temperature", "stats", "profile"),

@@ -4,7 +4,8 @@
 
 
 knnlm_rule(
-    "write_lambda_by_quality", "lambda_by_quality.table",
+    "write_lambda_by_quality",
+    "lambda_by_quality.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=per_split("token_features"),
@@ -15,8 +16,11 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="lambda_by_quality", ext="csv"),
-        md=report(artifact("table", table="lambda_by_quality", ext="md"), caption=report_caption("token_gains"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="lambda_by_quality", ext="md"),
+            caption=report_caption("token_gains"),
+            category="Beyond the paper",
+        ),
         cmp_csv=artifact("table", table="lambda_by_quality_comparisons", ext="csv"),
     ),
     cfg=cfg_json("quality", "knn", "stats", "profile"),

@@ -5,7 +5,8 @@
 
 
 knnlm_rule(
-    "write_leakage", "leakage.table",
+    "write_leakage",
+    "leakage.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         **datastore(),
@@ -17,11 +18,15 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="leakage", ext="csv"),
-        md=report(artifact("table", table="leakage", ext="md"), caption=report_caption("leakage"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="leakage", ext="md"), caption=report_caption("leakage"), category="Beyond the paper"
+        ),
         cmp_csv=artifact("table", table="leakage_comparisons", ext="csv"),
-        png=report(artifact("figure", figure="leakage", ext="png"), caption=report_caption("leakage"),
-                   category="Beyond the paper"),
+        png=in_report(
+            artifact("figure", figure="leakage", ext="png"),
+            caption=report_caption("leakage"),
+            category="Beyond the paper",
+        ),
         pdf=artifact("figure", figure="leakage", ext="pdf"),
     ),
     cfg=cfg_json("stats", "profile"),

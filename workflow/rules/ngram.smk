@@ -5,7 +5,8 @@
 
 
 knnlm_rule(
-    "write_ngram", "ngram.table",
+    "write_ngram",
+    "ngram.table",
     input=files(
         unpack(token_source),  # the LM's vocabulary (the n-gram LM's uniform base distribution)
         lm_training=lm_training(),  # the base LM's convergence, in the caption
@@ -18,11 +19,13 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="ngram", ext="csv"),
-        md=report(artifact("table", table="ngram", ext="md"), caption=report_caption("ngram"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="ngram", ext="md"), caption=report_caption("ngram"), category="Beyond the paper"
+        ),
         cmp_csv=artifact("table", table="ngram_comparisons", ext="csv"),
-        png=report(artifact("figure", figure="ngram", ext="png"), caption=report_caption("ngram"),
-                   category="Beyond the paper"),
+        png=in_report(
+            artifact("figure", figure="ngram", ext="png"), caption=report_caption("ngram"), category="Beyond the paper"
+        ),
         pdf=artifact("figure", figure="ngram", ext="pdf"),
     ),
     cfg=cfg_json("knn", "quality", "stats", "profile"),

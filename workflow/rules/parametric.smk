@@ -4,12 +4,16 @@ PAR_TABLES = parametric_tables(CFG)
 VARIANTS = parametric_variants(CFG)
 # The kNN-LM at equal rows (App. B-C): the paper's reference (att/IP when the run has them) on the store of exactly the
 # rows the alternatives train on (TRAINING_SUBSET), when they train on a subset ('parametric.train_tokens')
-SUBSET_KNN = (dict(store=TRAINING_SUBSET, key="att" if "att" in KEYS else KEYS[0], metric="ip" if "ip" in METRICS else METRICS[0])
-              if CFG["parametric"]["train_tokens"] is not None else {})
+SUBSET_KNN = (
+    dict(store=TRAINING_SUBSET, key="att" if "att" in KEYS else KEYS[0], metric="ip" if "ip" in METRICS else METRICS[0])
+    if CFG["parametric"]["train_tokens"] is not None
+    else {}
+)
 
 
 knnlm_rule(
-    "word_stats", "parametric.word_stats",
+    "word_stats",
+    "parametric.word_stats",
     input=files(
         unpack(output_layer),
         **datastore("ffn"),
@@ -24,7 +28,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "train_parametric", "parametric.train_parametric",
+    "train_parametric",
+    "parametric.train_parametric",
     input=files(
         unpack(output_layer),
         **datastore("{key}"),
@@ -48,31 +53,58 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "write_parametric", "parametric.tables",
+    "write_parametric",
+    "parametric.tables",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         results=[artifact("parametric_result", variant=v, key=k) for v, k in VARIANTS],
         scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
         lm_logprobs=per_split("lm_logprobs"),
         wordcounts=artifact("wordcounts"),
-        knn_logprobs=[artifact("knn_logprobs", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
-                      for s in EVAL_SPLITS],
-        knn_tuned=[artifact("knn_logprobs_tuned", store="full", key=k, metric=m, split=s) for k in KEYS for m in METRICS
-                   for s in EVAL_SPLITS],
-        par_logprobs=[artifact("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS],
+        knn_logprobs=[
+            artifact("knn_logprobs", store="full", key=k, metric=m, split=s)
+            for k in KEYS
+            for m in METRICS
+            for s in EVAL_SPLITS
+        ],
+        knn_tuned=[
+            artifact("knn_logprobs_tuned", store="full", key=k, metric=m, split=s)
+            for k in KEYS
+            for m in METRICS
+            for s in EVAL_SPLITS
+        ],
+        par_logprobs=[
+            artifact("parametric_logprobs", variant=v, key=k, split=s) for v, k in VARIANTS for s in EVAL_SPLITS
+        ],
         documents=per_split("documents"),
-        **(dict(subset_score=artifact("score", **SUBSET_KNN), subset_knn=per_split("knn_logprobs", **SUBSET_KNN),
-                subset_tuned=per_split("knn_logprobs_tuned", **SUBSET_KNN)) if SUBSET_KNN else {}),
+        **(
+            dict(
+                subset_score=artifact("score", **SUBSET_KNN),
+                subset_knn=per_split("knn_logprobs", **SUBSET_KNN),
+                subset_tuned=per_split("knn_logprobs_tuned", **SUBSET_KNN),
+            )
+            if SUBSET_KNN
+            else {}
+        ),
     ),
     output=files(
         cmp_csv=artifact("table", table="parametric_comparisons", ext="csv"),
-        cmp_md=report(artifact("table", table="parametric_comparisons", ext="md"), caption=report_caption("parametric"),
-                      category="Parametric"),
+        cmp_md=in_report(
+            artifact("table", table="parametric_comparisons", ext="md"),
+            caption=report_caption("parametric"),
+            category="Parametric",
+        ),
         csv=[artifact("table", table=t, ext="csv") for t in PAR_TABLES],
-        md=[report(artifact("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
-            for t in PAR_TABLES],
-        fig3=[report(artifact("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric")
-              for e in ("png", "pdf")],
+        md=[
+            in_report(artifact("table", table=t, ext="md"), caption=report_caption("parametric"), category="Parametric")
+            for t in PAR_TABLES
+        ],
+        fig3=[
+            in_report(
+                artifact("figure", figure="fig3_nv", ext=e), caption=report_caption("fig3"), category="Parametric"
+            )
+            for e in ("png", "pdf")
+        ],
     ),
     cfg=cfg_json("parametric", "knn", "stats", "profile"),
 )

@@ -6,7 +6,8 @@ PRUNING = dict(store="full", **GAINS_KEY)
 
 
 knnlm_rule(
-    "datastore_neighbours", "pruning.neighbours",
+    "datastore_neighbours",
+    "pruning.neighbours",
     input=files(
         **datastore("{key}"),
         index=artifact("index"),
@@ -23,7 +24,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "write_pruning", "pruning.table",
+    "write_pruning",
+    "pruning.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         **datastore(),
@@ -31,7 +33,9 @@ knnlm_rule(
         targets=per_split("targets"),
         documents=per_split("documents"),
         # valid is scored on the tuning sample when the run has one (as every store scored on every token)
-        tuning_sample=lambda wc: artifact("tuning_sample", lm=wc.lm, split="valid") if RETRIEVAL["tuning_documents"] else [],
+        tuning_sample=lambda wc: (
+            artifact("tuning_sample", lm=wc.lm, split="valid") if RETRIEVAL["tuning_documents"] else []
+        ),
         score=artifact("score", **PRUNING),
         dstore_nb_ids=artifact("dstore_nb_ids", **PRUNING),
         dstore_nb_meta=artifact("dstore_nb_meta", **PRUNING),
@@ -39,11 +43,15 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("table", table="pruning", ext="csv"),
-        md=report(artifact("table", table="pruning", ext="md"), caption=report_caption("pruning"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="pruning", ext="md"), caption=report_caption("pruning"), category="Beyond the paper"
+        ),
         cmp_csv=artifact("table", table="pruning_comparisons", ext="csv"),
-        png=report(artifact("figure", figure="pruning", ext="png"), caption=report_caption("pruning"),
-                   category="Beyond the paper"),
+        png=in_report(
+            artifact("figure", figure="pruning", ext="png"),
+            caption=report_caption("pruning"),
+            category="Beyond the paper",
+        ),
         pdf=artifact("figure", figure="pruning", ext="pdf"),
     ),
     cfg=cfg_json("knn", "temperature", "pruning", "stats", "profile"),

@@ -12,47 +12,64 @@ REGIME_STORES = [store_name(r) for r in sorted(RG["ratios"])]
 REGIME_SCAN = [probe_store("full", n) for n in sorted(RG["nprobe"])] + ["full"]
 REGIME_POINTS = {
     "lm": [artifact("settings", lm=n, store="full", key=k, metric=m) for n in RG["lms"] for k, m in REGIME_VARIANTS],
-    "store": [artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_STORES
-              for k, m in REGIME_VARIANTS],
-    "scan": [artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_SCAN
-             for k, m in REGIME_VARIANTS],
+    "store": [
+        artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_STORES for k, m in REGIME_VARIANTS
+    ],
+    "scan": [
+        artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_SCAN for k, m in REGIME_VARIANTS
+    ],
 }
 # the effects' ids, read from the claims table without importing the experiment (the DAG stays light to build)
-REGIME_EFFECTS = [e["id"] for e in yaml.safe_load((importlib.resources.files("knnlm.experiments") / "claims.yaml")
-                                                  .read_text(encoding="utf-8"))["regime_effects"]]
+REGIME_EFFECTS = [
+    e["id"]
+    for e in yaml.safe_load(
+        (importlib.resources.files("knnlm.experiments") / "claims.yaml").read_text(encoding="utf-8")
+    )["regime_effects"]
+]
 
 
 knnlm_rule(
-    "write_regime", "regime.regime_map",
+    "write_regime",
+    "regime.regime_map",
     input=files(
         lm_training=lm_training(PRIMARY),  # the primary LM's convergence, in the captions
         vocabulary=artifact("data_bin"),  # the dictionary: rows per vocabulary entry
         **{f"{axis}_points": pts for axis, pts in REGIME_POINTS.items()},
     ),
     output=files(
-        **{f"{axis}_{x}": report(artifact("table", lm=PRIMARY, table=f"regime_{axis}", ext=x),
-                                 caption=report_caption("default"), category="Regime map") if x == "md" else
-           artifact("table", lm=PRIMARY, table=f"regime_{axis}", ext=x)
-           for axis in ("lm", "store", "scan", "trends") for x in ("csv", "md")},
+        **{
+            f"{axis}_{x}": (
+                in_report(
+                    artifact("table", lm=PRIMARY, table=f"regime_{axis}", ext=x),
+                    caption=report_caption("default"),
+                    category="Regime map",
+                )
+                if x == "md"
+                else artifact("table", lm=PRIMARY, table=f"regime_{axis}", ext=x)
+            )
+            for axis in ("lm", "store", "scan", "trends")
+            for x in ("csv", "md")
+        },
         trends_json=artifact("table", lm=PRIMARY, table="regime_trends", ext="json"),
         **regime_figures(REGIME_EFFECTS),
     ),
-    cfg=quoted_cfg("knn", "stats", "profile",
-                   regime={**RG, "stores": REGIME_STORES, "scan_stores": REGIME_SCAN}),
+    cfg=quoted_cfg("knn", "stats", "profile", regime={**RG, "stores": REGIME_STORES, "scan_stores": REGIME_SCAN}),
     wildcards=(),
 )
 
 
 knnlm_rule(
-    "write_findings_regime", "regime.findings_trends",
+    "write_findings_regime",
+    "regime.findings_trends",
     input=files(
         findings_rows=artifact("findings_rows", lm=PRIMARY),  # the findings rows with their claims' ids
         trends=artifact("table", lm=PRIMARY, table="regime_trends", ext="json"),
     ),
     output=files(
         csv=artifact("findings_regime", lm=PRIMARY, ext="csv"),
-        md=report(artifact("findings_regime", lm=PRIMARY, ext="md"), caption=report_caption("default"),
-                  category="Regime map"),
+        md=in_report(
+            artifact("findings_regime", lm=PRIMARY, ext="md"), caption=report_caption("default"), category="Regime map"
+        ),
     ),
     cfg=quoted_cfg(),
     wildcards=(),

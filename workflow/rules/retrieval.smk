@@ -3,7 +3,8 @@
 
 
 knnlm_rule(
-    "scope", "retrieval.scope",
+    "scope",
+    "retrieval.scope",
     input=files(
         documents=artifact("documents"),
     ),
@@ -17,7 +18,8 @@ knnlm_rule(
 # The valid tokens of the stores scored on every token (config 'retrieval.tuning_documents'): whole documents, where
 # their λ and τ are tuned; their test tokens stay every token.
 knnlm_rule(
-    "tuning_sample", "retrieval.tuning_sample",
+    "tuning_sample",
+    "retrieval.tuning_sample",
     input=files(
         documents=artifact("documents"),
     ),
@@ -34,11 +36,15 @@ knnlm_rule(
 # The tokens of the stores scored on every token when 'retrieval.table3_fraction' < 1: a block sample of that share of
 # every test token and of valid's tuning sample (sized by the rule of docs/statistics.md, target 'sample_size').
 knnlm_rule(
-    "table3_sample", "retrieval.table3_sample",
+    "table3_sample",
+    "retrieval.table3_sample",
     input=files(
         documents=artifact("documents"),
-        tuning_sample=lambda wc: artifact("tuning_sample", lm=wc.lm, split="valid")
-        if RETRIEVAL["tuning_documents"] and wc.split == "valid" else [],
+        tuning_sample=lambda wc: (
+            artifact("tuning_sample", lm=wc.lm, split="valid")
+            if RETRIEVAL["tuning_documents"] and wc.split == "valid"
+            else []
+        ),
     ),
     output=files(
         out=artifact("table3_sample"),
@@ -48,7 +54,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "prepare_store", "retrieval.prepare_store",
+    "prepare_store",
+    "retrieval.prepare_store",
     input=files(
         **datastore("{key}"),
     ),
@@ -61,7 +68,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "build_index", "retrieval.build_index",
+    "build_index",
+    "retrieval.build_index",
     input=files(
         **datastore("{key}"),
         store=artifact("store_prep"),
@@ -79,7 +87,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "search", "retrieval.search",
+    "search",
+    "retrieval.search",
     input=files(
         **datastore("{key}"),
         **queries("{split}", "{key}"),
@@ -101,7 +110,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "real_score", "retrieval.real_score",
+    "real_score",
+    "retrieval.real_score",
     input=files(
         **datastore("{key}"),
         **queries("{split}", "{key}"),
@@ -129,7 +139,8 @@ SHARDED = ["shard"] if EXACT_SHARDS > 1 else []  # the shard wildcard of a shard
 
 
 knnlm_rule(
-    "exact_search", "retrieval.exact_search",
+    "exact_search",
+    "retrieval.exact_search",
     input=files(
         **datastore("{key}"),
         **queries("{split}", "{key}"),
@@ -139,10 +150,17 @@ knnlm_rule(
         table3_sample=table3_sample_of(),
     ),
     output=files(
-        **(EXACT_OUTPUTS if EXACT_SHARDS == 1 else
-           # a shard's top-k is deleted once merged (temp): T x k x 8 bytes per shard, 2 GB at WikiText-103's test split
-           dict(ids=temp(artifact("exact_shard_ids")), dists=temp(artifact("exact_shard_dists")),
-                meta=temp(artifact("exact_shard_meta")))),
+        **(
+            EXACT_OUTPUTS
+            if EXACT_SHARDS == 1
+            else
+            # a shard's top-k is deleted once merged (temp): T x k x 8 bytes per shard, 2 GB at WikiText-103's test split
+            dict(
+                ids=temp(artifact("exact_shard_ids")),
+                dists=temp(artifact("exact_shard_dists")),
+                meta=temp(artifact("exact_shard_meta")),
+            )
+        ),
     ),
     cfg=cfg_json("retrieval", "knn"),
     threads=THREADS,
@@ -155,7 +173,8 @@ knnlm_rule(
 if EXACT_SHARDS > 1:
 
     knnlm_rule(
-        "exact_merge", "retrieval.exact_merge",
+        "exact_merge",
+        "retrieval.exact_merge",
         input=files(
             shard_ids=expand(artifact("exact_shard_ids"), shard=range(EXACT_SHARDS), allow_missing=True),
             shard_dists=expand(artifact("exact_shard_dists"), shard=range(EXACT_SHARDS), allow_missing=True),
@@ -169,7 +188,8 @@ if EXACT_SHARDS > 1:
 
 
 knnlm_rule(
-    "settings", "retrieval.settings",
+    "settings",
+    "retrieval.settings",
     input=files(
         **SETTINGS_INPUTS,
     ),
@@ -186,25 +206,39 @@ knnlm_rule(
 # 'retrieval.tuning_documents') for the paper's (key, metric) (TABLE3_KEY).
 # With 'retrieval.small_store_all_tokens', also 'table3_small': the smallest swept store (the paper's 5 %) on
 # every token. Same job, same columns; only the settings it reads differ.
-TABLE3_SETTINGS = {"table3": settings_of("full", RETRIEVAL),
-                   **({"table3_all": settings_of(FULL_ALL_TOKENS, {"key_types": [TABLE3_KEY["key"]],
-                                                                     "metrics": [TABLE3_KEY["metric"]]})}
-                      if FULL_ALL_TOKENS else {}),
-                   **({"table3_small": settings_of(SMALL_ALL_TOKENS, DATASTORE_SIZE)} if SMALL_ALL_TOKENS else {})}
+TABLE3_SETTINGS = {
+    "table3": settings_of("full", RETRIEVAL),
+    **(
+        {
+            "table3_all": settings_of(
+                FULL_ALL_TOKENS, {"key_types": [TABLE3_KEY["key"]], "metrics": [TABLE3_KEY["metric"]]}
+            )
+        }
+        if FULL_ALL_TOKENS
+        else {}
+    ),
+    **({"table3_small": settings_of(SMALL_ALL_TOKENS, DATASTORE_SIZE)} if SMALL_ALL_TOKENS else {}),
+}
 
 
 knnlm_rule(
-    "write_table3", "retrieval.table3",
+    "write_table3",
+    "retrieval.table3",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         settings=lambda wc: expand(TABLE3_SETTINGS[wc.table], lm=wc.lm),  # table {table}'s store, per (key, metric)
     ),
     output=files(
         csv=artifact("table", table="{table}", ext="csv"),
-        md=report(artifact("table", table="{table}", ext="md"), caption=report_caption("table3"), category="Table 3"),
+        md=in_report(
+            artifact("table", table="{table}", ext="md"), caption=report_caption("table3"), category="Table 3"
+        ),
         cmp_csv=artifact("table", table="{table}_comparisons", ext="csv"),
-        cmp_md=report(artifact("table", table="{table}_comparisons", ext="md"), caption=report_caption("table3"),
-                      category="Table 3"),
+        cmp_md=in_report(
+            artifact("table", table="{table}_comparisons", ext="md"),
+            caption=report_caption("table3"),
+            category="Table 3",
+        ),
     ),
     cfg=cfg_json("retrieval", "knn", "temperature", "stats", "profile", "index"),
     constraints=dict(

@@ -6,7 +6,8 @@ if FULL_EVERY_TOKEN:
     SAMPLE_SIZE = dict(store=FULL_EVERY_TOKEN, **TABLE3_KEY)
 
     knnlm_rule(
-        "write_sample_size", "sample_size.table",
+        "write_sample_size",
+        "sample_size.table",
         input=files(
             unpack(settings_inputs(**SAMPLE_SIZE)),
             settings=artifact("settings", **SAMPLE_SIZE),  # its τ grid as extended there

@@ -8,14 +8,14 @@ if CFG["data"]["download"]:
     rule download:
         output:
             splits=[str(p) for p in split_files(CFG).values()],
-        params:
-            cfg=cfg_json("data"),
-            io=io(),
-            rule="download",
         log:
             log_of("download"),
         conda:
             ENV
+        params:
+            cfg=cfg_json("data"),
+            io=io(),
+            rule="download",
         shell:
             knnlm("spine.download")
 
@@ -28,14 +28,14 @@ for _name in [n for n in LMS if not BACKEND[n].weights_artifact and CFG["lms"][n
             f"download_lm_{_name.replace('-', '_').replace('.', '_')}"
         output:
             checkpoint=CFG["lms"][_name]["path"],
-        params:
-            cfg=quoted_cfg(lms={_name: CFG["lms"][_name]}),
-            io=io(fixed={"lm": _name}),
-            rule=f"download_lm_{_name.replace('-', '_').replace('.', '_')}",
         log:
             log_of(f"download_lm_{_name}"),
         conda:
             ENV
+        params:
+            cfg=quoted_cfg(lms={_name: CFG["lms"][_name]}),
+            io=io(fixed={"lm": _name}),
+            rule=f"download_lm_{_name.replace('-', '_').replace('.', '_')}",
         shell:
             knnlm("spine.download_lm")
 
@@ -45,10 +45,14 @@ for _name in [n for n in LMS if not BACKEND[n].weights_artifact and CFG["lms"][n
 # by this job); without it (an own corpus), the raw files' sha256, read when the DAG is built (cached by size, mtime,
 # ctime and inode once the run's folder exists), are in this job's params, so an edited raw file reruns it and
 # everything that rests on it.
-RAW_SHA256 = ({} if CFG["data"].get("sha256") or CFG["data"].get("download")
-              else sha256_files(data_inputs(CFG), LAYOUT.path("raw_checksums") if LAYOUT.root.is_dir() else None))
+RAW_SHA256 = (
+    {}
+    if CFG["data"].get("sha256") or CFG["data"].get("download")
+    else sha256_files(data_inputs(CFG), LAYOUT.path("raw_checksums") if LAYOUT.root.is_dir() else None)
+)
 knnlm_rule(
-    "prepare_data", "spine.prepare_data",
+    "prepare_data",
+    "spine.prepare_data",
     input=files(
         raw=[ancient(str(p)) for p in data_inputs(CFG)],
     ),
@@ -61,7 +65,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "bpe", "spine.bpe",
+    "bpe",
+    "spine.bpe",
     input=files(
         splits=[artifact("split_tokens", split=s) for s in SPLITS],
         # config 'pretrained': the BPE model the shipped LMs were trained with, used instead of training one
@@ -79,7 +84,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "preprocess", "spine.preprocess",
+    "preprocess",
+    "spine.preprocess",
     input=files(
         bpe=[artifact("bpe_split", split=s) for s in SPLITS],
         dictionary=ancient(CFG["bpe"]["dictionary"]) if CFG["bpe"]["dictionary"] else [],  # a published LM's dict.txt
@@ -97,7 +103,8 @@ knnlm_rule(
 if DATASTORE_DATA:
 
     knnlm_rule(
-        "datastore_corpus", "spine.datastore_corpus",
+        "datastore_corpus",
+        "spine.datastore_corpus",
         input=files(
             train=artifact("split_tokens", split="train") if DATASTORE_DATA["with_train"] else [],
             files=[ancient(f) for f in DATASTORE_DATA["files"]],
@@ -107,8 +114,11 @@ if DATASTORE_DATA:
         output=files(
             text=artifact("datastore_text"),
             corpus=artifact("datastore_corpus"),
-            **({"bpe": artifact("datastore_bpe"), "datastore_bin": directory(artifact("datastore_bin"))}
-               if FAIRSEQ_LMS else {}),
+            **(
+                {"bpe": artifact("datastore_bpe"), "datastore_bin": directory(artifact("datastore_bin"))}
+                if FAIRSEQ_LMS
+                else {}
+            ),
         ),
         cfg=cfg_json("datastore"),
         threads=THREADS,
@@ -116,7 +126,8 @@ if DATASTORE_DATA:
 
 
 knnlm_rule(
-    "token_lines", "spine.token_lines",
+    "token_lines",
+    "spine.token_lines",
     input=files(
         bpe=artifact("bpe_split"),
     ),
@@ -131,7 +142,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "documents", "spine.documents",
+    "documents",
+    "spine.documents",
     input=files(
         text=artifact("split_tokens"),
         token_lines=artifact("token_lines"),
@@ -149,7 +161,8 @@ knnlm_rule(
 # Resumable: fairseq restarts from the LM's work dir (layout 'fairseq_dir') after a kill.
 
 knnlm_rule(
-    "train_lm", "spine.train_lm",
+    "train_lm",
+    "spine.train_lm",
     input=files(
         unpack(lm_sources),  # App. E.6: the checkpoint an LM continues ('init') or learns soft labels from ('teacher')
         data_bin=artifact("data_bin"),
@@ -173,7 +186,8 @@ knnlm_rule(
 # config 'pretrained': a shipped LM (knnlm.lm.shipped) instead of training it: checked against its model card (the
 # sha256, the 'lm' config this run would train it with, the run's dictionary) and copied with its training record.
 knnlm_rule(
-    "pretrained_lm", "spine.pretrained_lm",
+    "pretrained_lm",
+    "spine.pretrained_lm",
     input=files(
         **{"checkpoint": SHIPPED.pattern("checkpoint") if SHIPPED else []},  # a dict: 'checkpoint' is a keyword
         card=SHIPPED.pattern("model_card") if SHIPPED else [],
@@ -192,7 +206,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "register_hf", "spine.register_hf",
+    "register_hf",
+    "spine.register_hf",
     input=files(
         hf_local_files,
     ),
@@ -208,7 +223,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "dump_datastore", "spine.dump_datastore",
+    "dump_datastore",
+    "spine.dump_datastore",
     input=files(
         unpack(lm_model("train")),
         corpus=artifact("datastore_corpus") if DATASTORE_DATA else [],
@@ -228,7 +244,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "dump_queries", "spine.dump_queries",
+    "dump_queries",
+    "spine.dump_queries",
     input=files(
         unpack(lm_model(None)),
         wordcounts=artifact("wordcounts"),
@@ -250,7 +267,8 @@ knnlm_rule(
 
 # A Hugging Face LM's queries: dump_queries with the lines and words of its own tokens
 knnlm_rule(
-    "dump_queries_hf", "spine.dump_queries",
+    "dump_queries_hf",
+    "spine.dump_queries",
     input=files(
         unpack(lm_model(None)),
         wordcounts=artifact("wordcounts"),

@@ -3,7 +3,8 @@
 # training rows (store TRAINING_SUBSET, Sec. 4 at equal rows), whose search also covers every token.
 
 knnlm_rule(
-    "score", "table1.score",
+    "score",
+    "table1.score",
     input=files(
         **datastore(),
         **queries(),
@@ -25,26 +26,36 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "write_table1", "table1.table1",
+    "write_table1",
+    "table1.table1",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         scores=expand(artifact("score", store="full"), key=KEYS, metric=METRICS, allow_missing=True),
-        knn_valid=expand(artifact("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True),
-        knn_test=expand(artifact("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True),
-        tuned_valid=expand(artifact("knn_logprobs_tuned", store="full", split="valid"), key=KEYS, metric=METRICS,
-                           allow_missing=True),
-        tuned_test=expand(artifact("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS,
-                          allow_missing=True),
+        knn_valid=expand(
+            artifact("knn_logprobs", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True
+        ),
+        knn_test=expand(
+            artifact("knn_logprobs", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True
+        ),
+        tuned_valid=expand(
+            artifact("knn_logprobs_tuned", store="full", split="valid"), key=KEYS, metric=METRICS, allow_missing=True
+        ),
+        tuned_test=expand(
+            artifact("knn_logprobs_tuned", store="full", split="test"), key=KEYS, metric=METRICS, allow_missing=True
+        ),
         lm_logprobs=per_split("lm_logprobs"),
         wordcounts=artifact("wordcounts"),
         documents=per_split("documents"),
     ),
     output=files(
         csv=artifact("table", table="table1", ext="csv"),
-        md=report(artifact("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
+        md=in_report(artifact("table", table="table1", ext="md"), caption=report_caption("table1"), category="Table 1"),
         cmp_csv=artifact("table", table="table1_comparisons", ext="csv"),
-        cmp_md=report(artifact("table", table="table1_comparisons", ext="md"), caption=report_caption("table1"),
-                      category="Table 1"),
+        cmp_md=in_report(
+            artifact("table", table="table1_comparisons", ext="md"),
+            caption=report_caption("table1"),
+            category="Table 1",
+        ),
     ),
     cfg=cfg_json("knn", "temperature", "stats", "profile"),
 )

@@ -6,7 +6,8 @@ T4 = CFG["table4"]
 T4_SCORE = dict(store="full", key=T4["key_type"], metric=T4["metric"])
 
 knnlm_rule(
-    "write_table4", "table4.table4",
+    "write_table4",
+    "table4.table4",
     input=files(
         lm_training=[artifact("lm_training", lm=n) for n in BASE_LMS if BACKEND[n].trained],  # each LM's convergence
         models=[lm_weights(lm) for lm in BASE_LMS],
@@ -19,7 +20,9 @@ knnlm_rule(
     ),
     output=files(
         csv=artifact("run_table", table="table4", ext="csv"),
-        md=report(artifact("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"),
+        md=in_report(
+            artifact("run_table", table="table4", ext="md"), caption=report_caption("default"), category="Table 4"
+        ),
         cmp_csv=artifact("run_table", table="table4_comparisons", ext="csv"),  # App. A's claims, read by the findings
     ),
     cfg=cfg_json("lms", "table4", "knn", "stats", "profile"),

@@ -6,7 +6,8 @@
 
 
 knnlm_rule(
-    "token_features", "token_gains.features",
+    "token_features",
+    "token_gains.features",
     input=files(
         unpack(output_layer),  # W_sm: the base LM's distribution from the ffn queries
         **datastore(),
@@ -24,7 +25,8 @@ knnlm_rule(
 
 
 knnlm_rule(
-    "write_token_gains", "token_gains.table",
+    "write_token_gains",
+    "token_gains.table",
     input=files(
         lm_training=lm_training(),  # the base LM's convergence, in the caption
         features=artifact("token_features", split="test"),
@@ -36,19 +38,33 @@ knnlm_rule(
         vals=artifact("vals"),
         # the real mask on every test token (table3_all's exact search and its tuned τ, λ; not when it scores a
         # block sample, config 'retrieval.table3_fraction' < 1)
-        **({"real_settings": artifact("settings", store=FULL_EVERY_TOKEN, **GAINS_KEY),
-            "exact_ids": artifact("exact_ids", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY),
-            "exact_dists": artifact("exact_dists", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY),
-            "exact_meta": artifact("exact_meta", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY)}
-           if FULL_EVERY_TOKEN else {}),
+        **(
+            {
+                "real_settings": artifact("settings", store=FULL_EVERY_TOKEN, **GAINS_KEY),
+                "exact_ids": artifact("exact_ids", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY),
+                "exact_dists": artifact("exact_dists", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY),
+                "exact_meta": artifact("exact_meta", store=FULL_EVERY_TOKEN, split="test", **GAINS_KEY),
+            }
+            if FULL_EVERY_TOKEN
+            else {}
+        ),
     ),
     output=files(
         csv=artifact("table", table="token_gains", ext="csv"),
-        md=report(artifact("table", table="token_gains", ext="md"), caption=report_caption("token_gains"),
-                  category="Beyond the paper"),
+        md=in_report(
+            artifact("table", table="token_gains", ext="md"),
+            caption=report_caption("token_gains"),
+            category="Beyond the paper",
+        ),
         cmp_csv=artifact("table", table="token_gains_comparisons", ext="csv"),
-        fig=[report(artifact("figure", figure="token_gains", ext=e), caption=report_caption("token_gains"),
-                    category="Beyond the paper") for e in ("png", "pdf")],
+        fig=[
+            in_report(
+                artifact("figure", figure="token_gains", ext=e),
+                caption=report_caption("token_gains"),
+                category="Beyond the paper",
+            )
+            for e in ("png", "pdf")
+        ],
     ),
     cfg=cfg_json("quality", "knn", "stats", "profile"),
 )

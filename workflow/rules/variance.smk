@@ -4,8 +4,11 @@
 VAR = CFG["variance"]
 VAR_STORES = (["full"] + [f"full-ivf{k}" for k in VAR["index_seeds"]] if VAR["index_seeds"] else []) + (
     [store_name(VAR["ratio"])] + [f"{store_name(VAR['ratio'])}-draw{k}" for k in VAR["draw_seeds"]]
-    if VAR["draw_seeds"] else [])
+    if VAR["draw_seeds"]
+    else []
+)
 if VAR_STORES:
-    STORE_TABLES["variance"] = expand(artifact("settings", key=VAR["key_type"], metric=VAR["metric"]), store=VAR_STORES,
-                                      allow_missing=True)
+    STORE_TABLES["variance"] = expand(
+        artifact("settings", key=VAR["key_type"], metric=VAR["metric"]), store=VAR_STORES, allow_missing=True
+    )
     TARGETS["variance"] = tables("variance")

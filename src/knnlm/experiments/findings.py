@@ -1,76 +1,9 @@
-"""The findings report: for each claim of Xu et al. (2023) that the run can test, the paper's numbers, ours with
-its 95 % CI (paired over documents, knnlm.statistics.intervals; the method and its measured coverage:
-docs/statistics.md) and a verdict computed from the CI:
-  reproduced    -- the CI excludes 0 and the difference has the paper's sign
-  contradicted  -- the CI excludes 0 and the difference has the opposite sign
-  inconclusive  -- the CI includes 0 (no difference can be claimed at this scope)
-  inconclusive (N articles, n_eff E) -- the comparison's documents count fewer than 'stats.min_documents' as the
-                   interval counts them (Kish's effective number n_eff), whatever its CI
-  reported      -- a number shown without a verdict (see below)
-  not run       -- the run has no table for the claim ('not run (target 'extras')': a check or follow-up that
-                   config 'extras.in_all' leaves out of 'all', built by target 'extras'); counted in the Summary
-  not tested (premise absent: ...) -- the paper's premise fails in this run (E.6.1: the overfitted LM did not
-                   memorise as the paper's did): no verdict, counted apart
-  lower / higher -- (in the comparison tables, not here) the CI of a / b − 1 lies below / above 0
-A verdict in parentheses carries what it rests on: '(base LM under-trained)' when the base LM's valid perplexity
-was still falling (the summary counts these apart), '(τ* on the grid edge)' and the like when a tuned value sat on
-the edge of its grid.
-Every row names its resampling unit and how many it rests on ('units': WikiText articles when the text has article
-structure, else paragraphs or token blocks, with Kish's effective number n_eff), and the store and keys ('on').
-A claim that two settings are about as good ("IP is about as good as L2") is tested against a stated margin m:
-reproduced when the whole CI lies inside ±m, contradicted when it lies wholly outside; a claim of no effect or of a
-small one ("does not help", "only slightly") one-sided, reproduced when the CI's lower end stays above −m. Such a
-margin comes from the effect it judges: a share of its reference's own gain (a tenth for "no effect", a quarter for
-"little"; the claims table's 'margins'), measured on valid, and never narrower than what the run resolves there (the
-half-width of the row's own CI on valid); the row's claim states the margin it got and where it came from. A claimed
-share of a gain ("W_ds recovers about 55 %") is tested against a stated band around the paper's share (±10
-percentage points) the same way, and a stated size ("nearly 4 % better") against its band, with the sign it also
-states shown beside the verdict: one measurement, one row. A statement the paper makes that depends on its own
-scale ("τ = 1 is near-optimal for the FAISS score", a coincidence of its distance scale) is 'reported' with our
-number and no verdict; what transfers (tuning τ helps
-the FAISS score less than a real score) is tested. Column 'test' says whether a row is the paper's own comparison
-(its setting, τ and table: Tables 2 and 5-7 compare with the att/IP kNN-LM at τ = 1) or an extra one of ours. The paper
-measured most claims at τ = 1, near-optimal at its distance scale; where this run's τ* of a compared setting beats
-τ = 1 beyond the CI (its 'X τ* vs X' row), the τ = 1 row is reported and labelled, and the verdict is made with each
-side at its own τ* (test 'the paper's, each side at its τ*').
-A claim about a family of settings (every parametric alternative the run trained) gets one row per member; a claim
-about the best of several ("in some settings the gap … can be as high as 3.7 %") is tested on the one chosen on valid
-(claims.yaml 'choose'), the row saying which and why. A claim that one difference exceeds another (Sec. 5.1: the score
-gap is larger than the mask gap; Sec. 5.2: a small store benefits more than the full one; App. A: a stronger LM gains
-less) is tested on the difference of the two as one statistic, with its paired CI over the same documents. A row whose
-effective number of documents is fixed by its design (a slope's or a correlation's leverages) and falls short of
-'stats.min_documents' says so: no outcome on these documents could decide it.
-A parametric alternative that stopped before its valid NLL stopped improving is under-trained: a verdict that rests
-on it looking worse than the claim needs (worse than the kNN-LM or the base LM, or a smaller share of the gain) is
-'inconclusive (under-trained)', since more training could change it; one where it already looks better stands.
-A variant trained on a subset of the datastore's rows (config 'parametric.train_tokens') is held against the kNN-LM
-whose datastore is exactly those rows ('kNN-LM att/IP on the subset', at τ = 1 and at its τ*), like for like; its
-rows against the all-rows kNN-LMs stay in the parametric comparisons table. Where no such kNN-LM exists, a variant
-on fewer rows than what it is compared with is 'inconclusive (subset-trained)' where it looks worse. Variants are
-compared with each other at equal rows (W_ds is trained again on the subset the others saw when it trained on all
-rows).
-App. D's slopes over word types and E.3's effects are statistics, not relative differences: their rows give the
-value in its unit with its CI (delete-one-document jackknife, docs/statistics.md). E.3's "no correlation with the
-position" is tested on an effect a reader can judge, the change of per-token NLL (nats) between the first and the
-last quarter of positions, against a stated margin; Pearson's r is reported beside it. E.1 and E.2 compare each
-twin with the kNN-LM at its τ tuned on the same valid tokens (both sides tuned). E.6.1 first checks that the
-overfitted LM memorised its training set (training perplexity under half its valid perplexity); E.6.2 compares a
-soft-label LM with its one-hot twin, each interpolated with the base LM (a second LM helps any LM by ensembling). E.4's
-count of un-argmaxable words is a property of W_sm, exact rather than estimated. E.5 (ensembling), E.6.1 (overfitting)
-and E.6.2 (soft labels) are tested when config 'hypotheses.ensemble_lms', 'overfit_lms' and 'soft_label_lms' name LMs of
-the run (then the findings wait for them), else listed as 'not run'. An overfitted LM is compared as trained: how far it
-overfitted (its last training perplexity) is in Table 9.
-Differences are relative, a / b − 1 of per-word perplexity on the same tokens (test split), as in the
-comparison tables of Table 1 and Table 3 and the settings of the smallest swept store. Claims on Table 3 and the
-stores use att keys and L2 when the run has them, else its first key type (the row names the one used). The
-paper's numbers are its WikiText-103 results (268M LM). Rows whose section names another paper test that
-follow-up's claims on this run: Drozdov et al. (2022) on when retrieval helps (per-token gains by the nearest
-neighbour's distance and by n-gram overlap; λ by retrieval quality against one global λ), He et al. (2021) on
-adaptive retrieval (a λ predicted before retrieval; retrieval skipped for half of the tokens). A Sec. 5 row's 'on'
-column gives its store's probe count (nprobe of the IVF lists): the paper probed 32 of 4,096 (0.78 %); 'index.nprobe:
-auto' probes a small store more densely (at least index.scan_factor × k keys per query), and table 'probe_sweep' (config
-'retrieval.probe_sweep') shows the mask comparison across probe counts, the paper's fraction marked.
-"""
+"""The findings report (target 'findings'): each claim of the claims table (claims.yaml: every statement of Xu et al.
+(2023), and of the follow-ups its sections name, that the run can test) as rows of the paper's numbers, ours with
+their 95 % CI paired over documents (knnlm.statistics.intervals) and a verdict computed from the CI by the same rules
+for every row; the rules that replace or qualify a verdict (claims.yaml 'rules') counted in a table of their own; a
+summary figure of the verdicts by part of the paper. How a verdict is reached, row by row: docs/verdicts.md (the
+legend every report links)."""
 from __future__ import annotations
 
 import functools
@@ -85,8 +18,13 @@ from ..statistics.captions import ci_caption, comparison_rows, contrast_row
 from .common import lm_training_label
 from ..statistics.verdicts import band_verdict, paper_verdict, within_verdict
 from ..datastore.stores import TRAINING_SUBSET_LABEL
+from ..report.figures import findings_summary_figure
 from ..scoring.settings import FAISS_FAISS, FAISS_REAL, REAL_REAL, TUNED, store_vs_store
 
+# what every findings report says of its legend, instead of pasting it (the verdicts and how each is reached)
+LEGEND = ("Each row: a claim, the paper's numbers, ours with its 95 % CI paired over documents, the units it rests on and "
+          "the verdict computed from the CI. What each verdict means and how it is reached: docs/verdicts.md "
+          "(the legend); the claims and the rules applied to them: src/knnlm/experiments/claims.yaml.")
 CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what each claim is and how it is tested
 
 
@@ -97,11 +35,6 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
     'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
     expression of the comparison rows it is tested on."""
-    if choose not in (None, "lowest", "highest"):
-        raise TypeError(f"'choose' is 'lowest' or 'highest', found {choose!r}")
-    for name, m in (("equivalent", equivalent), ("within", within)):
-        if isinstance(m, dict) and set(m) != {"share", "of"}:
-            raise TypeError(f"'{name}' as a mapping needs exactly 'share' and 'of', found {sorted(m)}")
     return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
             "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent,
             "reported": reported, "kind": kind, "ref": ref,
@@ -170,16 +103,24 @@ def load_regime(path: str | Path = CLAIMS_FILE) -> dict:
 
 
 def claims_document(path: Path) -> dict:
-    """The parsed claims table at `path` (load_claims and load_regime read its parts; a text already parsed in this
-    process is not parsed again)."""
-    return _parse_yaml(path.read_text(encoding="utf-8"))
+    """The parsed claims table at `path`, checked against its schema (src/knnlm/schemas/claims.schema.yaml; load_claims,
+    load_rules, load_regime and the regime map's load_effects read its parts; a text already checked in this process
+    is not parsed again). Raises ValueError naming the file, each key at fault, what was expected and what was found."""
+    return _parse_claims(path.read_text(encoding="utf-8"), str(path))
 
 
 @functools.lru_cache(maxsize=4)
-def _parse_yaml(text: str) -> dict:
+def _parse_claims(text: str, path: str) -> dict:
     import yaml
 
-    return yaml.safe_load(text)
+    from ..io import schema_errors
+
+    doc = yaml.safe_load(text)
+    _, errors = schema_errors(doc, "claims")
+    if errors:
+        raise ValueError(f"{path}: not a valid claims table: " + "; ".join(errors[:10])
+                         + (f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""))
+    return doc
 
 
 KIND = {"paper": "the paper's", "ours": "ours (beyond the paper)", "tau*": "the paper's, each side at its τ*",
@@ -195,14 +136,8 @@ REGIME = load_regime()
 def load_rules(path: str | Path = CLAIMS_FILE) -> dict[str, dict]:
     """The rules of the claims table at `path` ('rules': {name: {'effect', 'does', 'basis'}}) that replace or qualify
     a findings row's verdict (_tested names them). Raises ValueError naming the file and the rule for a missing field
-    or an effect other than 'replaces' / 'qualifies'."""
-    rules = claims_document(Path(path)).get("rules") or {}
-    for name, r in rules.items():
-        if not isinstance(r, dict) or set(r) != {"effect", "does", "basis"} or r["effect"] not in ("replaces",
-                                                                                                  "qualifies"):
-            raise ValueError(f"{path}: rule {name!r}: expected the fields effect ('replaces' or 'qualifies'), does and "
-                             f"basis, found {r!r}")
-    return rules
+    or an effect other than 'replaces' / 'qualifies' (the claims table's schema)."""
+    return claims_document(Path(path)).get("rules") or {}
 
 
 RULES = load_rules()
@@ -759,23 +694,28 @@ def findings(job: Job) -> dict:
         sel = None if df is None or df.empty else df[(df["split"] == "test") & df["comparison"].str.fullmatch(c["pattern"])]
         if sel is not None and c["ref"] is not None and "reference" in sel:
             sel = sel[sel["reference"].fillna("").str.contains(c["ref"], regex=False)]
-        if (sel is None or sel.empty) and c["kind"] in ("ours", "tau*"):
-            continue  # an extra comparison this run does not have (e.g. no kNN-LM other than the paper's)
-        if sel is None or sel.empty:
-            left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
+        def not_run(why: str) -> None:  # a claim without a measurement still has its row (no silent claim)
             rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
                          "comparison (a vs b)": c["shown"], "paper": _paper(c, None)[0],
-                         "ours (test, 95% CI)": "not run", "on": "-", "units": "-",
-                         "verdict": "not run (target 'extras')" if left_out else "not run", "regime": "-",
+                         "ours (test, 95% CI)": "not run", "on": "-", "units": "-", "verdict": why, "regime": "-",
                          "_claim": c["id"]})
-            counts[rows[-1]["verdict"]] = counts.get(rows[-1]["verdict"], 0) + 1
+            counts[why] = counts.get(why, 0) + 1
+
+        if (sel is None or sel.empty) and c["kind"] in ("ours", "tau*"):
+            # an extra comparison this run does not have (e.g. no kNN-LM other than the paper's, no τ* twin)
+            not_run("not run (no such comparison in this run)")
             continue
-        if sel is not None and not sel.empty and c["choose"]:  # the row the claim rests on, chosen on valid
+        if sel is None or sel.empty:
+            left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
+            not_run("not run (target 'extras')" if left_out else "not run")
+            continue
+        if c["choose"]:  # the row the claim rests on, chosen on valid
             c, sel = _chosen(c, df, sel)
-        if sel is not None and not sel.empty and c["source"] == "parametric":  # on fewer rows: tested at equal rows
+        if c["source"] == "parametric":  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
-            if sel.empty:
-                continue  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
+            if sel.empty:  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
+                not_run("not run (tested at equal rows: the claims against the kNN-LM on the alternatives' rows)")
+                continue
         for _, r in sel.iterrows():
             row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
                           undertrained, _tau1_off(c, r, sources))
@@ -785,10 +725,10 @@ def findings(job: Job) -> dict:
             kind = row["verdict"].split(" (")[0]
             where[kind] = where.get(kind, 0) + 1
             rows.append(row)
-    cfg = job.cfg
+    cfg, rules = job.cfg, rules_table(rows)
     text = [f"# Findings ({cfg['name']}): the claims of Xu et al. (2023), and of the follow-ups Drozdov et al. "
             f"(2022) and He et al. (2021), tested on this run\n\n",
-            f"{__doc__.strip()}\n\n",
+            f"{LEGEND}\n\n",
             f"Summary: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'nothing tested'}. "
             f"{lm_training_label(job)} "
             f"{ci_caption(cfg['stats'])}; 'units' = the test units a row rests on (its resampling unit, with Kish's "
@@ -807,7 +747,7 @@ def findings(job: Job) -> dict:
             "Rules: every rule that replaces or qualifies a verdict (claims.yaml 'rules'), the rows it touched and "
             "the verdict each would have had without it ('would be neither': inconclusive, reported). A rule that "
             "withholds only one direction leans the report that way unless its basis says why.\n\n",
-            rules_table(rows).to_markdown(index=False) + "\n\n",
+            rules.to_markdown(index=False) + "\n\n",
             pd.DataFrame(rows).drop(columns=["_claim", "_rules"], errors="ignore").to_markdown(index=False) + "\n\n",
             scope_power(job, small) + "\n\n",
             "Names: faiss_mask_faiss_score = FAISS mask, FAISS score (the usual kNN-LM); faiss_mask_real_score = "
@@ -817,10 +757,14 @@ def findings(job: Job) -> dict:
     with atomic_path(job.path("out")) as tmp:
         tmp.write_text("".join(text))
     artifacts = [job.path("out")]
+    if job.output.get("figure"):
+        artifacts += findings_summary_figure(rows, f"Findings of the {cfg['name']} run: the verdict of each row, by "
+                                                   f"part of the paper ({len(rows)} rows; legend: docs/verdicts.md)",
+                                             [job.path("figure")])
     if job.output.get("rows"):  # the same rows, each with its claim's id: the regime map's findings join on it
         write_json(job.path("rows"), {"rows": [{{"_claim": "claim id", "_rules": "rules"}.get(k, k): v
                                                 for k, v in r.items()} for r in rows], "summary": counts,
-                                      "rules": rules_table(rows).to_dict(orient="records")})
+                                      "rules": rules.to_dict(orient="records")})
         artifacts.append(job.path("rows"))
     return {"metrics": {"n_" + re.sub(r"[^0-9A-Za-z_]+", "_", k).strip("_"): n for k, n in counts.items()},
             "artifacts": artifacts}

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..io import ArtifactError, read_json
+from ..io import ArtifactError, read_checked_json, read_json
 from ..job import Job
 from ..report.figures import save_figure
 from ..report.tables import write_csv, write_table
@@ -146,7 +146,7 @@ def table(job: Job) -> dict:
 
     cfg, st, g = job.cfg, stats_options(job), job.cfg["generation"]
     lm_name = job.wildcards["lm"]
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     tau, lam = float(sc["tuned"]["temperature"]), float(sc["tuned"]["lambda"])
     nb = read_json(job.path("nb_meta"))
     _, vals, _ = open_datastore(job, with_keys=False)

@@ -236,7 +236,7 @@ def hypotheses(job: Job) -> dict:
     t0 = time.time()
     cfg, hyp, st = job.cfg, job.cfg["hypotheses"], stats_options(job)
     steps = cfg["knn"]["lambda_steps"]
-    scores = {sc["key_type"]: sc for sc in map(read_json, job.paths("scores"))}
+    scores = {sc["key_type"]: sc for sc in (read_checked_json(p, "score") for p in job.paths("scores"))}
     keys = sorted(scores, key=["att", "ffn"].index)
     metric = next(iter(scores.values()))["metric"]
     w_sm = output_matrix(job).numpy().astype(np.float32)
@@ -507,7 +507,7 @@ def _load_lms(job: Job, others: list[str], key: str) -> tuple[dict, dict, dict, 
 def knn_component(job: Job) -> str:
     """How a caption names the kNN component of E.5 and E.6 (input 'knn': Table 1's full store at its τ* tuned on
     valid, input 'score'): 'τ* = 0.75 (tuned on valid)', with '(on its grid's edge)' when τ* sat on the grid's edge."""
-    tuned = read_json(job.path("score"))["tuned"]
+    tuned = read_checked_json(job.path("score"), "score")["tuned"]
     return f"τ* = {tuned['temperature']:g} (tuned on valid" + ("; on its grid's edge)" if tuned.get("tau_edge") else ")")
 
 

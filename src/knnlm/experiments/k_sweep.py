@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import extend_while_on_edge, tau_edge, temperatures
-from ..io import iter_chunks, open_npy, read_json
+from ..io import iter_chunks, open_npy, read_checked_json, read_json
 from ..job import Job
 from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
@@ -61,7 +61,7 @@ def table(job: Job) -> dict:
     gain over the base LM that each k keeps; table, figure and comparisons."""
     cfg, st = job.cfg, stats_options(job)
     _, vals, dman = open_datastore(job, with_keys=False)
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     metric, key = sc["metric"], sc["key_type"]
     lp_lm = lm_log_probs(job)
     caches = {}

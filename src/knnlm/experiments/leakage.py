@@ -15,7 +15,7 @@ import logging
 import numpy as np
 import pandas as pd
 
-from ..io import read_json
+from ..io import read_checked_json
 from ..job import Job
 from ..report.figures import save_figure
 from ..report.tables import write_csv, write_table
@@ -71,7 +71,7 @@ def table(job: Job) -> dict:
     _, vals, _ = open_datastore(job, with_keys=False)
     targets = np.load(job.path("targets"))
     lp_lm = np.load(job.path("lm_logprobs")).astype(np.float64)
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     lam = sc["tuned"]["lambda"]
     lp = interpolate(lp_lm, np.load(job.path("knn_tuned")).astype(np.float64), lam)
     n_chunks = len(targets) // CHUNK

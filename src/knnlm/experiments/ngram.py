@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ..io import read_json
+from ..io import read_checked_json
 from ..job import Job
 from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
@@ -68,7 +68,7 @@ def table(job: Job) -> dict:
     steps = cfg["knn"]["lambda_steps"]
     evs = {n: evaluate(lp_lm, {s: lp_ng[s][n] for s in SPLITS}, words, steps) for n in orders}
     best = min(orders, key=lambda n: evs[n]["valid"]["interp"]["nll_sum"])  # chosen on valid; ties: the lowest n
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     lam_knn = sc["tuned"]["lambda"]
     knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn_tuned").items()}
     lps = {KNN: {s: interpolate(lp_lm[s], knn[s], lam_knn) for s in SPLITS},

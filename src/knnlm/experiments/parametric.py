@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..job import Job
-from ..io import atomic_path, create_npy, open_npy, read_json, save_npy, write_json
+from ..io import atomic_path, create_npy, open_npy, read_checked_json, read_json, save_npy, write_json
 from ..parametric import (KeyBatches, build_model, cached, cluster_aggregation, compute_word_stats, converged_label,
                           evaluate_log_probs, kmeans_centroids, parse_variant, train, training_settings,
                           tune_l2_temperature)
@@ -311,7 +311,7 @@ def _subset_reference(job: Job, results: list[dict]) -> dict | None:
     (the score JSON of knnlm.experiments.table1.score), or None without those inputs."""
     if not job.input.get("subset_score"):
         return None
-    s, p = read_json(job.path("subset_score")), job.cfg["parametric"]
+    s, p = read_checked_json(job.path("subset_score"), "score"), job.cfg["parametric"]
     rows = training_subset_size(results[0]["datastore_rows"], p["train_tokens"]) if results else 0
     pair = f"{s['key_type']}/{METRIC_NAME[s['metric']]}"
     return {"name": f"kNN-LM {pair}{SUBSET}", "label": f"{pair}{SUBSET}", "rows": rows, "score": s}
@@ -444,7 +444,7 @@ def tables(job: Job) -> dict:
     plt = pyplot()
     cfg = job.cfg
     results = [read_json(p) for p in job.paths("results")]
-    scores = [read_json(p) for p in job.paths("scores")]
+    scores = [read_checked_json(p, "score") for p in job.paths("scores")]
     base = base_summary(lm_log_probs(job), words_per_split(job))
     best = min(scores, key=lambda s: s["valid"]["interp"]["ppl_word"])
     knn_best = {s: best[s]["interp"]["ppl_word"] for s in ("valid", "test")}

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import extend_while_on_edge, tau_edge, temperatures
-from ..io import ArtifactError, iter_chunks, machine, open_npy, read_json, write_json
+from ..io import ArtifactError, iter_chunks, machine, open_npy, read_checked_json, read_json, write_json
 from ..job import Job
 from ..report.figures import interval_bars, save_figure
 from ..report.tables import write_csv, write_table
@@ -120,7 +120,7 @@ def table(job: Job) -> dict:
             weights[greedy_label(r)], weights[random_label(r)] = g, random_counts(n, removed, p["seed"])
         log.info("greedy merging %g %%: %d of %d entries absorbed", 100 * r, removed, n)
     scored_variants = {v: w for v, w in weights.items() if v not in alias}
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     metric, key = sc["metric"], sc["key_type"]
     caches = {}
     for split in SPLITS:

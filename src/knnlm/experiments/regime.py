@@ -41,7 +41,6 @@ from .findings import CLAIMS_FILE, REGIME, claims_document, vocabulary_size
 AXES = ("lm", "store", "scan")
 AXIS_POINT = {"lm": "base LM", "store": "store", "scan": "store"}  # what names a point of each axis
 TEMPERATURES = {"1": "τ = 1", "tuned": "τ*", "own": "τ* vs τ = 1"}
-EFFECT_FIELDS = {"id", "name", "a", "b", "kind", "temperatures", "paper", "paper_value", "words", "stand_in", "claims"}
 
 
 def load_effects(path: str | Path = CLAIMS_FILE) -> list[dict]:
@@ -52,22 +51,12 @@ def load_effects(path: str | Path = CLAIMS_FILE) -> list[dict]:
     out, seen = [], set()
     for n, entry in enumerate(claims_document(Path(path)).get("regime_effects") or []):
         where = f"{path}: regime effect {entry.get('id', n)!r}"
-        unknown = sorted(set(entry) - EFFECT_FIELDS)
-        missing = sorted({"id", "name", "a", "b", "words"} - set(entry))
-        if unknown or missing:
-            raise ValueError(f"{where}: " + (f"unknown fields {unknown} (known: {sorted(EFFECT_FIELDS)})" if unknown
-                                             else f"missing fields {missing}"))
         if entry["id"] in seen:
             raise ValueError(f"{where}: expected a unique 'id', found {entry['id']!r} twice")
         seen.add(entry["id"])
         e = {"kind": "ratio", "temperatures": ["1", "tuned"], "stand_in": "", "claims": [], **entry}
         e["temperatures"] = [str(t) for t in e["temperatures"]]
-        if e["kind"] not in ("ratio", "share") or not set(e["temperatures"]) <= set(TEMPERATURES):
-            raise ValueError(f"{where}: expected kind 'ratio' or 'share' and temperatures of {sorted(TEMPERATURES)}, "
-                             f"found {e['kind']!r}, {e['temperatures']}")
-        if "paper_value" not in e:
-            if not (isinstance(e.get("paper"), list) and len(e["paper"]) == 2):
-                raise ValueError(f"{where}: expected 'paper' [a, b] (the paper's perplexities) or 'paper_value'")
+        if "paper_value" not in e:  # the schema requires one of the two
             e["paper_value"] = e["paper"][0] / e["paper"][1] - 1
         out.append(e)
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..job import Job
-from ..io import ArtifactError, open_npy, read_json, save_npy, write_json
+from ..io import ArtifactError, open_npy, read_checked_json, read_json, save_npy, write_json
 from ..scoring.results import METRIC_NAME, SPLITS, base_summary, evaluate, result_row
 from .common import (lm_training_label, by_split, documents_label, lm_log_probs, open_datastore, open_split,
                      split_documents, words_per_split)
@@ -115,7 +115,7 @@ def table1(job: Job) -> dict:
     cfg, st = job.cfg, stats_options(job)
     lp_lm = lm_log_probs(job)
     base = base_summary(lp_lm, words_per_split(job))
-    scores = [read_json(p) for p in job.paths("scores")]
+    scores = [read_checked_json(p, "score") for p in job.paths("scores")]
     plain = [f"{s['key_type']}/{METRIC_NAME[s['metric']]}" for s in scores]
     tuned = [f"{n} τ*" for n in plain]  # τ tuned on valid
     names = ["base"] + plain + tuned

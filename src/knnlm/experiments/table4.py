@@ -18,7 +18,7 @@ import numpy as np
 
 from ..job import Job
 from ..config import table4_lms
-from ..io import load_checkpoint, read_json
+from ..io import load_checkpoint, read_checked_json, read_json
 from ..scoring.results import METRIC_NAME
 from ..scoring.interpolation import interpolate
 from ..statistics.captions import ci_caption, comparison_rows, contrast_row, fmt_ci
@@ -78,7 +78,7 @@ def table4(job: Job) -> dict:
 
     cfg, st, t4 = job.cfg, job.cfg["stats"], job.cfg["table4"]
     names = table4_lms(cfg)  # config 'table4.lms'; the LMs trained from another one are App. E.6's
-    scores = [read_json(p) for p in job.paths("scores")]
+    scores = [read_checked_json(p, "score") for p in job.paths("scores")]
     summaries = [lm_summary(p) for p in job.paths("models")]
     rows, m, cross, cmp_rows, boots_of = [], {}, [], [], {}
     for split in ("test", "valid"):

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ..job import Job
-from ..io import ArtifactError, atomic_path, iter_chunks, open_npy, read_json
+from ..io import ArtifactError, atomic_path, iter_chunks, open_npy, read_checked_json, read_json
 from ..scoring.quality import (bucket_of, context_features, context_ngram_stats, gain_concentration, lm_entropy,
                                longest_common_suffix, quantile_edges)
 from ..scoring.interpolation import interpolate, knn_log_prob_from_cache
@@ -93,7 +93,7 @@ def tuned_knn_lm(job: Job) -> tuple[dict, dict, dict, dict, dict]:
 
     lp_knn = {s: np.load(p).astype(np.float64) for s, p in by_split(job, "knn_tuned").items()}
     feats = {s: dict(np.load(p)) for s, p in by_split(job, "features").items()}
-    return (read_json(job.path("score")), lm_log_probs(job), lp_knn, feats,
+    return (read_checked_json(job.path("score"), "score"), lm_log_probs(job), lp_knn, feats,
             {s: split_documents(job, s) for s in SPLITS})
 
 
@@ -173,7 +173,7 @@ def table(job: Job) -> dict:
     doc, doc_words = split_documents(job, "test")
     n_docs = len(doc_words)
     tokens_per_doc = np.bincount(doc, minlength=n_docs).astype(float)
-    sc = read_json(job.path("score"))
+    sc = read_checked_json(job.path("score"), "score")
     deltas = _deltas(job, sc, targets, lp_lm)
     rows, cmp, summary = [], [], []
     plt = pyplot()

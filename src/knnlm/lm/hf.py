@@ -47,19 +47,32 @@ def own_forward(model):
     return model.__dict__.get(OWN_FORWARD) or model
 
 
+HF_EXTRA = "the Hugging Face libraries are not installed: `pip install \".[hf]\"` (transformers, tokenizers, " \
+           "safetensors, huggingface-hub; scripts/setup.sh installs their tested pins)"
+
+
+def transformers_module():
+    """The transformers package, imported on first use (the Hugging Face stack is the optional extra 'hf'; the API
+    and fairseq LMs need none of it). Raises ImportError naming the extra to install when it is missing."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise ImportError(f"{HF_EXTRA} ({e})") from None
+    return transformers
+
+
 def load_hf(path: str, dtype: str = "float32", revision: str | None = None):
     """(model in eval mode, fast tokenizer) of a local directory or Hub id (Hub ids need internet).
 
     dtype: 'float32' | 'bfloat16' | 'float16' (config key 'lms.<name>.dtype'). Raises ArtifactError naming the
     model when its tokenizer is not a fast tokenizer (character offsets are needed to count words).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), revision=revision)
+    tf = transformers_module()
+    model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), revision=revision)
     model.eval()
     if torch.cuda.is_available():
         model.cuda()
-    tok = AutoTokenizer.from_pretrained(path, revision=revision)
+    tok = tf.AutoTokenizer.from_pretrained(path, revision=revision)
     if not getattr(tok, "is_fast", False):
         raise ArtifactError(f"Hugging Face model {path}: tokenizer {type(tok).__name__} is not a fast tokenizer; "
                             "character offsets are needed to count words")
@@ -347,10 +360,8 @@ def output_matrix(files: dict) -> torch.Tensor:
 
 def token_strings(files: dict, vocab: int) -> tuple[list[str], np.ndarray]:
     """(pieces [V'], special [V'] bool), V' ≥ vocab, of the tokenizer of the LM of files['model_card']."""
-    from transformers import AutoTokenizer
-
     card = read_json(files["model_card"])
-    tok = AutoTokenizer.from_pretrained(card["path"], revision=card.get("revision"))
+    tok = transformers_module().AutoTokenizer.from_pretrained(card["path"], revision=card.get("revision"))
     pieces = tok.convert_ids_to_tokens(list(range(max(vocab, len(tok)))))
     special = np.zeros(len(pieces), dtype=bool)
     special[[i for i in tok.all_special_ids if i < len(pieces)]] = True

@@ -44,3 +44,71 @@ def interval_bars(cis: list[dict]) -> tuple[np.ndarray, list[np.ndarray]]:
     and the asymmetric error bars of matplotlib's errorbar(yerr=...)."""
     v = np.array([c["value"] for c in cis], dtype=np.float64)
     return v, [v - np.array([c["lo"] for c in cis]), np.array([c["hi"] for c in cis]) - v]
+
+
+# The verdict kinds of a findings row (its verdict up to the first ' (': the legend is docs/verdicts.md), in the
+# order and colours the summary figure stacks them
+VERDICT_KINDS = {"reproduced": "#2e7d32", "contradicted": "#c62828", "inconclusive": "#9e9e9e",
+                 "reported": "#90caf9", "not tested": "#fff59d", "not run": "#eeeeee"}
+
+
+def section_part(section: str) -> str:
+    """The part of the paper (or the follow-up) a findings row's section belongs to, as the summary figure groups rows:
+    'Sec. 5.1' and 'Sec. 5.2' (Findings 2 and 3) apart, every other 'Sec. N.M' under 'Sec. N', every 'App. X.N'
+    under 'App. X', a follow-up by its authors ('He et al. 2021')."""
+    import re
+
+    head = section.split(",")[0].strip()
+    m = re.match(r"^(Sec\. 5\.\d|Sec\. \d+|App\. [A-Z])", head)
+    return m.group(1) if m else head
+
+
+def _part_order(part: str) -> tuple:
+    """The sort key of a section_part: the paper's sections by number, its appendices by letter, then the follow-ups
+    by year."""
+    import re
+
+    m = re.match(r"^Sec\. ([\d.]+)$", part)
+    if m:
+        return (0, tuple(int(x) for x in m.group(1).split(".")), "")
+    m = re.match(r"^App\. ([A-Z])$", part)
+    if m:
+        return (1, (), m.group(1))
+    year = re.search(r"(\d{4})", part)
+    return (2, (int(year.group(1)) if year else 9999,), part)
+
+
+def findings_summary_figure(rows: list[dict], title: str, paths: list[str | Path]) -> list[str]:
+    """One horizontal bar per part of the paper (section_part of each row's 'section'), stacked by verdict kind
+    (VERDICT_KINDS, the verdict up to its first ' ('), each segment labelled with its count: the findings report at a
+    glance. rows: findings rows with 'section' and 'verdict' (findings.json, or the Markdown table of a findings
+    report). Raises ValueError for a verdict of no known kind (the legend must name every verdict the engine gives).
+    Returns the paths written (save_figure)."""
+    parts: dict[str, dict[str, int]] = {}
+    for r in rows:
+        kind = r["verdict"].split(" (")[0].strip()
+        if kind not in VERDICT_KINDS:
+            raise ValueError(f"findings row {r.get('claim', '')!r}: verdict {r['verdict']!r} is of no kind of "
+                             f"{list(VERDICT_KINDS)}")
+        part = parts.setdefault(section_part(r["section"]), dict.fromkeys(VERDICT_KINDS, 0))
+        part[kind] += 1
+    plt = pyplot()
+    names = sorted(parts, key=_part_order)[::-1]  # the paper's order, top to bottom
+    fig, ax = plt.subplots(figsize=(8.5, 0.32 * len(names) + 1.6))
+    left = np.zeros(len(names))
+    for kind, colour in VERDICT_KINDS.items():
+        n = np.array([parts[p][kind] for p in names])
+        bars = ax.barh(names, n, left=left, color=colour, edgecolor="#616161", linewidth=0.4,
+                       label=f"{kind} ({n.sum()})")
+        ax.bar_label(bars, labels=[str(v) if v else "" for v in n], label_type="center", fontsize=7)
+        left += n
+    ax.set_xlabel("findings rows (one measurement each)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    ax.set_xlim(0, left.max() * 1.03)
+    ax.tick_params(axis="y", labelsize=8)
+    ax.spines[["top", "right"]].set_visible(False)
+    try:
+        return save_figure(fig, paths)
+    finally:
+        plt.close(fig)

@@ -283,6 +283,10 @@ def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -
         raise FileNotFoundError(f"{findings}: no findings report and no Table 1; run `snakemake findings` first")
     parts = [] if findings.exists() else ["**The findings report is not produced yet** (the run is incomplete); "
                                           "quoted instead: the tables that are."]
+    if summary_figure(root, lm).exists():  # copied beside the page by write_results_page
+        parts.append(f"![The verdict of each findings row, by part of the paper]({SUMMARY_FIGURE})\n\n"
+                     f"*The verdicts by part of the paper (`{summary_figure(root, lm).relative_to(root.parent)}`; what "
+                     "each verdict means: [verdicts.md](verdicts.md)).*")
     for p in quoted:
         text = ("\n" + p.read_text()).replace("\n### ", "\n#### ").replace("\n## ", "\n### ").replace("\n# ", "\n## ")
         parts.append(text.strip())
@@ -306,12 +310,27 @@ def results_page(root: Path, lm: str = "base", gemm_rate: float | None = None) -
             f"## The same stages on the other CPU kind (estimate)\n\n{other_kind_section(root, jobs, gemm_rate, est)}\n")
 
 
+SUMMARY_FIGURE = "findings_summary.png"  # beside the results page: the findings job's figure of the verdicts
+
+
+def summary_figure(root: Path, lm: str = "base") -> Path:
+    """The findings job's summary figure of run `root` (the verdicts by part of the paper)."""
+    return Layout(root.parent, root.name).path("figure", lm=lm, figure="findings_summary", ext="png")
+
+
 def write_results_page(out: Path, root: Path) -> None:
-    """Write results_page(root) to `out` (atomic)."""
+    """Write results_page(root) to `out` and the run's findings summary figure beside it (SUMMARY_FIGURE), each
+    atomically."""
+    import shutil
+
     from ..io import atomic_path
 
+    text = results_page(root)
+    if summary_figure(root).exists():
+        with atomic_path(Path(out).with_name(SUMMARY_FIGURE)) as tmp:
+            shutil.copyfile(summary_figure(root), tmp)
     with atomic_path(out) as tmp:
-        tmp.write_text(results_page(root))
+        tmp.write_text(text)
 
 
 def main(argv=None) -> None:

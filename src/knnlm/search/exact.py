@@ -57,7 +57,17 @@ def cpu_l2_bytes(root: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
     return 1 << 20
 
 
-TILE_KEYS = min(4096, max(1024, 1 << (cpu_l2_bytes() // (4 * TILE_QUERIES)).bit_length() - 1))
+TILE_KEYS_RANGE = (1024, 4096)  # the keys of a CPU score tile: a power of two within this range (docs/reference.md)
+
+
+def tile_keys(l2_bytes: int) -> int:
+    """The keys of a CPU score tile: the largest power of two whose TILE_QUERIES × keys fp32 tile fits `l2_bytes` (one
+    core's L2 cache), within TILE_KEYS_RANGE."""
+    lo, hi = TILE_KEYS_RANGE
+    return min(hi, max(lo, 1 << (l2_bytes // (4 * TILE_QUERIES)).bit_length() - 1))
+
+
+TILE_KEYS = tile_keys(cpu_l2_bytes())
 
 
 def _device(device: str | None) -> torch.device:
