@@ -178,3 +178,34 @@ def test_findings_beside_trends_pick_the_rows_temperature_and_count_by_trend(tmp
     write_json(tmp_path / "rows.json", {"rows": rows[1:], "summary": {}})
     with pytest.raises(ArtifactError, match=f"rows.json.*knn_gain.*{c1}"):
         regime.findings_trends(job)
+
+
+def test_faiss_only_settings_equal_the_full_settings_faiss_setting(tiny_run, tmp_path):
+    """Rule settings_faiss (the regime map's key and metric variants) is the settings job without the exact search and
+    the real score: on the tiny run's full store its FAISS mask + FAISS score equals the full settings JSON's (per-
+    document NLL, τ*, λ), it has no other setting, and its recall is not claimed."""
+    import json
+    import re
+    import shlex
+
+    from conftest import run_snakemake
+    from knnlm.experiments.retrieval import settings
+    from knnlm.job import Job
+
+    full = tiny_run["root"] / "lms" / "base" / "stores" / "full" / "settings" / "ffn_l2.json"
+    r = run_snakemake("-n", "-p", "-f", str(full), "--configfile", *tiny_run["configfiles"], "--config",
+                      f"results_dir={tiny_run['results_dir']}")
+    command = shlex.split(re.search(r"python -m knnlm retrieval\.settings (.*?) >", r.stdout).group(1))
+    cfg, io = (json.loads(command[command.index(flag) + 1]) for flag in ("--cfg", "--io"))
+    inputs = {n: v for n, v in io["input"].items() if n not in ("real_dists", "exact_ids", "exact_dists", "exact_meta")}
+    out = tmp_path / "ffn_l2_faiss.json"
+    settings(Job(cfg=cfg, input=inputs, output={"out": str(out)}, wildcards=io["wildcards"], rule="settings_faiss"))
+    got, want = json.loads(out.read_text()), json.loads(full.read_text())
+    ff = "faiss_mask_faiss_score"
+    assert set(got["settings"]) == set(got["tuned"]) == {ff} and got["recall"] == {"valid": None, "test": None}
+    for split in ("valid", "test"):
+        for name in (ff, ff + " τ*", "base"):
+            np.testing.assert_allclose(got["doc_nll"][split][name], want["doc_nll"][split][name], rtol=1e-12)
+    assert got["tuned"][ff]["tau"] == want["tuned"][ff]["tau"] and got["settings"][ff]["lambda"] == \
+        want["settings"][ff]["lambda"]
+    assert got["scan"] == want["scan"] and got["doc_ids"] == want["doc_ids"]

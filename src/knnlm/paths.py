@@ -91,6 +91,8 @@ PATTERNS: dict[str, str] = {
     "knn_logprobs": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs.npy",
     "knn_logprobs_tuned": "lms/{lm}/stores/{store}/scores/{key}_{metric}_{split}_knn_logprobs_tuned_tau.npy",
     "settings": "lms/{lm}/stores/{store}/settings/{key}_{metric}.json",
+    # FAISS mask + FAISS score alone (no exact search, no real score): the regime map's key and metric variants
+    "settings_faiss": "lms/{lm}/stores/{store}/settings/{key}_{metric}_faiss.json",
     # parametric alternatives of that LM
     "word_stats": "lms/{lm}/parametric/word_stats.npz",
     "train_lm_logprobs": "lms/{lm}/parametric/train_lm_logprobs.npy",  # log p_LM(val) of every datastore row, [N] float32

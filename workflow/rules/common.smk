@@ -512,6 +512,12 @@ SETTINGS_INPUTS = {
 }
 
 
+def settings_point(lm, store, key, metric, all_settings=True):
+    """The settings JSON of one (lm, store, key, metric): all three mask/score settings (rule settings), or FAISS mask
+    + FAISS score alone (the settings_faiss job, without exact search or real score) when not `all_settings`."""
+    return artifact("settings" if all_settings else "settings_faiss", lm=lm, store=store, key=key, metric=metric)
+
+
 def settings_inputs(store, key, metric):
     """Input function (use with unpack): SETTINGS_INPUTS of one (store, key, metric) with only {lm} open, for a rule
     whose outputs name no store (its params io(fixed=...) gives the job the same values)."""

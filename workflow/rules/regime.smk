@@ -10,13 +10,21 @@ RG = CFG["regime"]
 REGIME_VARIANTS = [(RG["key_type"], RG["metric"])] + [tuple(v) for v in RG["variants"]]
 REGIME_STORES = [store_name(r) for r in sorted(RG["ratios"])]
 REGIME_SCAN = [probe_store("full", n) for n in sorted(RG["nprobe"])] + ["full"]
+
+
+# the map's own (key, metric) with all three mask/score settings; each variant with FAISS mask + FAISS score alone
+# (the settings_faiss job; the effects comparing keys or metrics need no exact search)
 REGIME_POINTS = {
-    "lm": [artifact("settings", lm=n, store="full", key=k, metric=m) for n in RG["lms"] for k, m in REGIME_VARIANTS],
+    "lm": [
+        settings_point(n, "full", k, m, (k, m) == REGIME_VARIANTS[0]) for n in RG["lms"] for k, m in REGIME_VARIANTS
+    ],
     "store": [
-        artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_STORES for k, m in REGIME_VARIANTS
+        settings_point(PRIMARY, s, k, m, (k, m) == REGIME_VARIANTS[0])
+        for s in REGIME_STORES
+        for k, m in REGIME_VARIANTS
     ],
     "scan": [
-        artifact("settings", lm=PRIMARY, store=s, key=k, metric=m) for s in REGIME_SCAN for k, m in REGIME_VARIANTS
+        settings_point(PRIMARY, s, k, m, (k, m) == REGIME_VARIANTS[0]) for s in REGIME_SCAN for k, m in REGIME_VARIANTS
     ],
 }
 # the effects' ids, read from the claims table without importing the experiment (the DAG stays light to build)

@@ -201,6 +201,26 @@ knnlm_rule(
 )
 
 
+# FAISS mask + FAISS score alone, the same job without the exact search and the real score it would wait for: what
+# the regime map needs of its key and metric variants (the effects that compare keys or metrics)
+knnlm_rule(
+    "settings_faiss",
+    "retrieval.settings",
+    input=files(
+        **{
+            n: v
+            for n, v in SETTINGS_INPUTS.items()
+            if n not in ("real_dists", "exact_ids", "exact_dists", "exact_meta")
+        }
+    ),
+    output=files(
+        out=artifact("settings_faiss"),
+    ),
+    cfg=cfg_json("knn", "retrieval", "temperature", "stats"),
+    threads=THREADS,
+)
+
+
 # Table 3 ('table3'): the full store on the retrieval scope. With 'retrieval.table3_all_tokens', also
 # 'table3_all': the full store on every token of test and of valid (or valid's tuning sample, config
 # 'retrieval.tuning_documents') for the paper's (key, metric) (TABLE3_KEY).

@@ -420,7 +420,8 @@ SETTINGS_CHUNK = 16384  # scoped queries per chunk in load_settings: the job's m
 
 def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     """Per split, the base LM and the three mask/score settings on the retrieval scope, from the job's inputs, read
-    `chunk` scoped queries at a time (the neighbour caches, [t, k] each, are never whole in RAM).
+    `chunk` scoped queries at a time (the neighbour caches, [t, k] each, are never whole in RAM); FAISS mask + FAISS
+    score alone when the job has no exact search among its inputs (rule settings_faiss; recall is then None).
 
     taus: the τ grid of the sweep (Figure 5; knnlm.config.temperatures). Returns (lp_lm {split: [t] float64},
     words {split: int}, lp_knn {setting: {split: [t] float64 log p_kNN(target) at the config τ 'knn.temperature', read
@@ -436,10 +437,12 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
     metric, tau = job.wildcards["metric"], job.cfg["knn"]["temperature"]
     grid = list(taus) if tau in taus else list(taus) + [tau]  # the config τ read off the sweep
     at_tau = grid.index(tau)
-    files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "real_dists", "exact_ids",
-                                                     "exact_dists", "exact_meta", "documents")}
+    exact = bool(job.input.get("exact_ids"))  # else FAISS mask + FAISS score alone (rule settings_faiss)
+    settings = SETTINGS if exact else (FAISS_FAISS,)
+    files = {name: by_split(job, name) for name in ("nb_ids", "nb_dists", "nb_meta", "documents")
+             + (("real_dists", "exact_ids", "exact_dists", "exact_meta") if exact else ())}
     lp_lm, words, docs, recall = {}, {}, {}, {}
-    lp_knn, sweep, sweep_seconds = {s: {} for s in SETTINGS}, {s: {} for s in SETTINGS}, 0.0
+    lp_knn, sweep, sweep_seconds = {s: {} for s in settings}, {s: {} for s in settings}, 0.0
     digest = {split: scope_digest(job, split) for split in SPLITS}
     for split in SPLITS:
         f = {name: v[split] for name, v in files.items()}
@@ -451,29 +454,36 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
         dd = np.load(f["documents"])
         docs[split] = scoped_documents(dd["doc"], dd["words"], sc)
         words[split] = int(docs[split][1].sum())
-        meta, emeta = read_json(f["nb_meta"]), read_json(f["exact_meta"])
+        meta = read_json(f["nb_meta"])
         rows = _rows_of(meta, sc, f["nb_meta"])
-        if emeta["T"] != t:
-            raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: rerun it")
-        if emeta.get("token_digest", digest[split]) != digest[split]:
-            raise ArtifactError(f"{f['exact_meta']}: exact search of the tokens with digest {emeta['token_digest']}, "
-                                f"the scope's are {digest[split]} (another scope of the same size): rerun it")
         k = meta["k"]
         caches = {"nb_ids": open_npy(f["nb_ids"], (meta["T"], k), np.int32),
-                  "exact_ids": open_npy(f["exact_ids"], (t, k), np.int32),
-                  "faiss_mask_faiss_score": open_npy(f["nb_dists"], (meta["T"], k), np.float32),
-                  "faiss_mask_real_score": open_npy(f["real_dists"], (t, k), np.float32),
-                  "real_mask_real_score": open_npy(f["exact_dists"], (t, k), np.float32)}
-        for setting in SETTINGS:
+                  FAISS_FAISS: open_npy(f["nb_dists"], (meta["T"], k), np.float32)}
+        if exact:
+            emeta = read_json(f["exact_meta"])
+            if emeta["T"] != t:
+                raise ArtifactError(f"{f['exact_meta']}: exact search of {emeta['T']} queries, the scope has {t}: "
+                                    f"rerun it")
+            if emeta.get("token_digest", digest[split]) != digest[split]:
+                raise ArtifactError(f"{f['exact_meta']}: exact search of the tokens with digest "
+                                    f"{emeta['token_digest']}, the scope's are {digest[split]} (another scope of the "
+                                    f"same size): rerun it")
+            caches.update({"exact_ids": open_npy(f["exact_ids"], (t, k), np.int32),
+                           "faiss_mask_real_score": open_npy(f["real_dists"], (t, k), np.float32),
+                           "real_mask_real_score": open_npy(f["exact_dists"], (t, k), np.float32)})
+        for setting in settings:
             lp_knn[setting][split], sweep[setting][split] = np.empty(t), np.empty((len(taus), t))
         found = 0.0
         by_scope = [c for name, c in caches.items() if name not in BY_FAISS_ROW]
         for a, b in iter_chunks(t, chunk, *by_scope):  # the chunk's pages leave the RSS (all tokens: ~10 GB read)
             r = rows[a:b]  # rows of the FAISS caches (all tokens or the scope) of these scoped queries
-            f_ids, e_ids = np.asarray(caches["nb_ids"][r]), np.asarray(caches["exact_ids"][a:b])
-            found += recall_at_k(f_ids, e_ids) * (b - a)
-            hits = {"faiss": neighbour_hits(f_ids, vals, tg[a:b]), "real": neighbour_hits(e_ids, vals, tg[a:b])}
-            for setting in SETTINGS:
+            f_ids = np.asarray(caches["nb_ids"][r])
+            hits = {"faiss": neighbour_hits(f_ids, vals, tg[a:b])}
+            if exact:
+                e_ids = np.asarray(caches["exact_ids"][a:b])
+                found += recall_at_k(f_ids, e_ids) * (b - a)
+                hits["real"] = neighbour_hits(e_ids, vals, tg[a:b])
+            for setting in settings:
                 d = caches[setting][r] if setting in BY_FAISS_ROW else caches[setting][a:b]
                 c = (scores_from_distances(np.asarray(d), metric), *hits[SETTING_LABEL[setting][0].lower()])
                 t0 = time.perf_counter()
@@ -483,7 +493,7 @@ def load_settings(job: Job, taus: list[float], chunk: int = SETTINGS_CHUNK):
                 sweep[setting][split][:, a:b] = sw[:len(taus)]
             for name in BY_FAISS_ROW & caches.keys():
                 release_rows(caches[name], int(r.min()), int(r.max()) + 1)
-        recall[split] = found / t if t else float("nan")
+        recall[split] = (found / t if t else float("nan")) if exact else None  # no exact search: not measured
     return lp_lm, words, lp_knn, sweep, docs, recall, sweep_seconds
 
 
