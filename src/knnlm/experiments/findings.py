@@ -467,7 +467,11 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     """For a claim the paper measured at τ = 1 (c['tau1']) on comparison row r: the settings it compares whose τ*
     beats τ = 1 beyond the CI on valid in this run ('X τ* vs X' lower: Table 1's rows for Table 1 and the parametric
     kNN-LMs, the store's own rows for Sec. 5), joined by ', '; '' when τ = 1 is as good as τ* for each of them. Which
-    row carries the verdict is chosen on valid, where τ* was tuned; test only measures."""
+    row carries the verdict is chosen on valid, where τ* was tuned; test only measures. Only a FAISS mask + FAISS
+    score side counts (every kNN-LM of Table 1 and of the parametric tables is one): the paper's τ = 1 stands for a
+    near-optimal τ there alone (Sec. 5.2, "temperature t = 1 is close to optimal when using FAISS mask, FAISS
+    score"); with a real mask or a real score the paper's τ = 1 is its own setting (ibid.: "When using either 'real
+    mask' or 'real score', this is not true anymore"), compared as the paper compares it (docs/statistics.md)."""
     if not c["tau1"]:
         return ""
     cmp_ = r["comparison"]
@@ -487,8 +491,9 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
         names, src = [n for n in cmp_.split(" vs ") if n != "base"], c["source"]
+    names = [n for n in names if n not in (FAISS_REAL, REAL_REAL)]  # a real mask or score: the paper's τ = 1
     df = sources.get(src, (None, ""))[0]
-    if df is None or df.empty:
+    if df is None or df.empty or not names:
         return ""
     valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
     return ", ".join(n for n in names if str(valid.get(f"{n}{TUNED} vs {n}", "")) == "lower")
