@@ -92,3 +92,21 @@ def test_every_score_of_the_tiny_run_is_valid_and_a_damaged_one_is_named(tiny_ru
     (tmp_path / "s.json").write_text(json.dumps(bad))
     with pytest.raises(ArtifactError, match=r"s\.json: not a valid kNN-LM score .*'tuned' is a required property"):
         read_checked_json(tmp_path / "s.json", "score")
+
+
+def test_every_settings_json_of_the_tiny_run_is_valid_and_a_damaged_one_is_named(tiny_run, tmp_path):
+    """Every mask/score settings JSON the tiny run wrote passes its schema (the tables, the findings and the regime map
+    read them through it); one without its τ* entries or with an unknown metric is refused naming the file and both
+    keys."""
+    paths = sorted(p for p in tiny_run["root"].glob("lms/*/stores/*/settings/*.json")
+                   if not p.name.endswith(".sha256.json"))
+    assert len(paths) > 5
+    for p in paths:
+        assert read_checked_json(p, "settings")["settings"]
+    bad = json.loads(paths[0].read_text())
+    del bad["tuned"]
+    bad["metric"] = "cos"
+    (tmp_path / "s.json").write_text(json.dumps(bad))
+    with pytest.raises(ArtifactError, match=r"s\.json: not a valid mask/score settings .*'tuned' is a required "
+                                            r"property; key 'metric': expected enum \['l2', 'ip'\]"):
+        read_checked_json(tmp_path / "s.json", "settings")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..job import Job
 from ..report.figures import STYLE, pyplot, save_figure, setting_label
-from ..io import read_json
+from ..io import read_checked_json
 from ..scoring.results import METRIC_NAME
 from ..search.scope import scope_caption
 from ..report.tables import write_table
@@ -57,7 +57,7 @@ def figures(job: Job) -> dict:
     plt = pyplot()
     cfg = job.cfg
     name, note = cfg["name"], cfg.get("profile", {}).get("caption", "")
-    sweeps = [read_json(p) for p in job.paths("settings")]
+    sweeps = [read_checked_json(p, "settings") for p in job.paths("settings")]
     size = size_table(sweeps, cfg["stats"])
     cap = (f"Datastore size ({name}; Xu et al. 2023, Sec. 5, Figures 2 and 4): seeded random subsets of the datastore "
            f"(nested, one IVFPQ per ratio), τ = {cfg['knn']['temperature']}, k = {cfg['knn']['k']}, λ tuned on valid; "

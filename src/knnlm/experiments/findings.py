@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..job import Job
-from ..io import atomic_path, read_json, write_json
+from ..io import atomic_path, read_checked_json, read_json, write_json
 from ..statistics.captions import ci_caption, comparison_rows, contrast_row
 from .common import lm_training_label
 from ..statistics.verdicts import band_verdict, paper_verdict, within_verdict
@@ -187,7 +187,7 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     `s`: the settings JSON of input 'small_store', or None without one."""
     t3 = pd.read_csv(job.path("table3"))
     t3 = _pick(t3, sorted(set(t3["h_ds"])))
-    t = read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None
+    t = read_checked_json(job.path("table3_settings"), "settings") if job.input.get("table3_settings") else None
     every = _every_label(t) if str(job.path("table3")).endswith("table3_all_comparisons.csv") else ""
     probe = _probe_label(t, job.cfg["knn"]["k"]) if t is not None else ""
     out = {"table1": (pd.read_csv(job.path("table1")), ""), "parametric": (pd.read_csv(job.path("parametric")), ""),
@@ -213,19 +213,19 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
         out["small_tuning"] = (tuning_contrasts(s, job.cfg["stats"]), label + every)
         out["small_gaps"] = (gap_contrasts(s, job.cfg["stats"], "small_store"), label + every)
         if job.input.get("full_store"):  # on the retrieval scope, the full store's ('size_store')
-            small = read_json(job.path("size_store")) if job.input.get("size_store") else s
-            full = read_json(job.path("full_store"))
+            small = read_checked_json(job.path("size_store"), "settings") if job.input.get("size_store") else s
+            full = read_checked_json(job.path("full_store"), "settings")
             out["size"] = (size_comparisons(small, full, job.cfg["stats"]), f"{label} vs full")
             out["size_gaps"] = (store_contrasts(small, full, job.cfg["stats"], f"{s['ratio']:.0%} store"),
                                 f"{label} vs full")
         if job.input.get("large_store") and job.input.get("full_store"):  # the largest subset (Figure 2's 90 %)
-            large = read_json(job.path("large_store"))
+            large = read_checked_json(job.path("large_store"), "settings")
             out["large_size"] = (size_comparisons(large, full, job.cfg["stats"], label=f"{large['ratio']:.0%} store"),
                                  f"{large['key_type']}/{large['metric'].upper()}, {large['ratio']:.0%} store"
                                  f"{_probe_label(large, job.cfg['knn']['k'])} vs full")
     out["tau_gains"] = (tau_gains(out), "")  # Finding 3: the settings of the stores, the gain of tuning τ
     if job.input.get("pca_store"):  # He et al. 2021's PCA-reduced keys vs the full keys (Sec. 5.2 cites it)
-        p, full = read_json(job.path("pca_store")), read_json(job.path("pca_full"))
+        p, full = (read_checked_json(job.path(n), "settings") for n in ("pca_store", "pca_full"))
         rows = size_comparisons(p, full, job.cfg["stats"], label=p["store"])
         dims = f"{p['dim']} of {full.get('dim', '?')} dims"
         out["pca"] = (rows, f"{p['key_type']}/{p['metric'].upper()}, {dims}{_probe_label(p, job.cfg['knn']['k'])}")
@@ -685,12 +685,13 @@ def findings(job: Job) -> dict:
     95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
     from .common import documents_scheme
 
-    small = read_json(job.path("small_store")) if job.input.get("small_store") else None
+    small = read_checked_json(job.path("small_store"), "settings") if job.input.get("small_store") else None
     sources = _sources(job, small)
     scheme = documents_scheme(job)["scheme"] if job.input.get("documents") else job.cfg["stats"]["documents"]
     primary = job.paths("lm_training")[0] if job.input.get("lm_training") else None
     undertrained = primary is not None and read_json(primary)["converged"].startswith("no")
-    values = regime_values(job, read_json(job.path("table3_settings")) if job.input.get("table3_settings") else None)
+    t3 = read_checked_json(job.path("table3_settings"), "settings") if job.input.get("table3_settings") else None
+    values = regime_values(job, t3)
     rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
     for c in CLAIMS:
         df, label = sources.get(c["source"], (None, ""))

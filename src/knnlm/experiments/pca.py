@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..job import Job
-from ..io import read_json
+from ..io import read_checked_json
 from ..search.scope import scope_caption
 from ..report.tables import write_table
 from ..scoring.settings import settings_rows
@@ -14,7 +14,7 @@ from .common import lm_training_label
 
 def table(job: Job) -> dict:
     """Table 'pca': interpolated perplexity vs key dimension (CSV + Markdown)."""
-    cfg, sweeps = job.cfg, [read_json(p) for p in job.paths("settings")]
+    cfg, sweeps = job.cfg, [read_checked_json(p, "settings") for p in job.paths("settings")]
     rows = settings_rows(sweeps, lambda s: {"store": s["store"], "dim": s["dim"],
                                             "explained variance": s["store_meta"].get("explained_variance", 1.0)},
                          reference="full", stats=cfg["stats"])

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..job import Job
 from ..report.figures import pyplot, save_figure
-from ..io import read_json
+from ..io import read_checked_json
 from ..statistics.captions import fmt_ci
 from ..report.tables import write_table
 from .common import lm_training_label
@@ -88,7 +88,7 @@ def table(job: Job) -> dict:
     """Table and figure 'probe_sweep': every sweep point's settings (inputs 'settings') as point() rows; above 0 the
     FAISS mask wins (the paper's finding)."""
     cfg = job.cfg
-    jsons = [read_json(p) for p in job.paths("settings")]
+    jsons = [read_checked_json(p, "settings") for p in job.paths("settings")]
     k, frac = cfg["knn"]["k"], cfg["index"]["probe_fraction"]
     df = sweep_rows(jsons, frac, k)
     figure(df, job.paths("fig"))

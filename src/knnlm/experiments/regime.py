@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import ArtifactError, atomic_path, read_json, write_json
+from ..io import ArtifactError, atomic_path, read_checked_json, read_json, write_json
 from ..job import Job
 from ..report.figures import pyplot, save_figure
 from ..report.tables import write_table
@@ -90,7 +90,7 @@ def point_settings(paths: list[str], points: list[str], variants: list[str]) -> 
         raise ArtifactError(f"expected {len(points)} points × {len(variants)} variants of settings JSONs, found "
                             f"{len(paths)}")
     it = iter(paths)
-    return [{v: read_json(next(it)) for v in variants} for _ in points]
+    return [{v: read_checked_json(next(it), "settings") for v in variants} for _ in points]
 
 
 def axis_value(axis: str, s: dict, k: int, vocab: int) -> float:

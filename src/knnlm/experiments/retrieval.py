@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from ..job import Job
-from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_json, release_rows,
-                  rerun_hint, save_npy, write_json)
+from ..io import (ArtifactError, atomic_path, create_npy, iter_chunks, machine, open_npy, read_checked_json, read_json,
+                  release_rows, rerun_hint, save_npy, write_json)
 from ..scoring.results import METRIC_NAME, SPLITS, evaluate, result_row
 from ..scoring.interpolation import recall_at_k, summarize, temperature_sweep  # noqa: F401 (re-exported)
 from ..scoring.settings import (FAISS_FAISS, FAISS_REAL, REAL_REAL, SETTING_LABEL, SETTING_PAIRS,  # noqa: F401
@@ -626,7 +626,7 @@ def table3(job: Job) -> dict:
 
     cfg = job.cfg
     rows, metrics, comparisons = [], {}, []
-    jsons = [read_json(p) for p in job.paths("settings")]
+    jsons = [read_checked_json(p, "settings") for p in job.paths("settings")]
     stores = sorted({s["store"] for s in jsons})
     on = ("" if [same_index_store(x) for x in stores] == ["full"] else
           f" on the {jsons[0]['ratio']:.0%} datastore subset ({', '.join(stores)})")

@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from ..io import read_json
+from ..io import read_checked_json
 from ..job import Job
 from ..search.scope import block_sample
 from .common import by_split, scoped_documents
@@ -69,7 +69,8 @@ def measure(job: Job) -> list[dict]:
         raise ArtifactError(f"{job.path('settings')}: the store's test tokens are a sample, not every token: measure "
                             "on a run whose Table 3 store scores every test token (retrieval.table3_fraction: 1)")
     rule = job.cfg["retrieval"]["sample_rule"]
-    done = read_json(job.path("settings"))  # the store's settings on every token: τ's grid as it was extended there
+    # the store's settings on every token: τ's grid as it was extended there
+    done = read_checked_json(job.path("settings"), "settings")
     taus = next(iter(done["tau_sweep"].values()))["tau"] if done.get("tau_sweep") else temperatures(job.cfg)
     lp_lm, words, lp_knn, per_tau, docs, _, _ = load_settings(job, taus)
     words_tok = {}

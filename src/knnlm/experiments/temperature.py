@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..job import Job
 from ..report.figures import STYLE, pyplot, save_figure, setting_label
-from ..io import read_json
+from ..io import read_checked_json
 from ..scoring.results import METRIC_NAME
 from ..search.scope import scope_caption
 from ..statistics.captions import fmt_ci
@@ -25,7 +25,7 @@ def figures(job: Job) -> dict:
     plt = pyplot()
     cfg = job.cfg
     name, tau0, note = cfg["name"], cfg["knn"]["temperature"], cfg.get("profile", {}).get("caption", "")
-    sweeps = [read_json(p) for p in job.paths("settings")]
+    sweeps = [read_checked_json(p, "settings") for p in job.paths("settings")]
     figs = {}
     for p in job.paths("fig5"):  # fig5_temperature_<store>.<ext>
         figs.setdefault(p.name.rsplit(".", 1)[0].removeprefix("fig5_temperature_"), []).append(p)

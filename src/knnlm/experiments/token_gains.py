@@ -143,7 +143,7 @@ def _deltas(job: Job, sc: dict, targets: np.ndarray, lp_lm: np.ndarray) -> dict[
     lp = np.load(job.path("knn_tuned")).astype(np.float64)
     out = {"FAISS mask": (interpolate(lp_lm, lp, lam) - lp_lm, f"τ* = {sc['tuned']['temperature']:g}, λ = {lam:g}")}
     if job.input.get("real_settings"):
-        s = read_json(job.path("real_settings"))
+        s = read_checked_json(job.path("real_settings"), "settings")
         tuned = s["tuned"]["real_mask_real_score"]
         meta = read_json(job.path("exact_meta"))
         ids = open_npy(job.path("exact_ids"), (meta["T"], meta["k"]), np.int32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..job import Job
-from ..io import read_json
+from ..io import read_checked_json
 from ..search.scope import scope_caption
 from ..statistics.captions import ci_caption, fmt_ci
 from ..report.tables import write_table
@@ -33,7 +33,7 @@ def table(job: Job) -> dict:
     over seeds."""
     cfg = job.cfg
     rows = []
-    for s in map(read_json, job.paths("settings")):
+    for s in (read_checked_json(p, "settings") for p in job.paths("settings")):
         group, seed = _group(s, cfg["index"]["seed"])
         c = s["ci"]["test"]
         for st in SETTINGS:
