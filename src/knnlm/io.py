@@ -6,6 +6,7 @@ renames to `<name>` only after the content is complete and flushed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -535,11 +536,19 @@ def read_checked_json(path: str | Path, schema: str, remake: str | None = None) 
 def schema_errors(obj, schema: str) -> tuple[str, list[str]]:
     """(the schema's title, each error of `obj` against the package's schema `schema` in words, schema_error, ordered
     by key). Raises FileNotFoundError for a schema the package does not have."""
+    title, validator = _schema_validator(schema)
+    errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.absolute_path))
+    return title, [schema_error(e) for e in errors]
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_validator(schema: str):
+    """(title, jsonschema validator) of the package's schema `schema`, read and parsed once per process (a job reads
+    many files of one format; the Snakemake process replays every spool record)."""
     import importlib.resources
 
     import jsonschema
     import yaml
 
     spec = yaml.safe_load((importlib.resources.files("knnlm") / "schemas" / f"{schema}.schema.yaml").read_text("utf-8"))
-    errors = sorted(jsonschema.Draft202012Validator(spec).iter_errors(obj), key=lambda e: list(e.absolute_path))
-    return spec.get("title", schema), [schema_error(e) for e in errors]
+    return spec.get("title", schema), jsonschema.Draft202012Validator(spec)

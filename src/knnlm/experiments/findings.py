@@ -693,6 +693,13 @@ def findings(job: Job) -> dict:
     t3 = read_checked_json(job.path("table3_settings"), "settings") if job.input.get("table3_settings") else None
     values = regime_values(job, t3)
     rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
+    def not_run(c: dict, why: str) -> None:  # a claim without a measurement still has its row (no silent claim)
+        rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
+                     "comparison (a vs b)": c["shown"], "paper": _paper(c, None)[0],
+                     "ours (test, 95% CI)": "not run", "on": "-", "units": "-", "verdict": why, "regime": "-",
+                     "_claim": c["id"]})
+        counts[why] = counts.get(why, 0) + 1
+
     for c in CLAIMS:
         df, label = sources.get(c["source"], (None, ""))
         if c["source"] in SMALL_SOURCES and small is not None and abs(small["ratio"] - 0.05) > 1e-9:
@@ -700,27 +707,20 @@ def findings(job: Job) -> dict:
         sel = None if df is None or df.empty else df[(df["split"] == "test") & df["comparison"].str.fullmatch(c["pattern"])]
         if sel is not None and c["ref"] is not None and "reference" in sel:
             sel = sel[sel["reference"].fillna("").str.contains(c["ref"], regex=False)]
-        def not_run(why: str) -> None:  # a claim without a measurement still has its row (no silent claim)
-            rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
-                         "comparison (a vs b)": c["shown"], "paper": _paper(c, None)[0],
-                         "ours (test, 95% CI)": "not run", "on": "-", "units": "-", "verdict": why, "regime": "-",
-                         "_claim": c["id"]})
-            counts[why] = counts.get(why, 0) + 1
-
         if (sel is None or sel.empty) and c["kind"] in ("ours", "tau*"):
             # an extra comparison this run does not have (e.g. no kNN-LM other than the paper's, no τ* twin)
-            not_run("not run (no such comparison in this run)")
+            not_run(c, "not run (no such comparison in this run)")
             continue
         if sel is None or sel.empty:
             left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
-            not_run("not run (target 'extras')" if left_out else "not run")
+            not_run(c, "not run (target 'extras')" if left_out else "not run")
             continue
         if c["choose"]:  # the row the claim rests on, chosen on valid
             c, sel = _chosen(c, df, sel)
         if c["source"] == "parametric":  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
             if sel.empty:  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
-                not_run("not run (tested at equal rows: the claims against the kNN-LM on the alternatives' rows)")
+                not_run(c, "not run (tested at equal rows: the claims against the kNN-LM on the alternatives' rows)")
                 continue
         for _, r in sel.iterrows():
             row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
