@@ -296,6 +296,29 @@ def test_soft_label_lm_is_compared_with_its_one_hot_twin_only():
     assert not one_hot_twin(soft, {**soft, "teacher": "base"})
 
 
+def test_e5_tests_its_identical_lm_claims_on_a_seed_twin_only():
+    """App. E.5's "another identical LM, trained with another random seed": a seed twin is the base LM's entry with
+    another seed and nothing else changed; a smaller LM, a soft-label LM, an LM trained further or the same seed is
+    not. Table 8's comparisons say which, and Figure 8's K-LM rows say when another LM is among the K."""
+    from knnlm.experiments.hypotheses import ensemble_reference, seed_twin
+
+    base = {"source": "train", "lm": {}, "init_from": None, "checkpoint": "best", "teacher": None}
+    s2 = {**base, "lm": {"seed": 2}}
+    small = {**base, "lm": {"decoder_layers": 2, "max_update": 4000}}
+    assert seed_twin(base, s2) and seed_twin(s2, {**base, "lm": {"seed": 3}})
+    assert not seed_twin(base, small) and not seed_twin(base, {**s2, "teacher": "base"})
+    assert not seed_twin(base, {**s2, "init_from": "base"}) and not seed_twin(base, base)
+    assert not seed_twin({"source": "hf", "path": "gpt2"}, {"source": "hf", "path": "gpt2", "lm": {"seed": 2}})
+    cfg = {"lms": {"base": base, "base-s2": s2, "small": small}}
+    others = ["base-s2", "small"]
+    assert ensemble_reference(cfg, "base", others, "base + base-s2 vs base alone") == "identical LM (another seed: 2)"
+    assert ensemble_reference(cfg, "base", others, "base + small vs kNN-LM").startswith("another LM (decoder_layers")
+    assert ensemble_reference(cfg, "base", others, "small alone vs base alone").startswith("another LM")
+    assert ensemble_reference(cfg, "base", others, "1 LM + kNN vs 2 LMs") == "identical LMs (another seed each)"
+    assert ensemble_reference(cfg, "base", others, "2 LMs + kNN vs 3 LMs") == "with another LM (small)"
+    assert ensemble_reference(cfg, "base", others, "kNN-LM vs base alone") == "-"
+
+
 def test_e2_temperature_grid_is_extended_at_its_edges(monkeypatch):
     """E.1's τ and E.2's T grids grow where a twin's tuned value sits on an edge of valid's (as the kNN-LM's τ grid
     does): the extra passes over valid compute only the new values, which land in the grid's order and equal one pass

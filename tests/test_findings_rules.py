@@ -87,3 +87,85 @@ def test_every_claim_of_the_claims_table_has_a_row(tiny_run):
     assert ids == {c["id"] for c in CLAIMS}, sorted({c["id"] for c in CLAIMS} - ids)
     assert sum(found["summary"].values()) == len(found["rows"])
     assert all(r["verdict"] != "not run (" for r in found["rows"])
+
+
+def test_the_tau_rule_reads_every_kind_alike():
+    """The τ = 1 rule is no flag of the claims table: a claim of ours beyond the paper compared at τ = 1 (the best
+    kNN-LM against the learned W_ds) is read like the paper's own, reported where its kNN-LM's τ* beats τ = 1 on
+    valid and tested where it does not; a row with a τ* side, a reported claim and a row without a τ-tuned side (an
+    n-gram comparison) are never read at τ = 1, and their test column does not say so."""
+    from knnlm.experiments.findings import _tau1_sides
+
+    assert not any("tau1" in e for e in yaml.safe_load(findings.CLAIMS_FILE.read_text())["claims"])
+    ours = next(c for c in CLAIMS if c["id"] == "parametric.7")
+    assert ours["kind"] == "ours" and ours["tau1"]
+    t1 = pd.DataFrame([{"split": "valid", "comparison": "att/L2 τ* vs att/L2", "verdict": v} for v in ["lower"]])
+    r = _row(comparison="kNN-LM att/L2 vs W_ds (learned) att", verdict="lower")
+    assert _tau1_sides(ours, r, {"table1": (t1, "")}) == {"att/L2": "lower"}
+    assert _tested(ours, r, "", {}, 20, tau1_off="att/L2", at_tau1=True)["verdict"] == TAU1_OFF
+    t1.loc[0, "verdict"] = "inconclusive"  # τ* no better than τ = 1 on valid: the τ = 1 row carries the verdict
+    assert _tau1_sides(ours, r, {"table1": (t1, "")}) == {"att/L2": "inconclusive"}
+    row = _tested(ours, r, "", {}, 20, tau1_off="", at_tau1=True)
+    assert row["verdict"] == "reproduced" and row["test"].endswith(", at τ = 1")
+    tuned = next(c for c in CLAIMS if c["id"] == "parametric.9")
+    assert _tau1_sides(tuned, _row(comparison="kNN-LM att/L2 τ* vs W_ds (learned) att"), {"table1": (t1, "")}) == {}
+    assert not next(c for c in CLAIMS if c["reported"])["tau1"]
+    ngram = next(c for c in CLAIMS if c["id"] == "ngram.2")
+    r = _row(comparison="kNN-LM vs LM + n-gram (n tuned on valid)")
+    ng = pd.DataFrame([{"split": "valid", "comparison": "kNN-LM vs base", "verdict": "lower"}])
+    assert _tau1_sides(ngram, r, {"ngram": (ng, "")}) == {}
+    assert not _tested(ngram, r, "", {}, 20, at_tau1=False)["test"].endswith("τ = 1")
+
+
+def test_each_row_names_its_own_regime():
+    """A row's regime column reads the store it rests on: the 5 % store's rows per vocabulary entry for its sources,
+    the kNN-LM on the alternatives' rows for a parametric row against it (its 'reference rows' over V), the full store
+    otherwise, each with the row's value and the paper's; the scan axis is named for every source with a FAISS
+    kNN-LM side."""
+    from knnlm.experiments.findings import REGIME, SMALL_SOURCES, SUBSET, regime_label, row_regime_values
+
+    full = {"lm": (161.4, "161.4"), "store": (339.0, "339"), "scan": (23.7, "23.7·k")}
+    small = {**full, "store": (17.0, "17"), "scan": (22.0, "22·k")}
+    by_store = {src: small for src in SMALL_SOURCES}
+    claim = next(c for c in CLAIMS if c["source"] == "small_store")
+    label = regime_label(claim, row_regime_values(full, by_store, "small_store", pd.Series({"comparison": "x"}), 7792))
+    assert "datastore rows per vocabulary entry: 17, the paper's 5,000" in label and "22·k, the paper's 1,170·k" in label
+    par = next(c for c in CLAIMS if c["id"] == "parametric.13")
+    r = pd.Series({"comparison": f"kNN-LM att/IP{SUBSET} vs 2V embeddings att", "reference rows": 200000})
+    assert "entry: 25.7, the paper's" in regime_label(par, row_regime_values(full, by_store, "parametric", r, 7792))
+    r = pd.Series({"comparison": "kNN-LM att/IP vs 2V embeddings att", "reference rows": 2642889})
+    assert "entry: 339, the paper's" in regime_label(par, row_regime_values(full, by_store, "parametric", r, 7792))
+    assert regime_label(par, {k: (REGIME[k]["paper"], "") for k in REGIME}) == "the paper's"
+    of_source = yaml.safe_load(findings.CLAIMS_FILE.read_text())["regime_of_source"]
+    for src in ("parametric", "ensembling", "overfitting", "soft_labels", "ngram", "leakage", "pruning"):
+        assert "scan" in of_source[src], src  # a FAISS kNN-LM side: the scan axis
+
+
+def test_the_base_lm_is_under_trained_where_training_it_further_helped(tmp_path):
+    """'Converged' is what was measured: a base LM whose own training stopped on a plateau is still under-trained
+    when the LMs trained on from it (App. E.6.1's) lower its best valid perplexity by more than its convergence
+    tolerance; the updates past the base LM add up along a chain of init_from."""
+    import json
+
+    from knnlm.experiments.findings import base_lm_undertrained, headroom
+    from knnlm.job import Job
+
+    def training(name, valid, **kw):
+        p = tmp_path / name / "training.json"
+        p.parent.mkdir()
+        p.write_text(json.dumps({"valid": [[i, v] for i, v in enumerate(valid)], "updates": 1300, "tolerance": 0.01,
+                                 "converged": "yes", **kw}))
+        return str(p)
+
+    base = training("base", [80.0, 64.5, 64.4], updates=6500)
+    two, four = training("overfit-2ep", [60.5]), training("overfit-4ep", [59.2])
+    job = Job(cfg={"headroom_init_from": {"overfit-2ep": "base", "overfit-4ep": "overfit-2ep"}},
+              input={"lm_training": [base], "headroom": [two, four]})
+    change, who, best = headroom(job)
+    assert change == pytest.approx(59.2 / 64.4 - 1) and who == "overfit-4ep: 2,600 more updates" and best == 64.4
+    assert base_lm_undertrained(job).startswith("training it further lowered its best valid perplexity by 8.1 %")
+    flat = training("flat", [64.2])  # −0.3 %: within the 1 % tolerance, converged
+    assert base_lm_undertrained(Job(cfg={}, input={"lm_training": [base], "headroom": [flat]})) == ""
+    falling = training("falling", [90.0, 70.0], converged="no (valid loss still falling)")
+    assert base_lm_undertrained(Job(cfg={}, input={"lm_training": [falling]})).startswith("its valid perplexity")
+    assert base_lm_undertrained(Job(cfg={}, input={})) == ""

@@ -110,3 +110,32 @@ def test_every_settings_json_of_the_tiny_run_is_valid_and_a_damaged_one_is_named
     with pytest.raises(ArtifactError, match=r"s\.json: not a valid mask/score settings .*'tuned' is a required "
                                             r"property; key 'metric': expected enum \['l2', 'ip'\]"):
         read_checked_json(tmp_path / "s.json", "settings")
+
+
+def test_the_tiny_run_s_training_records_findings_rows_and_trends_are_valid(tiny_run, tmp_path):
+    """The LM training records (read by the findings, the model cards, Table 4 and App. E), the findings rows and the
+    regime map's trends (read by the regime map's findings join) of the tiny run and the shipped LMs pass their
+    schemas; a damaged one is refused naming the file and the key."""
+    from pathlib import Path
+
+    trainings = sorted(tiny_run["root"].glob("lms/*/training.json")) + sorted(Path("pretrained").glob("*/*/training.json"))
+    assert len(trainings) > 3
+    for p in trainings:
+        assert read_checked_json(p, "lm_training")["updates"] >= 0
+    base = tiny_run["root"] / "lms" / "base"
+    rows = read_checked_json(base / "findings.json", "findings_rows")["rows"]
+    assert rows and all(r["verdict"] for r in rows)
+    trends = read_checked_json(base / "tables" / "regime_trends.json", "regime_trends")["trends"]
+    assert {t["axis"] for t in trends} >= {"lm"}
+    bad = json.loads(trainings[0].read_text())
+    bad["valid"] = [[645, -1.0]]
+    del bad["converged"]
+    (tmp_path / "t.json").write_text(json.dumps(bad))
+    with pytest.raises(ArtifactError, match=r"t\.json: not a valid LM training record.*'converged' is a required "
+                                            r"property.*key 'valid.0.1'"):
+        read_checked_json(tmp_path / "t.json", "lm_training")
+    found = json.loads((base / "findings.json").read_text())
+    del found["rows"][0]["claim id"]
+    (tmp_path / "f.json").write_text(json.dumps(found))
+    with pytest.raises(ArtifactError, match=r"f\.json: not a valid findings rows.*'claim id' is a required property"):
+        read_checked_json(tmp_path / "f.json", "findings_rows")

@@ -528,8 +528,9 @@ def read_checked_json(path: str | Path, schema: str, remake: str | None = None) 
     obj = read_json(path)
     title, errors = schema_errors(obj, schema)
     if errors:
-        raise ArtifactError(f"{path}: not a valid {title}: " + "; ".join(errors) + f" (written by another version, or "
-                            f"damaged; {remake or rerun_hint(path)})")
+        more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
+        raise ArtifactError(f"{path}: not a valid {title}: " + "; ".join(errors[:10]) + more + f" (written by another "
+                            f"version, or damaged; {remake or rerun_hint(path)})")
     return obj
 
 

@@ -96,7 +96,13 @@ knnlm_rule(
             category="Findings",
         ),
     ),
-    cfg=quoted_cfg("stats", "extras", adaptive_softmax=not PLAIN_W_SM, knn={"k": CFG["knn"]["k"]}),
+    cfg=quoted_cfg(
+        "stats",
+        "extras",
+        adaptive_softmax=not PLAIN_W_SM,
+        knn={"k": CFG["knn"]["k"]},
+        headroom_init_from={n: CFG["lms"][n].get("init_from") for n in OVERFIT},
+    ),
 )
 
 

@@ -132,7 +132,7 @@ knnlm_rule(
             for e in ("png", "pdf")
         ],
     ),
-    cfg=cfg_json("knn", "stats", "profile"),
+    cfg=cfg_json("lms", "knn", "stats", "profile"),
     constraints=dict(
         lm=names_constraint([PRIMARY]),
     ),

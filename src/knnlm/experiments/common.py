@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..job import Job
-from ..io import read_json
+from ..io import read_checked_json, read_json
 from ..statistics.documents import scheme_label
 
 SPLITS = ("valid", "test")
@@ -114,8 +114,8 @@ def lm_training_label(job: Job) -> str:
     if not files:
         return convergence_label(None)
     if len(files) == 1:
-        return convergence_label(read_json(files[0]))
-    return " ".join(convergence_label(read_json(p), who=f"LM {p.parent.name}") for p in files)
+        return convergence_label(read_checked_json(files[0], "lm_training"))
+    return " ".join(convergence_label(read_checked_json(p, "lm_training"), who=f"LM {p.parent.name}") for p in files)
 
 
 def lm_backend(job: Job):

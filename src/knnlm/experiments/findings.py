@@ -30,7 +30,7 @@ CLAIMS_FILE = Path(__file__).with_name("claims.yaml")  # the claims table: what 
 
 def _claim(section, claim, source, comparison, paper=None, sign=None, within=None, share=None, regex=False,
            kind="paper", ref=None, about=None, equivalent=None, reported=False, paper_text=None, unit=None,
-           count_zero=False, verdicts=None, tau1=False, size=None, regime=None, id=None, shown=None, choose=None):
+           count_zero=False, verdicts=None, size=None, regime=None, id=None, shown=None, choose=None, also=None):
     """One entry of the claims table (claims.yaml, whose header defines each field) as the engine reads it: the
     fields with their defaults, `paper` as (a, b) or {b: (a, b)}, `share` as a number, a margin ('equivalent',
     'within') as a number or as {'share', 'of'} (derived on valid, _with_margin), and 'pattern', the regular
@@ -38,9 +38,12 @@ def _claim(section, claim, source, comparison, paper=None, sign=None, within=Non
     return {"id": id, "section": section, "claim": claim, "source": source, "paper": paper, "sign": sign,
             "within": within, "share": share, "size": size, "about": about, "equivalent": equivalent,
             "reported": reported, "kind": kind, "ref": ref,
-            "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts, "tau1": tau1,
+            "paper_text": paper_text, "unit": unit, "count_zero": count_zero, "verdicts": verdicts,
+            # read at τ = 1 where a side has a τ-tuned twin (_tau1_sides), whatever the claim's kind; not a claim
+            # about τ itself (a 'tau*' claim, a reported number, a count or a checked property)
+            "tau1": not (kind == "tau*" or reported or count_zero or verdicts),
             "comparison": comparison, "pattern": comparison if regex else re.escape(comparison),
-            "regime": regime, "shown": shown or (_readable(comparison) if regex else comparison), "choose": choose}
+            "also": also, "regime": regime, "shown": shown or (_readable(comparison) if regex else comparison), "choose": choose}
 
 
 def _readable(pattern: str) -> str:
@@ -60,6 +63,7 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
     doc = claims_document(path)
     tables = doc.get("paper_numbers") or {}
     shares = {k: v["share"] for k, v in (doc.get("margins") or {}).items()}
+    bands = {k: v["share"] for k, v in (doc.get("bands") or {}).items()}
     axes, by_source = doc.get("regime") or {}, doc.get("regime_of_source") or {}
     out, seen = [], set()
     for n, entry in enumerate(doc["claims"]):
@@ -84,6 +88,12 @@ def load_claims(path: str | Path = CLAIMS_FILE) -> list[dict]:
                 if e[key]["share"] not in shares:
                     raise ValueError(f"{where}: '{key}.share' names no entry of 'margins' ({sorted(shares)})")
                 e[key] = {**e[key], "share": shares[e[key]["share"]]}
+        if e.get("about") is not None:  # a stated value's band, by its name in 'bands'
+            if e["about"] not in bands:
+                raise ValueError(f"{where}: 'about' names no entry of 'bands' ({sorted(bands)})")
+            if e.get("share") is None and e.get("size") is None:
+                raise ValueError(f"{where}: 'about' is the band of a stated 'share' or 'size'; the claim has neither")
+            e["about"] = {"share": bands[e["about"]], "name": e["about"]}
         e.setdefault("regime", by_source.get(e.get("source"), []))
         unknown = sorted(set(e["regime"]) - set(axes))
         if unknown:
@@ -363,6 +373,14 @@ def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
     return text
 
 
+def _band_text(c: dict) -> str:
+    """The band of claim `c`'s stated share or size as its paper column shows it: '±X pp' once derived for a row
+    (_with_margin), else the rule it is derived by."""
+    if isinstance(c["about"], dict):
+        return f"± {c['about']['share']:.0%} of it"
+    return f"±{100 * c['about']:.2g} pp"
+
+
 def _paper(c: dict, b: str | None) -> tuple[str, int]:
     """(the paper's number as text, the sign of its a / b − 1) for claim `c` tested on a row whose b is `b`."""
     a_b = c["paper"].get(b) if isinstance(c["paper"], dict) else c["paper"]
@@ -370,8 +388,8 @@ def _paper(c: dict, b: str | None) -> tuple[str, int]:
     text = (f"{a_b[0]:.3f} vs {a_b[1]:.3f} ({100 * (a_b[0] / a_b[1] - 1):+.1f} %)" if a_b
             else c["paper_text"] if derived and c["paper_text"]
             else f"within {100 * c['within']:.2g} %" if c["within"] and not derived
-            else f"{100 * c['share']:.1f} % (about: ±{100 * c['about']:.0f} pp)" if c["share"]
-            else f"{100 * c['size']:+.1f} % (about: ±{100 * c['about']:.0f} pp)" if c["size"] is not None
+            else f"{100 * c['share']:.1f} % (about: {_band_text(c)})" if c["share"]
+            else f"{100 * c['size']:+.1f} % (about: {_band_text(c)})" if c["size"] is not None
             else c["paper_text"] if c["paper_text"] else "τ = 1 near τ*" if c["reported"] else "direction only")
     if a_b and c["equivalent"] and not derived:
         text += f"; about equal: within ±{100 * c['equivalent']:.2g} %"
@@ -419,7 +437,19 @@ def _with_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
     '{a}' and '{b}' stand for r's two sides, '{g1}', '{g2}' … for the groups of the claim's pattern in r):
     s × |relative difference| of comparison 'of' in the same table on valid, where the choice is made, and never
     narrower than what the run resolves, the half-width of r's own 95 % CI on valid. The claim's text states the
-    margin it got and where it came from ('margin_from'). Without the 'of' row (or r's valid row) that part is 0."""
+    margin it got and where it came from ('margin_from'). Without the 'of' row (or r's valid row) that part is 0.
+    The band of a stated share or size ('about' {'share': s}, from 'bands') is derived alike: s × |the stated value|,
+    never narrower than the half-width of r's own CI on valid."""
+    if isinstance(c.get("about"), dict):
+        valid = df[(df["split"] == "valid") & (df["comparison"] == r["comparison"])] if "split" in df else df.iloc[0:0]
+        resolution = (float(valid["CI high"].iloc[0]) - float(valid["CI low"].iloc[0])) / 2 if len(valid) else 0.0
+        stated = c["share"] if c["share"] is not None else c["size"]
+        scaled = c["about"]["share"] * abs(stated)
+        band = max(scaled, resolution)
+        how = (f"{c['about']['share']:.0%} of the stated value" if scaled >= resolution else
+               f"the half-width of its CI on valid, wider than {c['about']['share']:.0%} of the stated value")
+        c = {**c, "about": band, "band_from": how,
+             "claim": f"{c['claim']}: here ±{100 * band:.2g} pp ({how})"}
     for key in ("equivalent", "within"):
         spec = c.get(key)
         if not isinstance(spec, dict):
@@ -463,18 +493,19 @@ def _chosen(c: dict, df: pd.DataFrame, sel: pd.DataFrame) -> tuple[dict, pd.Data
     return {**c, "claim": text}, sel[sel["comparison"] == pick]
 
 
-def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
-    """For a claim the paper measured at τ = 1 (c['tau1']) on comparison row r: the settings it compares whose τ*
-    beats τ = 1 beyond the CI on valid in this run ('X τ* vs X' lower: Table 1's rows for Table 1 and the parametric
-    kNN-LMs, the store's own rows for Sec. 5), joined by ', '; '' when τ = 1 is as good as τ* for each of them. Which
-    row carries the verdict is chosen on valid, where τ* was tuned; test only measures. Only a FAISS mask + FAISS
-    score side counts (every kNN-LM of Table 1 and of the parametric tables is one): the paper's τ = 1 stands for a
-    near-optimal τ there alone (Sec. 5.2, "temperature t = 1 is close to optimal when using FAISS mask, FAISS
-    score"); with a real mask or a real score the paper's τ = 1 is its own setting (ibid.: "When using either 'real
-    mask' or 'real score', this is not true anymore"), compared as the paper compares it (docs/statistics.md)."""
-    if not c["tau1"]:
-        return ""
-    cmp_ = r["comparison"]
+def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
+    """The sides of comparison row r (claim `c`) compared at τ = 1 that have a τ-tuned twin in this run: {setting:
+    the verdict of its 'X τ* vs X' row on valid} (Table 1's rows for Table 1 and the parametric kNN-LMs, the store's
+    own rows for Sec. 5). Which row carries the verdict is chosen on valid, where τ* was tuned; test only measures.
+    Every claim is read this way, whatever its kind ('paper', 'ours', 'follow-up'); a claim about τ itself (a 'tau*'
+    claim, a row naming a τ* side, a reported number) has none. Only a FAISS mask + FAISS score side counts (every
+    kNN-LM of Table 1 and of the parametric tables is one): the paper's τ = 1 stands for a near-optimal τ there alone
+    (Sec. 5.2, "temperature t = 1 is close to optimal when using FAISS mask, FAISS score"); with a real mask or a real
+    score the paper's τ = 1 is its own setting (ibid.: "When using either 'real mask' or 'real score', this is not
+    true anymore"), compared as the paper compares it (docs/statistics.md)."""
+    cmp_ = str(r["comparison"])
+    if not c["tau1"] or (TUNED in cmp_ and not isinstance(r.get("τ settings"), str)):
+        return {}
     if isinstance(r.get("τ settings"), str):  # a row that names the settings it rests on and where their τ* rows are
         names, src = [n for n in r["τ settings"].split("; ") if n], r.get("τ source") or c["source"]
     elif c["source"] == "parametric":  # the subset's kNN-LM has its own τ* row in the parametric table, the others Table 1's
@@ -483,7 +514,8 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
         if sub:
             df = sources.get("parametric", (None, ""))[0]
             valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
-            return ", ".join(n for n in sub if str(valid.get(f"kNN-LM {n}{TUNED} vs kNN-LM {n}", "")) == "lower")
+            return {n: str(valid[f"kNN-LM {n}{TUNED} vs kNN-LM {n}"]) for n in sub
+                    if f"kNN-LM {n}{TUNED} vs kNN-LM {n}" in valid.index}
         src = "table1"
     elif c["source"] in ("size", "large_size", "pca"):  # '<setting> (<store> vs full)': its τ* on the full store
         names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], "table3"
@@ -494,17 +526,23 @@ def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
     names = [n for n in names if n not in (FAISS_REAL, REAL_REAL)]  # a real mask or score: the paper's τ = 1
     df = sources.get(src, (None, ""))[0]
     if df is None or df.empty or not names:
-        return ""
+        return {}
     valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
-    return ", ".join(n for n in names if str(valid.get(f"{n}{TUNED} vs {n}", "")) == "lower")
+    return {n: str(valid[f"{n}{TUNED} vs {n}"]) for n in names if f"{n}{TUNED} vs {n}" in valid.index}
+
+
+def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
+    """The sides of row r compared at τ = 1 (_tau1_sides) whose τ* beats τ = 1 beyond the CI on valid ('X τ* vs X'
+    lower), joined by ', '; '' when τ = 1 is as good as τ* for each of them (or the row has none)."""
+    return ", ".join(n for n, v in _tau1_sides(c, r, sources).items() if v == "lower")
 
 
 def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int, scheme: str = "",
-            base_undertrained: bool = False, tau1_off: str = "") -> dict:
+            base_undertrained: bool = False, tau1_off: str = "", at_tau1: bool | None = None) -> dict:
     """The findings row of claim `c` on comparison row `r` (its verdict counted in `counts`); a row whose documents
     count fewer than `min_documents` (config 'stats.min_documents') as its interval counts them (column 'effective
     documents', Kish's; the raw count without it) is 'inconclusive (N articles, n_eff E)'. scheme: the documents
-    scheme, naming the unit; base_undertrained: the base LM's valid perplexity was still falling, so a verdict
+    scheme, naming the unit; base_undertrained: the base LM is under-trained (base_lm_undertrained), so a verdict
     ('reproduced', 'contradicted') says '(base LM under-trained)'. A row's 'flag' (a τ* on its grid's edge) is added
     to its verdict in parentheses; a row's 'premise' (why the paper's premise fails here) makes it PREMISE_ABSENT.
     tau1_off (_tau1_off): the settings whose τ* beats the paper's τ = 1 in this run: the row is then reported
@@ -512,7 +550,7 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     its verdict with the verdict it would have had without it, in the order applied (rules_table counts them)."""
     from ..statistics.documents import unit_count
 
-    if isinstance(c["within"], dict) or isinstance(c["equivalent"], dict):
+    if isinstance(c["within"], dict) or isinstance(c["equivalent"], dict) or isinstance(c["about"], dict):
         raise ValueError(f"claim {c.get('id')!r}: its margin is derived from the run's rows; pass it through _with_margin")
     paper, sign = _paper(c, r["comparison"].split(" vs ", 1)[-1])
     docs = int(r["documents"]) if "documents" in r and pd.notna(r["documents"]) else None
@@ -567,9 +605,22 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
         rules.append(("base LM under-trained", v))
         v = f"{v} (base LM under-trained)"
     counts[v] = counts.get(v, 0) + 1
-    if c["size"] is not None and v.startswith(("contradicted", "inconclusive")) and not v.startswith("inconclusive ("):
-        # one measurement, one row: a stated size ("nearly 4 % better") also states a sign, shown beside its verdict
-        v = f"{v} (its sign: {paper_verdict(r['verdict'], -1 if c['size'] < 0 else 1)})"
+    if by_ci and not v.startswith(("inconclusive (", "not tested", "reported")):
+        # one measurement, one row: what else the claim states of the same number is shown beside its verdict (not
+        # counted): the sign a stated size ("nearly 4 % better") or an "about as good, slightly better" also states,
+        # and a one-sided bound ("more than half")
+        also = []
+        if c["size"] is not None and v.startswith(("contradicted", "inconclusive")):
+            also.append(f"its sign: {paper_verdict(r['verdict'], -1 if c['size'] < 0 else 1)}")
+        elif c["equivalent"] is not None and c["sign"] is not None and isinstance(r.get("verdict"), str):
+            also.append(f"its sign: {paper_verdict(r['verdict'], c['sign'])}")
+        for bound in c["also"] or []:
+            x = bound.get("above", bound.get("below"))
+            lo, hi = (r["CI low"], r["CI high"]) if "above" in bound else (-r["CI high"], -r["CI low"])
+            x = x if "above" in bound else -x
+            also.append(f"{bound['says']}: " + ("reproduced" if lo > x else "contradicted" if hi < x else "inconclusive"))
+        if also:
+            v = f"{v} ({'; '.join(also)})"
     if premise:
         v = f"not tested (premise absent: {premise})"
     elif isinstance(r.get("flag"), str) and r["flag"] and v != "reported":
@@ -585,7 +636,8 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
     else:
         ours = " ".join([fmt.format(100 * r["relative difference"]), "%",
                          f"[{fmt.format(100 * r['CI low'])}, {fmt.format(100 * r['CI high'])}]"])
-    test = KIND[c["kind"]] + (f", at τ = 1 (τ* differs: {tau1_off})" if tau1_off else ", at τ = 1" if c["tau1"] else "")
+    at_tau1 = c["tau1"] if at_tau1 is None else at_tau1
+    test = KIND[c["kind"]] + (f", at τ = 1 (τ* differs: {tau1_off})" if tau1_off else ", at τ = 1" if at_tau1 else "")
     return {"section": c["section"], "claim": c["claim"], "test": test, "comparison (a vs b)": r["comparison"],
             "paper": paper, "ours (test, 95% CI)": ours, "on": label or "all tokens", "units": units, "verdict": v,
             "_rules": rules}
@@ -616,7 +668,8 @@ def regime_values(job: Job, settings: dict | None) -> dict[str, tuple[float, str
             v = float(base["PPL (word)"].iloc[0])
             out["lm"] = (v, f"{v:,.2f}")
     vocab = vocabulary_size(job)
-    n = ((settings or {}).get("store_meta") or {}).get("N")
+    meta = (settings or {}).get("store_meta") or {}
+    n = meta.get("size") or meta.get("N")  # the store's own rows (a subset's 'size'; 'N' is its parent's)
     if n and vocab:
         out["store"] = (n / vocab, f"{n / vocab:,.0f} ({n:,} rows over {vocab:,} entries)")
     scan = ((settings or {}).get("scan") or {}).get("test") or {}
@@ -648,20 +701,33 @@ def regime_rows(values: dict) -> list[dict]:
     return rows
 
 
-def headroom_row(job: Job) -> dict | None:
-    """The regime table's row on the base LM's headroom, what continued training measured rather than a 'converged'
-    label: the best valid perplexity (per token, fairseq's validation) of each LM trained on from the base LM without
+def headroom(job: Job) -> tuple[float, str, float] | None:
+    """The base LM's headroom, what continued training measured rather than a 'converged' label: (the relative change
+    of the best valid perplexity per token (fairseq's validation) of the LMs trained on from the base LM without
     dropout (App. E.6.1's, input 'headroom': their training.json) against the base LM's own best (input
-    'lm_training'), as a relative change with the updates it took; None without both inputs."""
+    'lm_training'), the LM that reached it with the updates it took past the base LM (through config
+    'headroom_init_from', {LM: the LM it continued}, a chain adds up), the base LM's best); None without both inputs."""
     if not job.input.get("headroom") or not job.input.get("lm_training"):
         return None
-    base = read_json(job.paths("lm_training")[0])
+    base = read_checked_json(job.paths("lm_training")[0], "lm_training")
     best = min(p for _, p in base["valid"])
-    parts = []
-    for path in job.paths("headroom"):
-        t = read_json(path)
-        parts.append((min(p for _, p in t["valid"]) / best - 1, f"{Path(path).parent.name}: {t['updates']:,} more updates"))
-    change, who = min(parts)
+    runs = {Path(p).parent.name: read_checked_json(p, "lm_training") for p in job.paths("headroom")}
+    parent = job.cfg.get("headroom_init_from") or {}
+
+    def past_base(name, seen=()):  # updates from the base LM to `name` along its chain of init_from
+        up = parent.get(name)
+        return runs[name]["updates"] + (past_base(up, seen + (name,)) if up in runs and up not in seen else 0)
+
+    change, name = min((min(p for _, p in t["valid"]) / best - 1, n) for n, t in runs.items())
+    return change, f"{name}: {past_base(name):,} more updates", best
+
+
+def headroom_row(job: Job) -> dict | None:
+    """The regime table's row on the base LM's headroom (headroom); None without it."""
+    h = headroom(job)
+    if h is None:
+        return None
+    change, who, best = h
     return {"axis": "base LM headroom: best valid perplexity (per token) of the base LM trained on without dropout "
                     "(App. E.6.1's LMs) against its own", "the paper": "converged (Sec. 3; not measured)",
             "this run": f"{100 * change:+.1f} % ({who}; the base LM's best {best:.2f})",
@@ -670,11 +736,48 @@ def headroom_row(job: Job) -> dict | None:
                       "window)"}
 
 
+def base_lm_undertrained(job: Job) -> str:
+    """Why the base LM counts as under-trained, '' when it does not (rule 'base LM under-trained'): its valid
+    perplexity was still falling when training stopped (input 'lm_training'), or training it further (headroom)
+    lowered its best valid perplexity by more than the tolerance its own training judged convergence by."""
+    if not job.input.get("lm_training"):
+        return ""
+    t = read_checked_json(job.paths("lm_training")[0], "lm_training")
+    if t["converged"].startswith("no"):
+        return "its valid perplexity was still falling when training stopped"
+    h, tol = headroom(job), float(t.get("tolerance", 0.01))
+    if h is not None and h[0] < -tol:
+        return (f"training it further lowered its best valid perplexity by {-100 * h[0]:.1f} % ({h[1]}), more than "
+                f"the {100 * tol:g} % its training judged convergence by")
+    return ""
+
+
+def _short(axis: str, value: float) -> str:
+    """A value of regime axis `axis` as a regime column names it ('339', '23.7·k', '1,170·k')."""
+    return (f"{value:,.3g}" if value < 1000 else f"{value:,.0f}") + ("·k" if axis == "scan" else "")
+
+
+def row_regime_values(values: dict, by_store: dict, source: str, r: pd.Series, vocab: int | None) -> dict:
+    """The regime values of one findings row: those of the store its source reads (`by_store`: {source: values} for
+    the subset stores' sources, the Table 3 store's `values` otherwise), and for a parametric row against the kNN-LM
+    on the alternatives' rows, that datastore's own rows per vocabulary entry (column 'reference rows' over V)."""
+    out = dict(by_store.get(source, values))
+    try:
+        rows = int(r["reference rows"])
+    except (KeyError, TypeError, ValueError):
+        return out
+    if vocab and SUBSET in str(r.get("comparison", "")):
+        out["store"] = (rows / vocab, f"{rows / vocab:,.0f} ({rows:,} rows over {vocab:,} entries)")
+    return out
+
+
 def regime_label(c: dict, values: dict) -> str:
     """The regime column of claim `c`'s rows: the axes its claim rests on (its 'regime') where this run is outside
-    the paper's regime, 'the paper's' where none is, and the axes not measured."""
+    the paper's regime, each with the row's own value and the paper's ('datastore rows per vocabulary entry: 17, the
+    paper's 5,000'), 'the paper's' where none is, and the axes not measured."""
     axes = c.get("regime") or []
-    out = [REGIME[a]["name"] for a in axes if _in_regime(a, values) is False]
+    out = [f"{REGIME[a]['name']}: {_short(a, values[a][0])}, the paper's {_short(a, REGIME[a]['paper'])}"
+           for a in axes if _in_regime(a, values) is False]
     unmeasured = [REGIME[a]["name"] for a in axes if _in_regime(a, values) is None]
     text = ("differs: " + "; ".join(out)) if out else "the paper's" if axes else "-"
     return text + (f" (not measured: {'; '.join(unmeasured)})" if unmeasured else "")
@@ -688,10 +791,16 @@ def findings(job: Job) -> dict:
     small = read_checked_json(job.path("small_store"), "settings") if job.input.get("small_store") else None
     sources = _sources(job, small)
     scheme = documents_scheme(job)["scheme"] if job.input.get("documents") else job.cfg["stats"]["documents"]
-    primary = job.paths("lm_training")[0] if job.input.get("lm_training") else None
-    undertrained = primary is not None and read_json(primary)["converged"].startswith("no")
+    why_undertrained = base_lm_undertrained(job)
+    undertrained = bool(why_undertrained)
     t3 = read_checked_json(job.path("table3_settings"), "settings") if job.input.get("table3_settings") else None
     values = regime_values(job, t3)
+    vocab = vocabulary_size(job)
+    by_store = {}  # the sources that read a subset store: its own rows per entry and scan (the LM axis is shared)
+    if small is not None:
+        by_store.update({src: regime_values(job, small) for src in SMALL_SOURCES + ("size",)})
+    if job.input.get("large_store"):
+        by_store["large_size"] = regime_values(job, read_checked_json(job.path("large_store"), "settings"))
     rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
     def not_run(c: dict, why: str) -> None:  # a claim without a measurement still has its row (no silent claim)
         rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
@@ -723,9 +832,10 @@ def findings(job: Job) -> dict:
                 not_run(c, "not run (tested at equal rows: the claims against the kNN-LM on the alternatives' rows)")
                 continue
         for _, r in sel.iterrows():
+            sides = _tau1_sides(c, r, sources)
             row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
-                          undertrained, _tau1_off(c, r, sources))
-            row["regime"] = regime_label(c, values)
+                          undertrained, ", ".join(n for n, v in sides.items() if v == "lower"), bool(sides))
+            row["regime"] = regime_label(c, row_regime_values(values, by_store, c["source"], r, vocab))
             row["_claim"] = c["id"]
             where = by_regime["the paper's" if row["regime"].startswith("the paper's") else "another"]
             kind = row["verdict"].split(" (")[0]
@@ -739,7 +849,8 @@ def findings(job: Job) -> dict:
             f"{lm_training_label(job)} "
             f"{ci_caption(cfg['stats'])}; 'units' = the test units a row rests on (its resampling unit, with Kish's "
             f"effective number n_eff that the interval and the minimum count)."
-            + (" The base LM is under-trained: every verdict says so and is counted apart." if undertrained else "")
+            + (f" The base LM is under-trained ({why_undertrained}): every verdict says so and is counted apart."
+               if undertrained else "")
             + (" The base LM has an adaptive softmax (config 'lms.<lm>.adaptive_softmax'): no single output matrix "
                "W_sm, so the claims that need it (the parametric alternatives of Sec. 4 and App. B-C, App. E.1-E.4 and "
                "E.6.3, and the follow-ups' per-token features) are not run." if cfg.get("adaptive_softmax") else "")

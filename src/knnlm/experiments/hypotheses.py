@@ -22,6 +22,7 @@ comparison row ('flag') and in the findings. Comparisons are on the same tokens,
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,6 @@ from ..scoring.results import METRIC_NAME, SPLITS, evaluate
 from ..scoring.interpolation import interpolate
 from ..statistics.captions import DESIGN_N_EFF, ci_caption, comparison_rows, fmt_ci, statistic_row
 from ..statistics.intervals import compare, effective_documents, jackknife_sums, per_document
-from ..statistics.verdicts import MEMORISED
 from ..report.tables import write_csv, write_table
 from .common import by_split, documents_label, lm_training_label, split_documents, stats_options
 
@@ -514,13 +514,21 @@ def knn_component(job: Job) -> str:
 def _trainings(job: Job) -> dict[str, dict]:
     """{LM name: its training.json (knnlm.lm.training.convergence)} of the job's input 'lm_training' files (lms/<name>/)."""
     files = job.paths("lm_training") if job.input.get("lm_training") else []
-    return {p.parent.name: read_json(p) for p in files}
+    return {p.parent.name: read_checked_json(p, "lm_training") for p in files}
+
+
+def memorised_below() -> float:
+    """E.6.1's premise threshold from the claims table ('premises.memorised.below', with the paper's words): an LM
+    memorised its training set when its training perplexity is under this share of its valid perplexity."""
+    from .findings import claims_document, CLAIMS_FILE
+
+    return float(claims_document(CLAIMS_FILE)["premises"]["memorised"]["below"])
 
 
 def memorisation(name: str, training: dict | None) -> dict:
     """E.6.1's check that an 'overfitted' LM overfitted: the comparison row 'memorisation of <name>' with its last
     training perplexity (token; fairseq's last logged training loss, dropout as trained) over its valid perplexity
-    at its last evaluation, and verdict 'memorised' when the ratio is under MEMORISED (the paper trained until the
+    at its last evaluation, and verdict 'memorised' when the ratio is under memorised_below() (the paper trained until the
     training loss was near zero), 'not memorised' otherwise, 'unknown' without a training record."""
     row = {"split": "test", "comparison": f"memorisation of {name}: train / valid perplexity (token)",
            "documents": None, "on": "its training log"}
@@ -530,7 +538,7 @@ def memorisation(name: str, training: dict | None) -> dict:
     train, valid = 2.0 ** training["train_loss_last"], training["valid"][-1][1]
     ratio = train / valid
     return {**row, "relative difference": ratio, "CI low": ratio, "CI high": ratio,
-            "verdict": "memorised" if ratio < MEMORISED else "not memorised",
+            "verdict": "memorised" if ratio < memorised_below() else "not memorised",
             "on": f"train PPL {train:.2f}, valid PPL {valid:.2f} (token) after {training['updates']:,} updates"}
 
 
@@ -628,7 +636,7 @@ def overfitting(job: Job) -> dict:
            f"oracle (per token the better of the two), against the kNN-LM (base LM + the kNN component of Table 1, "
            f"full store, {knn_component(job)}); every mixture's weights tuned on valid by EM. The paper: "
            f"interpolated 21.732 (Overfit@92 epochs) and 21.733 (@129) vs base 21.750 and kNN-LM 19.174 (att/L2). "
-           f"An LM memorised its training set when its training perplexity is under {MEMORISED:g}× its valid "
+           f"An LM memorised its training set when its training perplexity is under {memorised_below():g}× its valid "
            f"perplexity; the comparisons of an LM that did not are not tested (the paper's premise is absent: it "
            f"would test another regime than the paper's) and count apart in the findings.")
     mem = [memorisation(n, trained.get(n)) for n in members]
@@ -670,6 +678,44 @@ def one_hot_twin(soft: dict, other: dict) -> bool:
     return not other.get("teacher") and all((soft.get(k) or None) == (other.get(k) or None) for k in keys)
 
 
+def seed_twin(base: dict, other: dict) -> bool:
+    """Whether config entry `other` of 'lms' is the base LM's entry `base` trained with another random seed and nothing
+    else changed (App. E.5's "another identical LM, trained with another random seed"): both trained by this run, the
+    same 'lm' overrides but 'seed' (architecture, budget, schedule), start, checkpoint, context and no teacher, and
+    another seed. A Hugging Face or imported LM is nobody's seed twin."""
+    keys = ("source", "init_from", "checkpoint", "teacher", "tokens_per_sample", "path", "revision")
+    la, lb = dict(base.get("lm") or {}), dict(other.get("lm") or {})
+    return (base.get("source") == "train" and all((base.get(k) or None) == (other.get(k) or None) for k in keys)
+            and la.pop("seed", None) != lb.pop("seed", None) and la == lb)
+
+
+def _lm_relation(cfg: dict, base: str, other: str) -> str:
+    """How LM `other` of config 'lms' relates to the base LM `base` (the comparisons' 'reference' column of Table 8,
+    which the claims table's 'ref' selects on): 'identical LM (another seed)' for a seed twin (seed_twin), else
+    'another LM (…)' naming what differs."""
+    a, b = cfg["lms"].get(base, {}), cfg["lms"].get(other, {})
+    if seed_twin(a, b):
+        return f"identical LM (another seed: {(b.get('lm') or {}).get('seed')})"
+    la, lb = a.get("lm") or {}, b.get("lm") or {}
+    diff = sorted(k for k in set(la) | set(lb) if k != "seed" and la.get(k) != lb.get(k))
+    diff += sorted(k for k in ("source", "init_from", "checkpoint", "teacher") if (a.get(k) or None) != (b.get(k) or None))
+    return f"another LM ({', '.join(diff) or 'the same entry'} differ{'s' if len(diff) == 1 else ''})"
+
+
+def ensemble_reference(cfg: dict, base: str, others: list[str], comparison: str) -> str:
+    """The 'reference' column of a Table 8 / Figure 8 comparison: for one other LM ('base + X …', 'X alone …') how it
+    relates to the base LM (_lm_relation); for Figure 8's 'K−1 LMs + kNN vs K LMs' (the base LM and the first K − 1 of
+    `others`) 'identical LMs (another seed each)' when each is a seed twin, else 'with another LM (names)'; '-' for
+    the rest (the kNN-LM vs the base LM)."""
+    m = re.match(r"(\d+) LMs? \+ kNN vs (\d+) LMs", comparison)
+    if m:
+        members = others[:int(m.group(2)) - 1]
+        odd = [n for n in members if not seed_twin(cfg["lms"].get(base, {}), cfg["lms"].get(n, {}))]
+        return f"with another LM ({', '.join(odd)})" if odd else "identical LMs (another seed each)"
+    named = [n for n in others if f"base + {n} " in f"{comparison} " or comparison.startswith(f"{n} alone")]
+    return _lm_relation(cfg, base, named[0]) if named else "-"
+
+
 def ensembling(job: Job) -> dict:
     """E.5 (Xu et al. 2023, App. E.5, Table 8, Figure 8): is the kNN-LM just an ensemble? Other LMs of config
     'hypotheses.ensemble_lms' (entries of 'lms' over this run's tokens) against the kNN component of Table 1 (the
@@ -685,6 +731,7 @@ def ensembling(job: Job) -> dict:
 
     cfg, st = job.cfg, stats_options(job)
     others = _other_lms(job)
+    base = job.wildcards.get("lm", next(iter(cfg["lms"])))
     lp, docs, words, knn = _load_lms(job, others, "hypotheses.ensemble_lms")
     lms = ["base"] + others
     mixes = {}  # name -> ({split: log p}, weights, members)
@@ -711,14 +758,20 @@ def ensembling(job: Job) -> dict:
             mix(f"{n_lms(k - 1)} + kNN", lms[:k - 1] + ["kNN"])
             series["LMs + kNN"].append((k, f"{n_lms(k - 1)} + kNN"))
     names = list(mixes)
+    # Table 8's oracle: per token the better of the base LM and the other LM (never worse than either)
+    oracles = {f"oracle of base + {n}": {s: oracle_log_prob(lp["base"][s], lp[n][s]) for s in SPLITS} for n in others}
     pairs = [(f"{n_lms(k - 1)} + kNN", n_lms(k)) for k in range(2, len(lms) + 1)]
     pairs += [(f"base + {n}", "kNN-LM") for n in others] + [(n, "base alone") for n in names if n != "base alone"]
+    pairs += [(o, "base alone") for o in oracles]
     ci, rows, cmp_rows = {}, [], []
     for split in SPLITS:
         doc, doc_words = docs[split]
-        ci[split] = compare(per_document(-np.stack([mixes[n][0][split] for n in names]), doc, len(doc_words)),
-                            doc_words, names, pairs, st)
-        cmp_rows += comparison_rows(ci[split], split=split)
+        stack = [mixes[n][0][split] for n in names] + [o[split] for o in oracles.values()]
+        ci[split] = compare(per_document(-np.stack(stack), doc, len(doc_words)), doc_words, names + list(oracles),
+                            pairs, st)
+        for r in comparison_rows(ci[split], split=split):
+            r["reference"] = ensemble_reference(cfg, base, others, r["comparison"])
+            cmp_rows.append(r)
     shown = {}  # Figure 8's points that repeat a mixture of the table (the same components) are not repeated in it
     for n in names:
         shown.setdefault(tuple(mixes[n][2]), n)
@@ -750,7 +803,9 @@ def ensembling(job: Job) -> dict:
     plt.close(fig)
     cap = (f"Is the kNN-LM just an ensemble? ({cfg['name']}; Xu et al. 2023, App. E.5, Table 8 and Figure 8): the base "
            f"LM, other LMs over the same tokens ({', '.join(others)}: config 'hypotheses.ensemble_lms', each an entry of "
-           f"'lms' whose training its Table 4 row and MLflow runs describe), and the kNN component of Table 1 (full "
+           f"'lms' whose training its Table 4 row and MLflow runs describe; "
+           + "; ".join(f"{n}: {_lm_relation(cfg, base, n)}" for n in others)
+           + f"), and the kNN component of Table 1 (full "
            f"store, {knn_component(job)}); every mixture's weights tuned on valid by EM ('weights'); "
            f"'oracle' = per token the better of its two components. Figure 8: the ensemble of K LMs against K − 1 LMs "
            f"+ the kNN component. {ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")

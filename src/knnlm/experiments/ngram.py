@@ -31,12 +31,10 @@ from .common import (SPLITS, by_split, documents_label, lm_log_probs, lm_trainin
 log = logging.getLogger(__name__)
 KNN = "kNN-LM"
 BEST = "LM + n-gram (n tuned on valid)"  # the comparisons' name of the order chosen on valid
-# The regime of Khandelwal et al.'s comparison: a base LM far stronger than the n-gram statistics of its training
-# tokens (a Transformer on WikiText-103). Where the n-gram LM alone (the order chosen on valid) has less than this
-# many times the base LM's valid perplexity, the premise of Khandelwal et al.'s statements on the n-gram interpolation
-# ("improves it only slightly", "the kNN-LM gains far more") is absent: every row of the order chosen on valid says so
-# and is not tested.
-PREMISE_RATIO = 2.0
+# Khandelwal et al.'s statements on the n-gram interpolation ("improves it only slightly", "the kNN-LM gains far
+# more") are made with a strong Transformer LM on WikiText-103. No threshold of the paper says how much stronger than
+# the n-gram statistics an LM must be for them to hold, so every row is tested; the caption states the ratio of the
+# n-gram LM's valid perplexity to the base LM's, and the findings name the LM axis of the regime beside the verdict.
 
 
 def order_label(n: int) -> str:
@@ -80,17 +78,12 @@ def table(job: Job) -> dict:
     shares = [(BEST, KNN)]
     ratio = (summarize(lp_ng["valid"][best], words["valid"])["ppl_token"]
              / summarize(lp_lm["valid"], words["valid"])["ppl_token"])
-    premise = ("" if ratio >= PREMISE_RATIO else
-               f"the {best}-gram LM alone has {ratio:.2f}x the base LM's valid perplexity, under the "
-               f"{PREMISE_RATIO:g}x of a base LM far stronger than the n-gram statistics of its tokens (the paper's "
-               f"regime)")
     rows, cmp, ci = [], [], {}
     for split in SPLITS:
         doc, doc_words = docs[split]
         nll = per_document(-np.stack([lp_lm[split]] + [lps[n][split] for n in lps]), doc, len(doc_words))
         c = ci[split] = compare(nll, doc_words, names, pairs, st, shares=shares)
-        # the premise holds for every row that rests on the order chosen on valid, whatever its outcome
-        cmp += [dict(r, premise=premise if BEST in r["comparison"] else "") for r in comparison_rows(c, split=split)]
+        cmp += comparison_rows(c, split=split)
         for n in names:
             if n == BEST:
                 continue
@@ -115,9 +108,8 @@ def table(job: Job) -> dict:
            f"base LM that it gets: {100 * share['value']:.1f} % [{100 * share['lo']:.1f}, {100 * share['hi']:.1f}] on "
            f"test. Khandelwal et al.: n-gram LMs interpolated with a strong Transformer LM (WikiText-103) barely "
            f"improve it, unlike the kNN-LM; a weaker LM leaves n-gram statistics more to add: here the {best}-gram LM "
-           f"alone has {ratio:.2f}x the base LM's valid perplexity per token ("
-           + (f"at least {PREMISE_RATIO:g}x: the paper's regime" if not premise else
-              f"under {PREMISE_RATIO:g}x: not the paper's regime, so no row of '{BEST}' is tested") + "). "
+           f"alone has {ratio:.2f}x the base LM's valid perplexity per token (the paper's LM is far stronger than "
+           f"its n-gram statistics; the findings name the LM axis of the regime beside each verdict). "
            f"{ci_caption(st, documents_label(job))}. {cfg.get('profile', {}).get('caption', '')}")
     df = pd.DataFrame(rows)
     write_table(df, job.path("csv"), job.path("md"), "The base LM interpolated with n-gram LMs vs the kNN-LM", cap,

@@ -375,6 +375,7 @@ def _comparisons(job: Job, results: list[dict], scores: list[dict], best: dict) 
                  + [(r, n) for r in sub_refs for n in on_sub]  # the kNN-LM on the same rows (App. B-C, like for like)
                  + ([(sub_refs[1], sub_refs[0])] if sub_refs else [])  # does its τ* beat τ = 1 (chosen on valid)
                  + [(n + ALONE, "base") for n in par_names]  # the model alone vs the base LM alone (Sec. 4)
+                 + [(n, n + ALONE) for n in par_names]  # interpolated vs alone: two views ensembled (Sec. 4.1)
                  + equal_rows_pairs(results, par_names)  # each variant vs W_ds trained on the same rows
                  + equal_capacity_pairs(results, par_names))  # App. C: vs nV of as many embeddings, same rows
         c = compare(nll, doc_words, names, pairs, st, shares=[(n, r) for r in refs for n in par_names]

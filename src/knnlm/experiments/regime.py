@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..io import ArtifactError, atomic_path, read_checked_json, read_json, write_json
+from ..io import ArtifactError, atomic_path, read_checked_json, write_json
 from ..job import Job
 from ..report.figures import pyplot, save_figure
 from ..report.tables import write_table
@@ -343,8 +343,8 @@ def findings_trends(job: Job) -> dict:
     as the row compares), and a summary that counts the rows' verdicts by trend on each axis. Inputs 'findings_rows'
     (the findings job's JSON) and 'trends' (regime_map's JSON); outputs 'csv' and 'md'. Raises ArtifactError when an
     effect names a claim the findings have no row of (a claims.yaml entry without a row is a defect)."""
-    found = read_json(job.path("findings_rows"))["rows"]
-    trends = read_json(job.path("trends"))["trends"]
+    found = read_checked_json(job.path("findings_rows"), "findings_rows")["rows"]
+    trends = read_checked_json(job.path("trends"), "regime_trends")["trends"]
     by_key = {(t["axis"], t["effect"], t.get("temperature"), t["split"]): t for t in trends if "effect" in t}
     by_axis = {t["axis"]: t for t in trends if "effect" not in t and t["split"] == "test"}  # an axis not run
     ids = {r["claim id"] for r in found}
