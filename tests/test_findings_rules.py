@@ -169,3 +169,30 @@ def test_the_base_lm_is_under_trained_where_training_it_further_helped(tmp_path)
     falling = training("falling", [90.0, 70.0], converged="no (valid loss still falling)")
     assert base_lm_undertrained(Job(cfg={}, input={"lm_training": [falling]})).startswith("its valid perplexity")
     assert base_lm_undertrained(Job(cfg={}, input={})) == ""
+
+
+def test_the_engine_has_no_branch_on_a_source_name():
+    """What differs per source (its store, where its τ* rows are, its number format, its target, equal rows) is data
+    of the claims table ('sources'): no comparison in the engine's code holds a claim's source against a name, and
+    every source the table describes is one the engine builds."""
+    import ast
+
+    tree = ast.parse(Path(findings.__file__).read_text(encoding="utf-8"))
+
+    def is_source(node):  # c["source"] (or any ...["source"])
+        return isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "source"
+
+    def names(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return True
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(names(e) for e in node.elts)
+
+    branches = [ast.unparse(n) for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                and any(is_source(x) for x in [n.left, *n.comparators]) and any(names(x) for x in [n.left, *n.comparators])]
+    assert not branches, branches
+    doc = yaml.safe_load(findings.CLAIMS_FILE.read_text())
+    built = set(doc["regime_of_source"])  # every source the engine builds has its regime axes
+    assert set(findings.SOURCES) <= built and {c["source"] for c in CLAIMS} <= built
+    assert set(findings.CONTRAST_SOURCES) == {"tuning", "small_tuning", "gaps", "small_gaps", "size_gaps"}
+    for src, p in findings.SOURCES.items():
+        assert (p.get("tau_star") or {}).get("table", "table1") in built, src

@@ -242,10 +242,24 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
     return out
 
 
-SMALL_SOURCES = ("small_store", "small_tuning", "small_gaps", "size_gaps")  # the paper's 5 % store, ours its ratio
+def load_sources(path: str | Path = CLAIMS_FILE) -> dict[str, dict]:
+    """What differs per findings source, as data ('sources' of the claims table at `path`: {source: {'store',
+    'tau_star', 'format', 'target', 'equal_rows'}}, defined in its header); a source it does not list has none."""
+    return claims_document(Path(path)).get("sources") or {}
+
+
+SOURCES = load_sources()
+
+
+def source_has(source: str, field: str, value=True) -> bool:
+    """Whether findings source `source` has `field` = `value` in SOURCES (the claims table's 'sources')."""
+    return SOURCES.get(source, {}).get(field) == value
+
+
+SMALL_SOURCES = tuple(s for s in SOURCES if source_has(s, "store", "small"))  # the paper's 5 % store, ours its ratio
 # the sources whose rows are differences of two relative differences (shown with two decimals)
-CONTRAST_SOURCES = ("tuning", "small_tuning", "gaps", "small_gaps", "size_gaps")
-FOLLOWUP_SOURCES = ("retomaton", "pruning", "generation")  # the sources of target 'extras' (config 'extras.in_all')
+CONTRAST_SOURCES = tuple(s for s in SOURCES if source_has(s, "format", "contrast"))
+FOLLOWUP_SOURCES = tuple(s for s in SOURCES if source_has(s, "target", "extras"))  # config 'extras.in_all'
 PAPER_SCAN = 1170  # the paper's FAISS search scans ~1,170·k keys per query: 32 of 4,096 lists of 153M keys, k = 1,024
 
 
@@ -508,17 +522,20 @@ def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
         return {}
     if isinstance(r.get("τ settings"), str):  # a row that names the settings it rests on and where their τ* rows are
         names, src = [n for n in r["τ settings"].split("; ") if n], r.get("τ source") or c["source"]
-    elif c["source"] == "parametric":  # the subset's kNN-LM has its own τ* row in the parametric table, the others Table 1's
+    elif (SOURCES.get(c["source"], {}).get("tau_star") or {}).get("sides") == "knn":
+        # the kNN-LMs it names: the one on the alternatives' rows has its own τ* row in the source's table, the
+        # others in the table of 'tau_star' (Table 1's)
         names = [n for n in re.findall(r"kNN-LM (\S+/\S+(?: on the subset)?(?: τ\*)?)", cmp_) if not n.endswith("τ*")]
         sub = [n for n in names if n.endswith(SUBSET)]
         if sub:
-            df = sources.get("parametric", (None, ""))[0]
+            df = sources.get(c["source"], (None, ""))[0]
             valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
             return {n: str(valid[f"kNN-LM {n}{TUNED} vs kNN-LM {n}"]) for n in sub
                     if f"kNN-LM {n}{TUNED} vs kNN-LM {n}" in valid.index}
-        src = "table1"
-    elif c["source"] in ("size", "large_size", "pca"):  # '<setting> (<store> vs full)': its τ* on the full store
-        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], "table3"
+        src = SOURCES[c["source"]]["tau_star"]["table"]
+    elif (SOURCES.get(c["source"], {}).get("tau_star") or {}).get("sides") == "store_vs_full":
+        # '<setting> (<store> vs full)': its τ* row on the full store, in the table of 'tau_star'
+        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], SOURCES[c["source"]]["tau_star"]["table"]
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
@@ -798,9 +815,10 @@ def findings(job: Job) -> dict:
     vocab = vocabulary_size(job)
     by_store = {}  # the sources that read a subset store: its own rows per entry and scan (the LM axis is shared)
     if small is not None:
-        by_store.update({src: regime_values(job, small) for src in SMALL_SOURCES + ("size",)})
+        by_store.update({src: regime_values(job, small) for src in SMALL_SOURCES})
     if job.input.get("large_store"):
-        by_store["large_size"] = regime_values(job, read_checked_json(job.path("large_store"), "settings"))
+        large = regime_values(job, read_checked_json(job.path("large_store"), "settings"))
+        by_store.update({src: large for src in SOURCES if source_has(src, "store", "large")})
     rows, counts, by_regime = [], {}, {"the paper's": {}, "another": {}}
     def not_run(c: dict, why: str) -> None:  # a claim without a measurement still has its row (no silent claim)
         rows.append({"section": c["section"], "claim": c["claim"], "test": KIND[c["kind"]],
@@ -826,7 +844,7 @@ def findings(job: Job) -> dict:
             continue
         if c["choose"]:  # the row the claim rests on, chosen on valid
             c, sel = _chosen(c, df, sel)
-        if c["source"] == "parametric":  # on fewer rows: tested at equal rows
+        if source_has(c["source"], "equal_rows"):  # on fewer rows: tested at equal rows
             sel = sel[[not _equal_rows_twin(r, df) for _, r in sel.iterrows()]]
             if sel.empty:  # every row of the claim is tested against the kNN-LM on the alternatives' own rows
                 not_run(c, "not run (tested at equal rows: the claims against the kNN-LM on the alternatives' rows)")
