@@ -528,10 +528,14 @@ def read_checked_json(path: str | Path, schema: str, remake: str | None = None) 
     obj = read_json(path)
     title, errors = schema_errors(obj, schema)
     if errors:
-        more = f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""
-        raise ArtifactError(f"{path}: not a valid {title}: " + "; ".join(errors[:10]) + more + f" (written by another "
-                            f"version, or damaged; {remake or rerun_hint(path)})")
+        raise ArtifactError(f"{path}: not a valid {title}: {errors_text(errors)} (written by another version, or "
+                            f"damaged; {remake or rerun_hint(path)})")
     return obj
+
+
+def errors_text(errors: list[str], most: int = 10) -> str:
+    """Schema errors (schema_errors) joined by '; ', the first `most` of them, then '(and N more)'."""
+    return "; ".join(errors[:most]) + (f" (and {len(errors) - most} more)" if len(errors) > most else "")
 
 
 def schema_errors(obj, schema: str) -> tuple[str, list[str]]:

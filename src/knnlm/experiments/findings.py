@@ -123,13 +123,12 @@ def claims_document(path: Path) -> dict:
 def _parse_claims(text: str, path: str) -> dict:
     import yaml
 
-    from ..io import schema_errors
+    from ..io import errors_text, schema_errors
 
     doc = yaml.safe_load(text)
     _, errors = schema_errors(doc, "claims")
     if errors:
-        raise ValueError(f"{path}: not a valid claims table: " + "; ".join(errors[:10])
-                         + (f" (and {len(errors) - 10} more)" if len(errors) > 10 else ""))
+        raise ValueError(f"{path}: not a valid claims table: {errors_text(errors)}")
     return doc
 
 
@@ -454,9 +453,15 @@ def _with_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
     margin it got and where it came from ('margin_from'). Without the 'of' row (or r's valid row) that part is 0.
     The band of a stated share or size ('about' {'share': s}, from 'bands') is derived alike: s × |the stated value|,
     never narrower than the half-width of r's own CI on valid."""
+    valid = df[df["split"] == "valid"] if "split" in df else df.iloc[0:0]
+
+    def first(name):
+        rows = valid[valid["comparison"] == name] if len(valid) else valid
+        return rows.iloc[0] if len(rows) else None
+
+    own = first(r["comparison"])  # what the run resolves: the half-width of r's own CI on valid
+    resolution = (float(own["CI high"]) - float(own["CI low"])) / 2 if own is not None else 0.0
     if isinstance(c.get("about"), dict):
-        valid = df[(df["split"] == "valid") & (df["comparison"] == r["comparison"])] if "split" in df else df.iloc[0:0]
-        resolution = (float(valid["CI high"].iloc[0]) - float(valid["CI low"].iloc[0])) / 2 if len(valid) else 0.0
         stated = c["share"] if c["share"] is not None else c["size"]
         scaled = c["about"]["share"] * abs(stated)
         band = max(scaled, resolution)
@@ -471,17 +476,10 @@ def _with_margin(c: dict, r: pd.Series, df: pd.DataFrame) -> dict:
         a, _, b = str(r["comparison"]).partition(" vs ")
         m = re.fullmatch(c["pattern"], str(r["comparison"]))
         groups = {f"g{i}": g for i, g in enumerate(m.groups() if m else (), start=1) if g is not None}
-        valid = df[df["split"] == "valid"] if "split" in df else df.iloc[0:0]
-
-        def first(name):
-            rows = valid[valid["comparison"] == name]
-            return rows.iloc[0] if len(rows) else None
-
         names = [t.format(a=a, b=b, **groups) for t in ([spec["of"]] if isinstance(spec["of"], str) else spec["of"])]
         of = next((n for n in names if first(n) is not None), names[0])  # the first reference the table has
-        ref, own = first(of), first(r["comparison"])
+        ref = first(of)
         scaled = spec["share"] * abs(float(ref["relative difference"])) if ref is not None else 0.0
-        resolution = (float(own["CI high"]) - float(own["CI low"])) / 2 if own is not None else 0.0
         margin = max(scaled, resolution)
         how = (f"{spec['share']:.0%} of '{of}' on valid" if scaled >= resolution and ref is not None else
                f"the half-width of its CI on valid, wider than {spec['share']:.0%} of '{of}' there" if ref is not None
@@ -520,9 +518,10 @@ def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
     cmp_ = str(r["comparison"])
     if not c["tau1"] or (TUNED in cmp_ and not isinstance(r.get("τ settings"), str)):
         return {}
+    tau_star = SOURCES.get(c["source"], {}).get("tau_star") or {}
     if isinstance(r.get("τ settings"), str):  # a row that names the settings it rests on and where their τ* rows are
         names, src = [n for n in r["τ settings"].split("; ") if n], r.get("τ source") or c["source"]
-    elif (SOURCES.get(c["source"], {}).get("tau_star") or {}).get("sides") == "knn":
+    elif tau_star.get("sides") == "knn":
         # the kNN-LMs it names: the one on the alternatives' rows has its own τ* row in the source's table, the
         # others in the table of 'tau_star' (Table 1's)
         names = [n for n in re.findall(r"kNN-LM (\S+/\S+(?: on the subset)?(?: τ\*)?)", cmp_) if not n.endswith("τ*")]
@@ -532,10 +531,10 @@ def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
             valid = df[df["split"] == "valid"].set_index("comparison")["verdict"]
             return {n: str(valid[f"kNN-LM {n}{TUNED} vs kNN-LM {n}"]) for n in sub
                     if f"kNN-LM {n}{TUNED} vs kNN-LM {n}" in valid.index}
-        src = SOURCES[c["source"]]["tau_star"]["table"]
-    elif (SOURCES.get(c["source"], {}).get("tau_star") or {}).get("sides") == "store_vs_full":
+        src = tau_star["table"]
+    elif tau_star.get("sides") == "store_vs_full":
         # '<setting> (<store> vs full)': its τ* row on the full store, in the table of 'tau_star'
-        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], SOURCES[c["source"]]["tau_star"]["table"]
+        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], tau_star["table"]
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
@@ -548,10 +547,12 @@ def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
     return {n: str(valid[f"{n}{TUNED} vs {n}"]) for n in names if f"{n}{TUNED} vs {n}" in valid.index}
 
 
-def _tau1_off(c: dict, r: pd.Series, sources: dict) -> str:
-    """The sides of row r compared at τ = 1 (_tau1_sides) whose τ* beats τ = 1 beyond the CI on valid ('X τ* vs X'
-    lower), joined by ', '; '' when τ = 1 is as good as τ* for each of them (or the row has none)."""
-    return ", ".join(n for n, v in _tau1_sides(c, r, sources).items() if v == "lower")
+def _tau1_off(c: dict, r: pd.Series, sources: dict, sides: dict[str, str] | None = None) -> str:
+    """The sides of row r compared at τ = 1 (_tau1_sides, or `sides` when already read) whose τ* beats τ = 1 beyond
+    the CI on valid ('X τ* vs X' lower), joined by ', '; '' when τ = 1 is as good as τ* for each of them (or the row
+    has none)."""
+    sides = _tau1_sides(c, r, sources) if sides is None else sides
+    return ", ".join(n for n, v in sides.items() if v == "lower")
 
 
 def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int, scheme: str = "",
@@ -631,11 +632,11 @@ def _tested(c: dict, r: pd.Series, label: str, counts: dict, min_documents: int,
             also.append(f"its sign: {paper_verdict(r['verdict'], -1 if c['size'] < 0 else 1)}")
         elif c["equivalent"] is not None and c["sign"] is not None and isinstance(r.get("verdict"), str):
             also.append(f"its sign: {paper_verdict(r['verdict'], c['sign'])}")
-        for bound in c["also"] or []:
-            x = bound.get("above", bound.get("below"))
-            lo, hi = (r["CI low"], r["CI high"]) if "above" in bound else (-r["CI high"], -r["CI low"])
-            x = x if "above" in bound else -x
-            also.append(f"{bound['says']}: " + ("reproduced" if lo > x else "contradicted" if hi < x else "inconclusive"))
+        for bound in c["also"] or []:  # {says, above: x}: the CI above x; {says, below: x}: the CI below x
+            lo, hi = r["CI low"], r["CI high"]
+            holds, fails = (lo > bound["above"], hi < bound["above"]) if "above" in bound else \
+                (hi < bound["below"], lo > bound["below"])
+            also.append(f"{bound['says']}: " + ("reproduced" if holds else "contradicted" if fails else "inconclusive"))
         if also:
             v = f"{v} ({'; '.join(also)})"
     if premise:
@@ -688,7 +689,7 @@ def regime_values(job: Job, settings: dict | None) -> dict[str, tuple[float, str
     meta = (settings or {}).get("store_meta") or {}
     n = meta.get("size") or meta.get("N")  # the store's own rows (a subset's 'size'; 'N' is its parent's)
     if n and vocab:
-        out["store"] = (n / vocab, f"{n / vocab:,.0f} ({n:,} rows over {vocab:,} entries)")
+        out["store"] = _store_value(n, vocab)
     scan = ((settings or {}).get("scan") or {}).get("test") or {}
     if scan.get("keys_scanned_per_query"):
         m = scan["keys_scanned_per_query"] / job.cfg["knn"]["k"]
@@ -739,9 +740,8 @@ def headroom(job: Job) -> tuple[float, str, float] | None:
     return change, f"{name}: {past_base(name):,} more updates", best
 
 
-def headroom_row(job: Job) -> dict | None:
-    """The regime table's row on the base LM's headroom (headroom); None without it."""
-    h = headroom(job)
+def headroom_row(h: tuple[float, str, float] | None) -> dict | None:
+    """The regime table's row on the base LM's headroom `h` (headroom); None without it."""
     if h is None:
         return None
     change, who, best = h
@@ -753,20 +753,25 @@ def headroom_row(job: Job) -> dict | None:
                       "window)"}
 
 
-def base_lm_undertrained(job: Job) -> str:
+def base_lm_undertrained(job: Job, h: tuple[float, str, float] | None) -> str:
     """Why the base LM counts as under-trained, '' when it does not (rule 'base LM under-trained'): its valid
-    perplexity was still falling when training stopped (input 'lm_training'), or training it further (headroom)
-    lowered its best valid perplexity by more than the tolerance its own training judged convergence by."""
+    perplexity was still falling when training stopped (input 'lm_training'), or training it further (`h`, its
+    headroom) lowered its best valid perplexity by more than the tolerance its own training judged convergence by."""
     if not job.input.get("lm_training"):
         return ""
     t = read_checked_json(job.paths("lm_training")[0], "lm_training")
     if t["converged"].startswith("no"):
         return "its valid perplexity was still falling when training stopped"
-    h, tol = headroom(job), float(t.get("tolerance", 0.01))
+    tol = float(t.get("tolerance", 0.01))
     if h is not None and h[0] < -tol:
         return (f"training it further lowered its best valid perplexity by {-100 * h[0]:.1f} % ({h[1]}), more than "
                 f"the {100 * tol:g} % its training judged convergence by")
     return ""
+
+
+def _store_value(rows: int, vocab: int) -> tuple[float, str]:
+    """The regime's store axis for a datastore of `rows` over a vocabulary of `vocab` entries: (rows per entry, text)."""
+    return rows / vocab, f"{rows / vocab:,.0f} ({rows:,} rows over {vocab:,} entries)"
 
 
 def _short(axis: str, value: float) -> str:
@@ -784,7 +789,7 @@ def row_regime_values(values: dict, by_store: dict, source: str, r: pd.Series, v
     except (KeyError, TypeError, ValueError):
         return out
     if vocab and SUBSET in str(r.get("comparison", "")):
-        out["store"] = (rows / vocab, f"{rows / vocab:,.0f} ({rows:,} rows over {vocab:,} entries)")
+        out["store"] = _store_value(rows, vocab)
     return out
 
 
@@ -808,7 +813,8 @@ def findings(job: Job) -> dict:
     small = read_checked_json(job.path("small_store"), "settings") if job.input.get("small_store") else None
     sources = _sources(job, small)
     scheme = documents_scheme(job)["scheme"] if job.input.get("documents") else job.cfg["stats"]["documents"]
-    why_undertrained = base_lm_undertrained(job)
+    room = headroom(job)
+    why_undertrained = base_lm_undertrained(job, room)
     undertrained = bool(why_undertrained)
     t3 = read_checked_json(job.path("table3_settings"), "settings") if job.input.get("table3_settings") else None
     values = regime_values(job, t3)
@@ -852,7 +858,7 @@ def findings(job: Job) -> dict:
         for _, r in sel.iterrows():
             sides = _tau1_sides(c, r, sources)
             row = _tested(_with_margin(c, r, df), r, label, counts, job.cfg["stats"]["min_documents"], scheme,
-                          undertrained, ", ".join(n for n, v in sides.items() if v == "lower"), bool(sides))
+                          undertrained, _tau1_off(c, r, sources, sides), bool(sides))
             row["regime"] = regime_label(c, row_regime_values(values, by_store, c["source"], r, vocab))
             row["_claim"] = c["id"]
             where = by_regime["the paper's" if row["regime"].startswith("the paper's") else "another"]
@@ -877,7 +883,7 @@ def findings(job: Job) -> dict:
             "each row's 'regime' names the axes its claim rests on where this run is outside the paper's regime). "
             + "; ".join(f"verdicts in {w} regime: " + (", ".join(f"{n} {k}" for k, n in sorted(v.items())) or "none")
                         for w, v in by_regime.items()) + ".\n\n",
-            pd.DataFrame(regime_rows(values) + [r for r in [headroom_row(job)] if r]).to_markdown(index=False)
+            pd.DataFrame(regime_rows(values) + [r for r in [headroom_row(room)] if r]).to_markdown(index=False)
             + "\n\n",
             "Rules: every rule that replaces or qualifies a verdict (claims.yaml 'rules'), the rows it touched and "
             "the verdict each would have had without it ('would be neither': inconclusive, reported). A rule that "

@@ -678,14 +678,16 @@ def one_hot_twin(soft: dict, other: dict) -> bool:
     return not other.get("teacher") and all((soft.get(k) or None) == (other.get(k) or None) for k in keys)
 
 
+TWIN_KEYS = ("source", "init_from", "checkpoint", "teacher", "tokens_per_sample", "path", "revision")  # besides 'lm'
+
+
 def seed_twin(base: dict, other: dict) -> bool:
     """Whether config entry `other` of 'lms' is the base LM's entry `base` trained with another random seed and nothing
     else changed (App. E.5's "another identical LM, trained with another random seed"): both trained by this run, the
     same 'lm' overrides but 'seed' (architecture, budget, schedule), start, checkpoint, context and no teacher, and
     another seed. A Hugging Face or imported LM is nobody's seed twin."""
-    keys = ("source", "init_from", "checkpoint", "teacher", "tokens_per_sample", "path", "revision")
     la, lb = dict(base.get("lm") or {}), dict(other.get("lm") or {})
-    return (base.get("source") == "train" and all((base.get(k) or None) == (other.get(k) or None) for k in keys)
+    return (base.get("source") == "train" and all((base.get(k) or None) == (other.get(k) or None) for k in TWIN_KEYS)
             and la.pop("seed", None) != lb.pop("seed", None) and la == lb)
 
 
@@ -698,7 +700,7 @@ def _lm_relation(cfg: dict, base: str, other: str) -> str:
         return f"identical LM (another seed: {(b.get('lm') or {}).get('seed')})"
     la, lb = a.get("lm") or {}, b.get("lm") or {}
     diff = sorted(k for k in set(la) | set(lb) if k != "seed" and la.get(k) != lb.get(k))
-    diff += sorted(k for k in ("source", "init_from", "checkpoint", "teacher") if (a.get(k) or None) != (b.get(k) or None))
+    diff += sorted(k for k in TWIN_KEYS if (a.get(k) or None) != (b.get(k) or None))
     return f"another LM ({', '.join(diff) or 'the same entry'} differ{'s' if len(diff) == 1 else ''})"
 
 
