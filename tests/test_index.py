@@ -129,3 +129,36 @@ def test_settings_that_cannot_work_are_refused_before_the_search():
                                          r"512 lists"):
         resolve_index_params({**cfg, "ncentroids": 512, "nprobe": 600}, 38_579, 128, 16)
     assert resolve_index_params({**cfg, "ncentroids": 512}, 38_579, 128, 38_579)["nprobe"] == 512
+
+
+@pytest.mark.parametrize("metric", ["ip", "l2"])
+def test_an_index_fits_its_own_correlated_keys_and_no_others(metric):
+    """check_index_fits takes an IVFPQ index of keys that share a large common component (as a layer's states do:
+    an IP quantizer's residuals then reconstruct them loosely, and the reconstruction error on them is not far below
+    that on unrelated keys of the store) under either metric, and refuses the index for keys correlated with its own
+    (the other key type's of the same rows) and for an index whose ids point at other rows."""
+    import faiss
+
+    from knnlm.io import ArtifactError
+    from knnlm.search.index import check_index_fits
+
+    rng = np.random.default_rng(0)
+    n, d = 20_000, 64
+    mean = 3 * rng.normal(0, 1, d).astype(np.float32)
+    keys = (mean + rng.normal(0, 1, (n, d))).astype(np.float32)
+    other = (0.8 * keys + 0.6 * (mean + rng.normal(0, 1, (n, d)))).astype(np.float32)  # correlation ~0.8 per entry
+    kind = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    quantizer = faiss.IndexFlatIP(d) if metric == "ip" else faiss.IndexFlatL2(d)
+    ix = faiss.IndexIVFPQ(quantizer, d, 64, 4, 8, kind)
+    ix.train(keys)
+    ix.add(keys)
+    fit = check_index_fits(ix, "own.faiss", metric, keys, "att")
+    assert fit["code_agreement"] == 1.0 and fit["samples"] == 64
+    assert fit["ratio"] > 0.45  # the reconstruction ratio alone would have refused it
+    with pytest.raises(ArtifactError, match=r"other.faiss: the vectors it holds are not these ffn keys \(\d+% of"):
+        check_index_fits(ix, "other.faiss", metric, other, "ffn")
+    shuffled = faiss.IndexIVFPQ(faiss.IndexFlatIP(d) if metric == "ip" else faiss.IndexFlatL2(d), d, 64, 4, 8, kind)
+    shuffled.train(keys)
+    shuffled.add(keys[rng.permutation(n)])
+    with pytest.raises(ArtifactError, match="not these att keys"):
+        check_index_fits(shuffled, "shuffled.faiss", metric, keys, "att")

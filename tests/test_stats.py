@@ -625,6 +625,56 @@ def test_gap_and_store_contrasts_the_row_chosen_on_valid_and_a_design_bound_n_ef
     assert _tau1_off(e3, hyp.iloc[2], {"table1": (t1, "")}) == "att/L2"
 
 
+def test_the_size_curve_against_its_straight_line():
+    """Sec. 4.2's "decreases almost linearly": each interior store's perplexity over the straight line between the
+    smallest and the full store's at its share equals the brute-force value of the pooled perplexities; a store on
+    the line is reproduced within a quarter of the whole fall measured on valid, one at the full store's level is
+    contradicted; its FAISS side is read at τ = 1 against the full store's τ* row, its real-mask side is not; no
+    full store is an error, two stores give no rows."""
+    import pandas as pd
+
+    from knnlm.experiments.findings import (CLAIMS, FAISS_FAISS as FF, REAL_REAL as RR, TUNED as T, _tau1_sides,
+                                            _tested, _with_margin, curve_linearity)
+
+    rng = np.random.default_rng(11)
+    words = rng.integers(300, 900, size=40).astype(float)
+    noise = rng.normal(0, 0.05, size=(3, 40))
+
+    def store(name, ratio, per_word):  # per-word NLL of each setting, with noise of its own per document
+        nll = {n: (words * (per_word + off + noise[i])).tolist() for n, off in ((FF, 0.0), (RR, 0.02))
+               for i in [int(10 * ratio) % 3]}
+        nll.update({n + T: v for n, v in list(nll.items())})
+        return {"store": name, "ratio": ratio, "doc_ids": {sp: list(range(40)) for sp in ("test", "valid")},
+                "doc_words": {sp: words.tolist() for sp in ("test", "valid")},
+                "doc_nll": {sp: {"base": (words * 4.0).tolist(), **nll} for sp in ("test", "valid")}}
+
+    w = (0.5 - 0.05) / 0.95
+    line = np.log((1 - w) * np.exp(3.3) + w * np.exp(3.0))
+    for mid, verdict in ((line, "reproduced"), (3.0, "contradicted")):
+        stores = [store("full", 1.0, 3.0), store("r0.05", 0.05, 3.3), store("r0.5", 0.5, mid)]
+        out = curve_linearity(stores, {"min_documents": 20})
+        by = {(r["split"], r["comparison"]): r for _, r in out.iterrows()}
+        name = f"{FF} (50% store vs the line from 5% to full)"
+        r = by[("test", name)]
+        ppl = {s["ratio"]: np.exp(np.sum(s["doc_nll"]["test"][FF]) / words.sum()) for s in stores}
+        assert r["relative difference"] == pytest.approx(ppl[0.5] / ((1 - w) * ppl[0.05] + w * ppl[1.0]) - 1, rel=1e-6)
+        fall = by[("valid", f"{FF} (5% store vs full)")]["relative difference"]
+        assert fall == pytest.approx(ppl[0.05] / ppl[1.0] - 1, rel=1e-2)  # valid and test share the NLL
+        claim = next(c for c in CLAIMS if c["id"] == "size_curve.1")
+        assert re.fullmatch(claim["pattern"], name) and not re.fullmatch(claim["pattern"], f"{FF}{T}" + name[len(FF):])
+        m = _with_margin(claim, r, out)
+        assert m["equivalent"] == pytest.approx(max(0.25 * abs(fall), (by[("valid", name)]["CI high"]
+                                                                        - by[("valid", name)]["CI low"]) / 2))
+        assert _tested(m, r, "", {}, 20)["verdict"] == verdict, (r["relative difference"], m["equivalent"])
+    t3 = pd.DataFrame([{"split": "valid", "comparison": f"{FF}{T} vs {FF}", "verdict": "lower"}])
+    assert _tau1_sides(claim, r, {"table3": (t3, "")}) == {FF: "lower"}
+    exact = next(c for c in CLAIMS if c["id"] == "size_curve.3")
+    assert _tau1_sides(exact, by[("test", f"{RR} (50% store vs the line from 5% to full)")], {"table3": (t3, "")}) == {}
+    with pytest.raises(ValueError, match="full store"):
+        curve_linearity(stores[1:] + [store("r0.9", 0.9, 3.1)], {})
+    assert curve_linearity(stores[:2], {}).empty
+
+
 def test_unit_count_names_the_resampling_unit():
     assert unit_count(37, "wikitext") == "37 articles" and unit_count(1, "wikitext") == "1 article"
     assert unit_count(412, "blocks") == "412 token blocks" and unit_count(5, "blank_lines") == "5 paragraphs"

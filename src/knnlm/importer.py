@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     if a.index:
         meta = import_index(a.out, a.index, a.key_type, a.probe)
         print(f"imported the {meta['metric']} index {a.index} ({meta['ncentroids']} lists, {meta['code_size']} bytes "
-              f"per key, nprobe {meta['nprobe']}; reconstruction error ratio {meta['fit']['ratio']:.2f})")
+              f"per key, nprobe {meta['nprobe']}; {meta['fit']['code_agreement']:.0%} of sampled code bytes those of the keys)")
 
 
 def verify_import(out_dir: str | Path, lm, key_type: str) -> dict:
@@ -115,7 +115,7 @@ def import_index(out_dir: str | Path, index_file: str | Path, key_type: str = "a
     .indexed, urvashik/knnlm's knn.index) into out_dir (DatastoreLayout 'index' of its key type and metric) without
     training it again: its metric, lists, code size and nprobe are read from the index itself, and it is checked
     against the store's keys before it is taken (ntotal = N, the keys' dimension, and a sample of its entries
-    reconstructed close to the keys they claim to be: knnlm.search.index.check_index_fits). The file is hard-linked
+    whose stored codes are those its encoder gives the keys they claim to be: knnlm.search.index.check_index_fits). The file is hard-linked
     where the file system allows, else copied (atomically); its parameters, sha256 and the check go to DatastoreLayout
     'index_meta', which KNNLM.from_datastore reads (nprobe: the index's own unless given, knn-transformers' --probe).
     Returns that record. Raises ArtifactError naming the index file when it is not an IVF index, holds another number

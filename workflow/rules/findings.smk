@@ -22,6 +22,10 @@ SMALL_SETTINGS = (
 _LARGE = store_name(max([r for r in DATASTORE_SIZE["ratios"] if r < 1] or [1]))
 if SMALL_SETTINGS and _LARGE not in ("full", SMALL_STORE):
     SMALL_SETTINGS["large_store"] = artifact("settings", store=_LARGE, **_SMALL_KEY)
+# every store of 'datastore_size.ratios' and the full one: Sec. 4.2's "decreases almost linearly" (3 stores or more)
+_CURVE = [store_name(r) for r in sorted(set(DATASTORE_SIZE["ratios"]) | {1.0})]
+if SMALL_SETTINGS and len(_CURVE) >= 3:
+    SMALL_SETTINGS["size_curve"] = [artifact("settings", store=s, **_SMALL_KEY) for s in _CURVE]
 # He et al. 2021's PCA-reduced keys (half the dimensions in the paper), cited in Sec. 5.2 as another approximation:
 # the first PCA store of 'stores.extra' against the full one, same (key, metric) and scope
 PCA_SETTINGS = (

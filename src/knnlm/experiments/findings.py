@@ -232,6 +232,13 @@ def _sources(job: Job, s: dict | None) -> dict[str, tuple[pd.DataFrame, str]]:
             out["large_size"] = (size_comparisons(large, full, job.cfg["stats"], label=f"{large['ratio']:.0%} store"),
                                  f"{large['key_type']}/{large['metric'].upper()}, {large['ratio']:.0%} store"
                                  f"{_probe_label(large, job.cfg['knn']['k'])} vs full")
+    if job.input.get("size_curve"):  # every store of Figure 2's grid: the curve against its straight line
+        curve = sorted((read_checked_json(p, "settings") for p in job.paths("size_curve")),
+                       key=lambda c: float(c["ratio"]))
+        ratios = ", ".join(f"{float(c['ratio']):.0%}" for c in curve)
+        out["size_curve"] = (curve_linearity(curve, job.cfg["stats"]),
+                             f"{curve[0]['key_type']}/{curve[0]['metric'].upper()}, stores of {ratios}"
+                             f"{_probe_label(curve[-1], job.cfg['knn']['k'])}")
     out["tau_gains"] = (tau_gains(out), "")  # Finding 3: the settings of the stores, the gain of tuning τ
     if job.input.get("pca_store"):  # He et al. 2021's PCA-reduced keys vs the full keys (Sec. 5.2 cites it)
         p, full = (read_checked_json(job.path(n), "settings") for n in ("pca_store", "pca_full"))
@@ -361,6 +368,46 @@ def size_comparisons(small: dict, full: dict, stats: dict, label: str = "small s
                      for name in names if name != "base" and name in full["doc_nll"][split]}
              for split, names in small["doc_nll"].items()}
     return pd.DataFrame([r for split, d in diffs.items() for r in comparison_rows({"diff": d}, split=split)])
+
+
+def curve_linearity(stores: list[dict], stats: dict) -> pd.DataFrame:
+    """Rows (the columns of size_comparisons) of Sec. 4.2's "the final perplexity decreases almost linearly with
+    more percentage of the original datastore" (Figure 2), from the settings JSONs `stores` of the nested subsets and
+    the full store (ratio 1), any order, scored on the same documents: for each store of ratio r strictly between the
+    smallest (r0) and the full one, each setting's perplexity against the straight line between the smallest store's
+    and the full store's at r, ppl_r / ((1 − w) ppl_r0 + w ppl_full) − 1 with w = (r − r0) / (1 − r0), comparison
+    '<setting> (<r> store vs the line from <r0> to full)' (0: on the line; below 0: the curve falls faster early),
+    and the whole curve's fall '<setting> (<r0> store vs full)' (ppl_r0 / ppl_full − 1), each paired over the
+    documents (knnlm.statistics.captions.contrast_row). ArtifactError (check_same_scope) when two stores were scored
+    on different documents or tokens; ValueError without a full store. Fewer than 3 stores: no rows."""
+    from ..scoring.settings import check_same_scope
+    from ..statistics.captions import contrast_row
+
+    stores = sorted(stores, key=lambda s: float(s["ratio"]))
+    if len(stores) < 3:
+        return pd.DataFrame()
+    if float(stores[-1]["ratio"]) != 1.0:
+        raise ValueError(f"the size curve needs the full store (ratio 1); its largest is {stores[-1]['ratio']}")
+    first, full = stores[0], stores[-1]
+    r0 = float(first["ratio"])
+    scheme = first.get("documents_scheme", {}).get("scheme", "")
+    rows = []
+    for split in first["doc_nll"]:
+        for s in stores[1:]:
+            check_same_scope(first, s, split)
+        words = first["doc_words"][split]
+        names = [n for n in first["doc_nll"][split] if n != "base" and all(n in s["doc_nll"][split] for s in stores)]
+        for name in names:
+            ends = [first["doc_nll"][split][name], full["doc_nll"][split][name]]
+            rows.append(contrast_row(ends, words, lambda p: p[..., 0] / p[..., 1] - 1, stats, scheme, split,
+                                     f"{name} ({r0:.0%} store vs full)"))
+            for s in stores[1:-1]:
+                w = (float(s["ratio"]) - r0) / (1 - r0)
+                rows.append(contrast_row([ends[0], s["doc_nll"][split][name], ends[1]], words,
+                                         lambda p, w=w: p[..., 1] / ((1 - w) * p[..., 0] + w * p[..., 2]) - 1,
+                                         stats, scheme, split,
+                                         f"{name} ({float(s['ratio']):.0%} store vs the line from {r0:.0%} to full)"))
+    return pd.DataFrame(rows)
 
 
 def scope_power(job: Job, s: dict | None, target: float = 0.01) -> str:
@@ -533,8 +580,9 @@ def _tau1_sides(c: dict, r: pd.Series, sources: dict) -> dict[str, str]:
                     if f"kNN-LM {n}{TUNED} vs kNN-LM {n}" in valid.index}
         src = tau_star["table"]
     elif tau_star.get("sides") == "store_vs_full":
-        # '<setting> (<store> vs full)': its τ* row on the full store, in the table of 'tau_star'
-        names, src = [re.sub(r" \(.+ vs full\)$", "", cmp_)], tau_star["table"]
+        # '<setting> (<store> vs full)', '<setting> (<store> vs the line from …)': its τ* row on the full store, in
+        # the table of 'tau_star'
+        names, src = [re.sub(r" \(.+\)$", "", cmp_)], tau_star["table"]
     elif cmp_.startswith("share of the gain: "):  # 'share of the gain: ffn/L2 of att/L2'
         names, src = re.findall(r"\w+/\w+", cmp_), c["source"]
     else:
@@ -807,7 +855,7 @@ def regime_label(c: dict, values: dict) -> str:
 
 def findings(job: Job) -> dict:
     """The findings report (Markdown): every claim of CLAIMS with the paper's number, ours (test split) with its
-    95 % CI, and the verdict; claims whose source the run lacks are listed as 'not run'."""
+    95 % CI, and the verdict; a claim the run has no row for is listed as 'not run (why)'."""
     from .common import documents_scheme
 
     small = read_checked_json(job.path("small_store"), "settings") if job.input.get("small_store") else None
@@ -846,7 +894,9 @@ def findings(job: Job) -> dict:
             continue
         if sel is None or sel.empty:
             left_out = c["source"] in FOLLOWUP_SOURCES and not job.cfg.get("extras", {}).get("in_all", True)
-            not_run(c, "not run (target 'extras')" if left_out else "not run")
+            not_run(c, "not run (target 'extras')" if left_out else
+                    f"not run (no '{c['source']}' table in this run)" if df is None or df.empty else
+                    "not run (no such comparison in this run)")
             continue
         if c["choose"]:  # the row the claim rests on, chosen on valid
             c, sel = _chosen(c, df, sel)
