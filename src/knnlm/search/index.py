@@ -257,7 +257,6 @@ def check_index_fits(index, index_path, metric: str, keys: np.ndarray, key: str,
     order = np.argsort(ids)  # a memmap reads ascending rows fastest
     k = np.empty_like(vecs)
     k[order] = np.asarray(keys[ids[order]], dtype=np.float32)
-    k = np.ascontiguousarray(k)
     nos = np.asarray(list_nos, dtype=np.int64)
     codes = np.empty((len(ids), size), dtype=np.uint8)
     ivf.encode_vectors(len(ids), faiss.swig_ptr(k), faiss.swig_ptr(nos), faiss.swig_ptr(codes), False)
